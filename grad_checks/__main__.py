@@ -1,0 +1,81 @@
+"""Command line: ``python -m grad_checks [--layer NAME] [--json] [--verbose]``.
+
+Prints a table (layer, case, tensor, probes, worst relative error, pass/fail) and
+exits 1 if any tensor fails; ``--json`` prints one JSON object instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from numformer.gradcheck import run_case
+
+from .cases import BUILDERS, build_cases
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m grad_checks", description=__doc__.splitlines()[0])
+    ap.add_argument("--layer", action="append", metavar="NAME",
+                    help=f"check only this layer (repeatable): {', '.join(BUILDERS)}")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ap.add_argument("--verbose", action="store_true", help="show analytic and numerical values of a few probes")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random weights, inputs and probes")
+    ap.add_argument("--step", type=float, default=1e-5, help="finite-difference step h (default 1e-5)")
+    ap.add_argument("--tolerance", type=float, default=1e-6, help="largest relative error that passes")
+    ap.add_argument("--list", action="store_true", help="list the layer names and exit")
+    args = ap.parse_args(argv)
+
+    if args.list:
+        print("\n".join(BUILDERS))
+        return 0
+    try:
+        cases = build_cases(args.layer, seed=args.seed)
+    except KeyError as exc:
+        print(f"grad_checks: {exc.args[0]}", file=sys.stderr)
+        return 2
+
+    start = time.perf_counter()
+    rng = np.random.default_rng(args.seed)
+    results = []
+    for case in cases:
+        results += run_case(case, rng, h=args.step, tolerance=args.tolerance, keep_samples=4 if args.verbose else 0)
+    elapsed = time.perf_counter() - start
+    failed = [r for r in results if not r.passed]
+    worst = max((r.max_rel_error for r in results), default=0.0)
+
+    if args.json:
+        print(json.dumps({
+            "checks": len(results),
+            "failed": len(failed),
+            "max_rel_error": worst,
+            "tolerance": args.tolerance,
+            "step": args.step,
+            "layers": sorted({r.layer for r in results}),
+            "seconds": round(elapsed, 2),
+            "results": [
+                {"layer": r.layer, "case": r.case, "tensor": r.tensor, "shape": list(r.shape), "probes": r.probes,
+                 "max_rel_error": r.max_rel_error, "passed": r.passed}
+                for r in results
+            ],
+        }))
+        return 1 if failed else 0
+
+    w_layer = max(len(r.layer) for r in results)
+    w_tensor = max(len(r.tensor) for r in results)
+    print(f"{'layer':<{w_layer}}  {'tensor':<{w_tensor}}  {'probes':>6}  {'worst rel err':>13}  result   case")
+    for r in results:
+        print(f"{r.layer:<{w_layer}}  {r.tensor:<{w_tensor}}  {r.probes:>6}  {r.max_rel_error:>13.2e}  "
+              f"{'pass' if r.passed else 'FAIL':<7}  {r.case}")
+        for probe, a, n, e in r.samples:
+            print(f"{'':<{w_layer}}    {probe:<24} analytic {a:+.10e}  numerical {n:+.10e}  rel err {e:.1e}")
+    print(f"\n{len(results)} tensors checked in {elapsed:.1f} s, {len(failed)} failed, "
+          f"worst relative error {worst:.2e} (tolerance {args.tolerance:.0e}, step {args.step:.0e})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""The gradient checks: every layer of numformer and the whole model plus loss, in float64.
+
+Each builder returns GradCases with padding in the batch, source and target of
+different lengths, and random inputs; dropout is either off or replayed with a
+fixed mask (the model's RandomState is restored before every forward).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from numformer.backend import RandomState
+from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, Linear, MultiHeadAttention,
+                              OutputProjection, PositionalEncoding, ReLU, Residual,
+                              ScaledDotProductAttention, Softmax)
+from numformer.gradcheck import GradCase
+from numformer.loss import LabelSmoothedCrossEntropy
+from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer, causal_mask, padding_mask
+from numformer.module import Module
+from numformer.presets import ModelConfig
+
+F64 = np.float64
+B, S, T, D, HEADS, DFF, V = 3, 6, 5, 8, 2, 16, 13
+PAD = 0
+
+
+def _ids(rng, batch, length, lengths):
+    """(batch, length) ids in 1..V-1, right-padded with PAD to the given per-row lengths."""
+    ids = rng.integers(1, V, size=(batch, length))
+    for row, n in enumerate(lengths):
+        ids[row, n:] = PAD
+    return ids
+
+
+def _masks(rng):
+    src = _ids(rng, B, S, [S, 4, 2])
+    tgt = _ids(rng, B, T, [T, 3, 4])
+    src_mask = padding_mask(src, PAD)
+    tgt_mask = causal_mask(T) & padding_mask(tgt, PAD)
+    return src, tgt, src_mask, tgt_mask
+
+
+def _cfg(**kw) -> ModelConfig:
+    base = dict(vocab_size=V, d_model=D, d_ff=DFF, heads=HEADS, layers=2, dropout=0.0, max_len=32, pad_id=PAD)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+class _Holder(Module):
+    """Groups modules so one check sees all their parameters (e.g. a Residual and its sub-layer)."""
+
+    def __init__(self, **children):
+        super().__init__()
+        for k, v in children.items():
+            setattr(self, k, v)
+
+
+def _replay(rs: RandomState):
+    """A before_forward hook that restores ``rs`` so every forward draws the same dropout masks."""
+    state = rs.get_state()
+    return lambda: rs.set_state(state)
+
+
+def linear(rng):
+    m = Linear(7, 5, rng=rng, dtype=F64)
+    m.bias.data[:] = rng.standard_normal(5)
+    x = rng.standard_normal((B, 4, 7))
+    return [GradCase("Linear", "3-d input", m, {"x": x},
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+
+
+def embedding(rng):
+    m = Embedding(V, D, rng=rng, dtype=F64)
+    ids = _ids(rng, B, S, [S, 4, 2])
+    ids[0, :3] = 5  # a repeated id: the scatter-add must sum its rows
+    return [GradCase("Embedding", "repeated ids + padding", m, {},
+                     lambda m, i: m(ids), lambda m, g: (m.backward(g[0]), {})[1])]
+
+
+def projection(rng):
+    m = OutputProjection(D, V, rng=rng, dtype=F64)
+    h = rng.standard_normal((B, T, D))
+    return [GradCase("OutputProjection", "logits", m, {"h": h},
+                     lambda m, i: m(i["h"]), lambda m, g: {"h": m.backward(g[0])})]
+
+
+def positional(rng):
+    m = PositionalEncoding(D, 32, dtype=F64)
+    x = rng.standard_normal((B, S, D))
+    return [GradCase("PositionalEncoding", "offset 3", m, {"x": x},
+                     lambda m, i: m(i["x"], offset=3), lambda m, g: {"x": m.backward(g[0])})]
+
+
+def dropout(rng):
+    rs = RandomState(7)
+    m = Dropout(0.3, rs)
+    x = rng.standard_normal((B, S, D))
+    return [GradCase("Dropout", "p=0.3 fixed mask", m, {"x": x},
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, before_forward=_replay(rs))]
+
+
+def relu(rng):
+    m = ReLU()
+    x = rng.standard_normal((B, S, D))
+    x[np.abs(x) < 1e-3] = 0.5  # keep entries away from the kink, where the derivative is undefined
+    return [GradCase("ReLU", "random", m, {"x": x},
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+
+
+def layernorm(rng):
+    m = LayerNorm(D, dtype=F64)
+    m.weight.data[:] = rng.standard_normal(D)
+    m.bias.data[:] = rng.standard_normal(D)
+    x = 3.0 * rng.standard_normal((B, S, D)) + 1.0
+    return [GradCase("LayerNorm", "random gain/bias", m, {"x": x},
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+
+
+def softmax(rng):
+    m = Softmax()
+    x = 2.0 * rng.standard_normal((B, HEADS, T, S))
+    return [GradCase("Softmax", "last axis", m, {"x": x},
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+
+
+def scaled_dot_product(rng):
+    _, _, src_mask, tgt_mask = _masks(rng)
+    out = []
+    for name, tq, tk, mask in [("padding mask, Tq != Tk", T, S, src_mask), ("causal + padding", T, T, tgt_mask)]:
+        m = ScaledDotProductAttention()
+        ins = {"q": rng.standard_normal((B, HEADS, tq, 4)), "k": rng.standard_normal((B, HEADS, tk, 4)),
+               "v": rng.standard_normal((B, HEADS, tk, 3))}
+        out.append(GradCase("ScaledDotProductAttention", name, m, ins,
+                            lambda m, i, mask=mask: m(i["q"], i["k"], i["v"], mask),
+                            lambda m, g: dict(zip("qkv", m.backward(g[0])))))
+    rs = RandomState(3)
+    m = ScaledDotProductAttention(dropout=0.2, rng=rs)
+    ins = {"q": rng.standard_normal((B, HEADS, T, 4)), "k": rng.standard_normal((B, HEADS, S, 4)),
+           "v": rng.standard_normal((B, HEADS, S, 4))}
+    out.append(GradCase("ScaledDotProductAttention", "attention dropout 0.2 fixed mask", m, ins,
+                        lambda m, i: m(i["q"], i["k"], i["v"], src_mask),
+                        lambda m, g: dict(zip("qkv", m.backward(g[0]))), before_forward=_replay(rs)))
+    return out
+
+
+def multi_head(rng):
+    _, _, src_mask, tgt_mask = _masks(rng)
+    out = []
+    m = MultiHeadAttention(D, HEADS, rng=rng, dtype=F64)
+    x = rng.standard_normal((B, S, D))
+    out.append(GradCase("MultiHeadAttention", "self, padding mask", m, {"x": x},
+                        lambda m, i: m(i["x"], mask=src_mask), lambda m, g: {"x": m.backward(g[0])}))
+    m = MultiHeadAttention(D, HEADS, rng=rng, dtype=F64)
+    y = rng.standard_normal((B, T, D))
+    out.append(GradCase("MultiHeadAttention", "self, causal + padding", m, {"y": y},
+                        lambda m, i: m(i["y"], mask=tgt_mask), lambda m, g: {"y": m.backward(g[0])}))
+    m = MultiHeadAttention(D, HEADS, d_k=3, d_v=5, rng=rng, dtype=F64)
+    ins = {"y": rng.standard_normal((B, T, D)), "memory": rng.standard_normal((B, S, D))}
+    out.append(GradCase("MultiHeadAttention", "encoder-decoder, d_k 3 d_v 5", m, ins,
+                        lambda m, i: m(i["y"], i["memory"], mask=src_mask),
+                        lambda m, g: dict(zip(("y", "memory"), m.backward(g[0])))))
+    return out
+
+
+def feedforward(rng):
+    m = FeedForward(D, DFF, rng=rng, dtype=F64)
+    for lin in (m.w_1, m.w_2):
+        lin.bias.data[:] = 0.1 * rng.standard_normal(lin.bias.shape)
+    x = rng.standard_normal((B, S, D))
+    return [GradCase("FeedForward", "d_ff 16", m, {"x": x},
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+
+
+def residual(rng):
+    out = []
+    for pre in (False, True):
+        rs = RandomState(5)
+        hold = _Holder(res=Residual(D, dropout=0.1, pre_norm=pre, rng=rs, dtype=F64),
+                       ffn=FeedForward(D, DFF, rng=rng, dtype=F64))
+        x = rng.standard_normal((B, S, D))
+        out.append(GradCase("Residual", ("pre-LN" if pre else "post-LN") + " around FFN, dropout 0.1 fixed mask",
+                            hold, {"x": x}, lambda m, i: m.res(i["x"], m.ffn),
+                            lambda m, g: {"x": m.res.backward(g[0], m.ffn)}, before_forward=_replay(rs)))
+    return out
+
+
+def encoder_decoder_layers(rng):
+    _, _, src_mask, tgt_mask = _masks(rng)
+    out = []
+    for pre in (False, True):
+        cfg = _cfg(pre_norm=pre, dropout=0.1)
+        tag = "pre-LN" if pre else "post-LN"
+        rs = RandomState(11)
+        m = EncoderLayer(cfg, rng, rs, F64)
+        out.append(GradCase("EncoderLayer", f"{tag}, dropout fixed mask", m, {"x": rng.standard_normal((B, S, D))},
+                            lambda m, i: m(i["x"], src_mask), lambda m, g: {"x": m.backward(g[0])},
+                            before_forward=_replay(rs)))
+        rs = RandomState(12)
+        m = DecoderLayer(cfg, rng, rs, F64)
+        ins = {"y": rng.standard_normal((B, T, D)), "memory": rng.standard_normal((B, S, D))}
+        out.append(GradCase("DecoderLayer", f"{tag}, dropout fixed mask", m, ins,
+                            lambda m, i: m(i["y"], i["memory"], tgt_mask, src_mask),
+                            lambda m, g: dict(zip(("y", "memory"), m.backward(g[0]))),
+                            before_forward=_replay(rs)))
+    return out
+
+
+def stacks(rng):
+    _, _, src_mask, tgt_mask = _masks(rng)
+    out = []
+    for pre in (False, True):
+        cfg = _cfg(pre_norm=pre)
+        tag = "2 layers " + ("pre-LN" if pre else "post-LN")
+        m = Encoder(cfg, rng, None, F64)
+        out.append(GradCase("Encoder", tag, m, {"x": rng.standard_normal((B, S, D))},
+                            lambda m, i: m(i["x"], src_mask), lambda m, g: {"x": m.backward(g[0])}))
+        m = Decoder(cfg, rng, None, F64)
+        ins = {"y": rng.standard_normal((B, T, D)), "memory": rng.standard_normal((B, S, D))}
+        out.append(GradCase("Decoder", tag, m, ins, lambda m, i: m(i["y"], i["memory"], tgt_mask, src_mask),
+                            lambda m, g: dict(zip(("y", "memory"), m.backward(g[0])))))
+    return out
+
+
+class _LossModule(Module):
+    """Presents the loss (not a Module: it has no parameters) to the checker."""
+
+    def __init__(self, smoothing):
+        super().__init__()
+        self.loss = LabelSmoothedCrossEntropy(smoothing, PAD)
+
+
+def loss(rng):
+    tgt = _ids(rng, B, T, [T, 3, 1])
+    m = _LossModule(0.1)
+    logits = 2.0 * rng.standard_normal((B, T, V))
+    return [GradCase("LabelSmoothedCrossEntropy", "eps 0.1, padding", m, {"logits": logits},
+                     lambda m, i: m.loss.forward(i["logits"], tgt) * 1.0,
+                     lambda m, g: {"logits": m.loss.backward() * g[0]})]
+
+
+def transformer(rng):
+    src, tgt, _, _ = _masks(rng)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    out = []
+    for name, kw in [("tied, post-LN, dropout 0.1 fixed mask, eps_ls 0.1", dict(dropout=0.1)),
+                     ("untied, pre-LN, d_k 3", dict(tie_embeddings=False, pre_norm=True, d_k=3, d_v=4)),
+                     ("tied, post-LN, attention + ReLU dropout", dict(dropout=0.1, attn_dropout=0.1, relu_dropout=0.1))]:
+        model = Transformer(_cfg(**kw), seed=int(rng.integers(1 << 30)), dtype=F64)
+        crit = LabelSmoothedCrossEntropy(0.1, PAD)
+
+        def fwd(m, i, crit=crit):
+            return crit.forward(m(src, tgt_in), tgt_out) * 1.0
+
+        def bwd(m, g, crit=crit):
+            m.backward(crit.backward() * g[0])
+            return {}
+
+        out.append(GradCase("Transformer+loss", name, model, {}, fwd, bwd, before_forward=_replay(model.rng)))
+    return out
+
+
+BUILDERS = {
+    "Linear": linear, "Embedding": embedding, "OutputProjection": projection, "PositionalEncoding": positional,
+    "Dropout": dropout, "ReLU": relu, "LayerNorm": layernorm, "Softmax": softmax,
+    "ScaledDotProductAttention": scaled_dot_product, "MultiHeadAttention": multi_head,
+    "FeedForward": feedforward, "Residual": residual, "EncoderLayer": encoder_decoder_layers,
+    "DecoderLayer": encoder_decoder_layers, "Encoder": stacks, "Decoder": stacks,
+    "LabelSmoothedCrossEntropy": loss, "Transformer": transformer,
+}
+
+
+def build_cases(layers=None, seed: int = 0) -> list[GradCase]:
+    """The cases for the named layers (all by default), each builder called once, deterministic in seed."""
+    names = list(BUILDERS) if not layers else layers
+    unknown = [n for n in names if n not in BUILDERS]
+    if unknown:
+        raise KeyError(f"unknown layer {unknown[0]!r}: choose from {', '.join(BUILDERS)}")
+    cases, done = [], set()
+    for n in names:
+        builder = BUILDERS[n]
+        if builder in done:
+            continue
+        done.add(builder)
+        rng = np.random.default_rng([seed, list(BUILDERS).index(n)])
+        cases += builder(rng)
+    return cases

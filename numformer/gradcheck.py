@@ -1,0 +1,150 @@
+"""Finite-difference gradient checks, shared by ``python -m grad_checks`` and the tests.
+
+The scalar checked is ``L = sum_i <out_i, G_i>`` with random upstream gradients G
+(never all-ones: ones hide bugs in attention). For each tensor (parameters and
+float inputs) the analytic gradient from ``backward`` is compared with central
+differences in float64::
+
+    dL/dx[i] ~ (L(x + h e_i) - L(x - h e_i)) / 2h
+
+on every entry of a small tensor, or on a random sample of entries of a large
+one plus a few random +-1 directions u (``<grad, u>`` against
+``(L(x + h u) - L(x - h u)) / 2h``, Chainer's idea: two forwards per direction
+cover every entry at once). The error is ``|a - n| / max(|a| + |n|, tiny)``, the
+worst over the probes of a tensor is reported.
+
+Step h = 1e-5 by default. Central differences have truncation error O(h^2 L''')
+and round-off O(eps_64 * |L| / h); the step that balances them is about
+eps_64^(1/3) ~ 6e-6. Measured on these checks: h = 1e-6 leaves round-off of
+~3e-11 in the full model's derivatives, h = 1e-5 ten times less, with truncation
+still below 1e-10 relative.
+
+Floor of the denominator: ``tiny = floor_ratio * max|analytic gradient|`` over the
+whole case (floor_ratio 1e-3). Some gradients are exactly zero by symmetry (the
+key bias: softmax is invariant to a shift of a whole row of scores), and entries
+1000x smaller than the case's largest are at round-off level; a plain relative
+error of two round-off-sized numbers is ~1 and says nothing. With the floor,
+such entries must agree to ``tolerance * tiny`` in absolute terms instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+TINY = 1e-8  # below this |a| + |n|, both gradients are zero to round-off: the error is measured against TINY
+
+
+@dataclass
+class TensorResult:
+    """The outcome for one tensor of one check."""
+
+    layer: str
+    case: str
+    tensor: str
+    shape: tuple
+    probes: int
+    max_rel_error: float
+    tolerance: float
+    samples: list = field(default_factory=list)  # (probe, analytic, numeric, rel_error) for --verbose
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.max_rel_error <= self.tolerance)
+
+
+def rel_error(a: float, n: float, tiny: float = TINY) -> float:
+    """``|a - n| / max(|a| + |n|, tiny)``."""
+    return abs(a - n) / max(abs(a) + abs(n), tiny)
+
+
+@dataclass
+class GradCase:
+    """One gradient check: a module, its float inputs, and how to run it forward and backward.
+
+    forward(module, inputs) -> array or tuple of arrays (the outputs);
+    backward(module, upstream) -> dict input-name -> gradient (upstream: list of arrays matching outputs);
+    before_forward(): called before every forward (e.g. restore the dropout RNG so masks repeat).
+    params: name -> Parameter to check (default: module.named_parameters()).
+    """
+
+    layer: str
+    case: str
+    module: object
+    inputs: dict
+    forward: Callable
+    backward: Callable
+    before_forward: Callable | None = None
+    params: dict | None = None
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def run_case(case: GradCase, rng: np.random.Generator, h: float = 1e-5, full_size: int = 64,
+             sample: int = 8, directions: int = 3, tolerance: float = 1e-6,
+             keep_samples: int = 0, floor_ratio: float = 1e-3) -> list[TensorResult]:
+    """Check every parameter and input tensor of ``case``; returns one TensorResult per tensor."""
+    module = case.module
+    module.train()
+
+    def objective(upstream) -> float:
+        if case.before_forward is not None:
+            case.before_forward()
+        outs = _as_tuple(case.forward(module, case.inputs))
+        module.clear_cache()
+        return float(sum(np.sum(o * g) for o, g in zip(outs, upstream)))
+
+    # analytic gradients
+    if case.before_forward is not None:
+        case.before_forward()
+    outs = _as_tuple(case.forward(module, case.inputs))
+    upstream = [rng.standard_normal(o.shape) for o in outs]
+    module.zero_grad()
+    input_grads = case.backward(module, upstream)
+    params = case.params if case.params is not None else dict(module.named_parameters())
+    tensors = [(name, p.data, np.array(p.grad)) for name, p in params.items()]
+    tensors += [(f"input:{name}", case.inputs[name], np.asarray(g)) for name, g in input_grads.items()]
+
+    # The floor of the error's denominator: a fraction of the largest gradient entry of the case.
+    gmax = max([float(np.abs(g).max()) for _, _, g in tensors if g.size] + [0.0])
+    tiny = max(floor_ratio * gmax, TINY)
+    results = []
+    for name, x, grad in tensors:
+        if grad.shape != x.shape:
+            raise AssertionError(f"{case.layer}/{case.case}: gradient of {name} has shape {grad.shape}, expected {x.shape}")
+        probes = []
+        if not x.flags.c_contiguous:
+            raise AssertionError(f"{case.layer}/{case.case}: {name} must be C-contiguous to be perturbed in place")
+        flat = x.reshape(-1)  # a view: perturbing it perturbs the tensor the module reads
+        if x.size <= full_size:
+            entries = range(x.size)
+        else:
+            entries = rng.choice(x.size, size=sample, replace=False)
+        gflat = grad.reshape(-1)
+        for i in entries:
+            old = flat[i]
+            flat[i] = old + h
+            lp = objective(upstream)
+            flat[i] = old - h
+            lm = objective(upstream)
+            flat[i] = old
+            probes.append((str(tuple(int(j) for j in np.unravel_index(i, x.shape))), float(gflat[i]), (lp - lm) / (2 * h)))
+        if x.size > full_size:
+            for k in range(directions):
+                u = rng.choice([-1.0, 1.0], size=x.shape)
+                old = x.copy()
+                x += h * u
+                lp = objective(upstream)
+                x[...] = old - h * u
+                lm = objective(upstream)
+                x[...] = old
+                probes.append((f"direction {k}", float(np.sum(grad * u)), (lp - lm) / (2 * h)))
+        errors = [rel_error(a, n, tiny) for _, a, n in probes]
+        worst = max(errors) if errors else 0.0
+        kept = [(p, a, n, e) for (p, a, n), e in zip(probes, errors)][:keep_samples]
+        results.append(TensorResult(case.layer, case.case, name, tuple(x.shape), len(probes), worst, tolerance, kept))
+    module.zero_grad()
+    return results

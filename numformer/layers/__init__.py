@@ -1,0 +1,17 @@
+"""The layers of the Transformer, one concept per file, each with forward and backward."""
+from .attention import MultiHeadAttention, ScaledDotProductAttention
+from .dropout import Dropout
+from .embedding import Embedding
+from .feedforward import FeedForward
+from .layernorm import LayerNorm
+from .linear import Linear
+from .positional import PositionalEncoding
+from .projection import OutputProjection
+from .relu import ReLU
+from .softmax import Softmax
+from .sublayer import Residual
+
+__all__ = [
+    "Dropout", "Embedding", "FeedForward", "LayerNorm", "Linear", "MultiHeadAttention",
+    "OutputProjection", "PositionalEncoding", "ReLU", "Residual", "ScaledDotProductAttention", "Softmax",
+]

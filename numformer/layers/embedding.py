@@ -1,0 +1,51 @@
+"""Token embedding scaled by sqrt(d_model) (Section 3.4).
+
+Shapes: ids (batch, time) int -> (batch, time, d_model). The weight (vocab, d_model)
+may be a Parameter shared with another Embedding and with the pre-softmax
+projection (weight tying, Section 3.4 and Press & Wolf 2017); backward therefore
+*adds* into it. Backward is a scatter-add over token ids: no dense one-hot.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..backend import DEFAULT_DTYPE, scatter_add_rows
+from ..module import Module, Parameter
+
+
+class Embedding(Module):
+    """Lookup ``W[ids] * scale``; weights ~ N(0, d_model^-1/2) so scaled rows have unit variance."""
+
+    def __init__(self, vocab_size: int, d_model: int, scale: bool = True, weight: Parameter | None = None,
+                 rng=None, dtype=DEFAULT_DTYPE):
+        super().__init__()
+        if weight is None:
+            rng = rng if rng is not None else np.random.default_rng(0)
+            weight = Parameter(rng.normal(0.0, d_model ** -0.5, (vocab_size, d_model)).astype(dtype))
+        if weight.shape != (vocab_size, d_model):
+            raise ValueError(f"tied weight has shape {weight.shape}, expected {(vocab_size, d_model)}")
+        self.weight = weight
+        self.vocab_size, self.d_model = vocab_size, d_model
+        self.scale = math.sqrt(d_model) if scale else 1.0
+        self._cache_ids = None
+
+    def forward(self, ids):
+        """ids (...,) int -> (..., d_model)."""
+        out = self.weight.data[ids]
+        if self.scale != 1.0:
+            out *= self.scale
+        if self.training:
+            self._cache_ids = ids
+        return out
+
+    def backward(self, dy):
+        """dy (..., d_model) -> None (ids have no gradient); scatter-adds dy * scale into W."""
+        ids = self._cache_ids
+        rows = dy.reshape(-1, self.d_model)
+        if self.scale != 1.0:
+            rows = rows * self.scale
+        scatter_add_rows(self.weight.grad, ids.reshape(-1), rows)
+        self._cache_ids = None
+        return None

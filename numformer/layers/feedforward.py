@@ -1,0 +1,34 @@
+"""Position-wise feed-forward network (Section 3.3, Eq. 2).
+
+``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2``, applied to each position alike.
+Shapes: x (..., d_model) -> (..., d_model), inner width d_ff. An optional
+dropout after the ReLU (tensor2tensor's relu_dropout) is off by default, as in the paper.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import DEFAULT_DTYPE
+from ..module import Module
+from .dropout import Dropout
+from .linear import Linear
+from .relu import ReLU
+
+
+class FeedForward(Module):
+    """Linear(d_model, d_ff) -> ReLU -> [Dropout] -> Linear(d_ff, d_model)."""
+
+    def __init__(self, d_model: int, d_ff: int, relu_dropout: float = 0.0, rng=None, dropout_rng=None,
+                 dtype=DEFAULT_DTYPE):
+        super().__init__()
+        rng = rng if rng is not None else np.random.default_rng(0)
+        self.w_1 = Linear(d_model, d_ff, rng=rng, dtype=dtype)
+        self.relu = ReLU()
+        self.dropout = Dropout(relu_dropout, dropout_rng)
+        self.w_2 = Linear(d_ff, d_model, rng=rng, dtype=dtype)
+
+    def forward(self, x):
+        return self.w_2(self.dropout(self.relu(self.w_1(x))))
+
+    def backward(self, dy):
+        return self.w_1.backward(self.relu.backward(self.dropout.backward(self.w_2.backward(dy))))

@@ -1,0 +1,47 @@
+"""Linear layer ``y = x W + b`` (the projections of Sections 3.2.2 and 3.3).
+
+Shapes: x (..., d_in) -> y (..., d_out). The weight is stored as (d_in, d_out)
+so the forward pass is one GEMM on the flattened leading dimensions, with no
+transpose. (PyTorch stores (d_out, d_in): the parity tests transpose.)
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..backend import DEFAULT_DTYPE
+from ..module import Module, Parameter
+
+
+class Linear(Module):
+    """Affine map on the last axis; Xavier/Glorot-uniform weights, zero bias."""
+
+    def __init__(self, d_in: int, d_out: int, bias: bool = True, rng=None, dtype=DEFAULT_DTYPE):
+        super().__init__()
+        rng = rng if rng is not None else np.random.default_rng(0)
+        bound = math.sqrt(6.0 / (d_in + d_out))
+        self.d_in, self.d_out = d_in, d_out
+        self.weight = Parameter(rng.uniform(-bound, bound, (d_in, d_out)).astype(dtype))
+        self.bias = Parameter(np.zeros(d_out, dtype=dtype)) if bias else None
+        self._cache_x = None
+
+    def forward(self, x):
+        """x (..., d_in) -> (..., d_out)."""
+        lead = x.shape[:-1]
+        y = x.reshape(-1, self.d_in) @ self.weight.data
+        if self.bias is not None:
+            y += self.bias.data
+        if self.training:
+            self._cache_x = x
+        return y.reshape(*lead, self.d_out)
+
+    def backward(self, dy):
+        """dy (..., d_out) -> dx (..., d_in); adds dL/dW = x^T dy and dL/db = sum(dy)."""
+        x2 = self._cache_x.reshape(-1, self.d_in)
+        dy2 = dy.reshape(-1, self.d_out)
+        self.weight.grad += x2.T @ dy2
+        if self.bias is not None:
+            self.bias.grad += dy2.sum(axis=0)
+        self._cache_x = None
+        return (dy2 @ self.weight.data.T).reshape(*dy.shape[:-1], self.d_in)

@@ -1,0 +1,45 @@
+"""Pre-softmax linear transformation ``logits = h W_E^T`` (Section 3.4).
+
+Shapes: h (..., d_model) -> logits (..., vocab). The weight (vocab, d_model) is the
+embedding matrix when tied (the paper shares it between both embeddings and this
+projection), so backward adds ``dlogits^T h`` into the same Parameter that the
+embeddings add into. Untied, it is a matrix of its own with the same layout.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import DEFAULT_DTYPE
+from ..module import Module, Parameter
+
+
+class OutputProjection(Module):
+    """``logits = h @ W.T`` with W (vocab, d_model), no bias."""
+
+    def __init__(self, d_model: int, vocab_size: int, weight: Parameter | None = None, rng=None,
+                 dtype=DEFAULT_DTYPE):
+        super().__init__()
+        if weight is None:
+            rng = rng if rng is not None else np.random.default_rng(0)
+            weight = Parameter(rng.normal(0.0, d_model ** -0.5, (vocab_size, d_model)).astype(dtype))
+        if weight.shape != (vocab_size, d_model):
+            raise ValueError(f"tied weight has shape {weight.shape}, expected {(vocab_size, d_model)}")
+        self.weight = weight
+        self.d_model, self.vocab_size = d_model, vocab_size
+        self._cache_h = None
+
+    def forward(self, h):
+        """h (..., d_model) -> logits (..., vocab)."""
+        lead = h.shape[:-1]
+        logits = h.reshape(-1, self.d_model) @ self.weight.data.T
+        if self.training:
+            self._cache_h = h
+        return logits.reshape(*lead, self.vocab_size)
+
+    def backward(self, dlogits):
+        """dlogits (..., vocab) -> dh (..., d_model); adds dlogits^T h into W."""
+        h2 = self._cache_h.reshape(-1, self.d_model)
+        d2 = dlogits.reshape(-1, self.vocab_size)
+        self.weight.grad += d2.T @ h2
+        self._cache_h = None
+        return (d2 @ self.weight.data).reshape(*dlogits.shape[:-1], self.d_model)

@@ -1,0 +1,217 @@
+"""The Transformer of Section 3 (Figure 1): encoder and decoder stacks and the full model.
+
+Shapes: source ids (batch, S), target input ids (batch, T) -> logits (batch, T, vocab).
+Each class has ``forward`` and a ``backward`` that calls its children's backward in
+reverse order, so the code reads like Figure 1 run backwards.
+
+Masks are boolean, True where attention is allowed:
+source padding mask (B, 1, 1, S); target mask = causal (1, 1, T, T) AND target padding (B, 1, 1, T).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .backend import RandomState, get_array_module
+from .layers import (Dropout, Embedding, FeedForward, LayerNorm, MultiHeadAttention, OutputProjection,
+                     PositionalEncoding, Residual)
+from .module import Module
+from .presets import ModelConfig
+
+
+def padding_mask(ids, pad_id: int):
+    """(B, L) ids -> (B, 1, 1, L) bool, True at real tokens (the keys a query may see)."""
+    return (ids != pad_id)[:, None, None, :]
+
+
+def causal_mask(t: int, xp=np):
+    """(1, 1, T, T) bool, True on and below the diagonal: position i sees positions <= i (Section 3.2.3)."""
+    return xp.tril(xp.ones((t, t), dtype=bool))[None, None]
+
+
+class EncoderLayer(Module):
+    """Self-attention and feed-forward, each in a residual sub-layer (Section 3.1, Figure 1 left)."""
+
+    def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
+        super().__init__()
+        d = cfg.d_model
+        self.self_attn = MultiHeadAttention(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype)
+        self.self_attn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
+        self.ffn = FeedForward(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype)
+        self.ffn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
+
+    def forward(self, x, mask):
+        """x (B, S, d_model), mask (B, 1, 1, S) -> (B, S, d_model)."""
+        x = self.self_attn_residual(x, self.self_attn, mask=mask)
+        return self.ffn_residual(x, self.ffn)
+
+    def backward(self, dy):
+        dx = self.ffn_residual.backward(dy, self.ffn)
+        return self.self_attn_residual.backward(dx, self.self_attn)
+
+
+class DecoderLayer(Module):
+    """Masked self-attention, encoder-decoder attention and feed-forward (Section 3.1, Figure 1 right)."""
+
+    def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
+        super().__init__()
+        d = cfg.d_model
+        self.self_attn = MultiHeadAttention(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype)
+        self.self_attn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
+        self.cross_attn = MultiHeadAttention(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype)
+        self.cross_attn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
+        self.ffn = FeedForward(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype)
+        self.ffn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
+
+    def forward(self, y, memory, self_mask, cross_mask, cache=None):
+        """y (B, T, d_model), memory (B, S, d_model) -> (B, T, d_model).
+
+        ``cache`` (eval only): {'self': {...}, 'cross': {...}} key/value caches for incremental decoding.
+        """
+        self_cache = cross_cache = None
+        if cache is not None:
+            self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
+        y = self.self_attn_residual(y, self.self_attn, mask=self_mask, cache=self_cache)
+        y = self.cross_attn_residual(y, self.cross_attn, memory, mask=cross_mask, cache=cross_cache)
+        return self.ffn_residual(y, self.ffn)
+
+    def backward(self, dy):
+        """dy (B, T, d_model) -> (dy_in (B, T, d_model), dmemory (B, S, d_model))."""
+        dy = self.ffn_residual.backward(dy, self.ffn)
+        dy, dmemory = self.cross_attn_residual.backward(dy, self.cross_attn)
+        dy = self.self_attn_residual.backward(dy, self.self_attn)
+        return dy, dmemory
+
+
+class Encoder(Module):
+    """N encoder layers (Section 3.1); a pre-LN stack ends with a final LayerNorm."""
+
+    def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
+        super().__init__()
+        self.layers = [EncoderLayer(cfg, rng, dropout_rng, dtype) for _ in range(cfg.layers)]
+        self.final_norm = LayerNorm(cfg.d_model, cfg.ln_eps, dtype) if cfg.pre_norm else None
+
+    def forward(self, x, mask):
+        """x (B, S, d_model), mask (B, 1, 1, S) -> memory (B, S, d_model)."""
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def backward(self, dy):
+        if self.final_norm is not None:
+            dy = self.final_norm.backward(dy)
+        for layer in reversed(self.layers):
+            dy = layer.backward(dy)
+        return dy
+
+
+class Decoder(Module):
+    """N decoder layers (Section 3.1); a pre-LN stack ends with a final LayerNorm."""
+
+    def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
+        super().__init__()
+        self.layers = [DecoderLayer(cfg, rng, dropout_rng, dtype) for _ in range(cfg.n_decoder_layers)]
+        self.final_norm = LayerNorm(cfg.d_model, cfg.ln_eps, dtype) if cfg.pre_norm else None
+
+    def forward(self, y, memory, self_mask, cross_mask, caches=None):
+        """y (B, T, d_model), memory (B, S, d_model) -> (B, T, d_model); ``caches`` one dict per layer."""
+        for i, layer in enumerate(self.layers):
+            y = layer(y, memory, self_mask, cross_mask, None if caches is None else caches[i])
+        return self.final_norm(y) if self.final_norm is not None else y
+
+    def backward(self, dy):
+        """-> (dy_in (B, T, d_model), dmemory (B, S, d_model)): the memory gradient sums over layers."""
+        if self.final_norm is not None:
+            dy = self.final_norm.backward(dy)
+        dmemory = None
+        for layer in reversed(self.layers):
+            dy, dm = layer.backward(dy)
+            dmemory = dm if dmemory is None else dmemory + dm
+        return dy, dmemory
+
+
+class Transformer(Module):
+    """The encoder-decoder model of Figure 1 with tied embeddings (Section 3.4).
+
+    Tied (the paper's shared vocabulary): source embedding, target embedding and
+    the pre-softmax projection are one (vocab, d_model) matrix, listed once as
+    ``src_embed.weight``. Untied: three matrices.
+
+    Construction is deterministic in ``seed``: weights are drawn on the host with
+    ``numpy.random.default_rng(seed)`` then cast to ``dtype``; dropout masks come
+    from one :class:`RandomState` per model (``self.rng``), seeded from ``seed`` too.
+    """
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
+        super().__init__()
+        self.cfg = cfg
+        init_rng = np.random.default_rng(seed)
+        self.rng = RandomState(seed + 1)
+        d, v = cfg.d_model, cfg.vocab_size
+        self.src_embed = Embedding(v, d, rng=init_rng, dtype=dtype)
+        shared = self.src_embed.weight if cfg.tie_embeddings else None
+        self.tgt_embed = Embedding(v, d, weight=shared, rng=init_rng, dtype=dtype)
+        self.src_pos = PositionalEncoding(d, cfg.max_len, dtype)
+        self.tgt_pos = PositionalEncoding(d, cfg.max_len, dtype)
+        self.src_dropout = Dropout(cfg.dropout, self.rng)
+        self.tgt_dropout = Dropout(cfg.dropout, self.rng)
+        self.encoder = Encoder(cfg, init_rng, self.rng, dtype)
+        self.decoder = Decoder(cfg, init_rng, self.rng, dtype)
+        self.generator = OutputProjection(d, v, weight=shared, rng=init_rng, dtype=dtype)
+        self._cache_masks = None
+
+    def _moved(self, xp) -> None:
+        self.rng.to(xp)
+
+    @property
+    def xp(self):
+        return get_array_module(self.src_embed.weight.data)
+
+    # -- training --------------------------------------------------------------
+    def encode(self, src):
+        """src (B, S) ids -> (memory (B, S, d_model), src_mask (B, 1, 1, S))."""
+        src_mask = padding_mask(src, self.cfg.pad_id)
+        x = self.src_dropout(self.src_pos(self.src_embed(src)))
+        return self.encoder(x, src_mask), src_mask
+
+    def forward(self, src, tgt_in):
+        """src (B, S), tgt_in (B, T) ids -> logits (B, T, vocab) (before the softmax)."""
+        xp = get_array_module(self.src_embed.weight.data)
+        memory, src_mask = self.encode(src)
+        tgt_mask = causal_mask(tgt_in.shape[1], xp) & padding_mask(tgt_in, self.cfg.pad_id)
+        y = self.tgt_dropout(self.tgt_pos(self.tgt_embed(tgt_in)))
+        h = self.decoder(y, memory, tgt_mask, src_mask)
+        return self.generator(h)
+
+    def backward(self, dlogits) -> None:
+        """dlogits (B, T, vocab) -> None; fills every Parameter.grad (token ids have no gradient)."""
+        dh = self.generator.backward(dlogits)
+        dy, dmemory = self.decoder.backward(dh)
+        self.tgt_embed.backward(self.tgt_pos.backward(self.tgt_dropout.backward(dy)))
+        dx = self.encoder.backward(dmemory)
+        self.src_embed.backward(self.src_pos.backward(self.src_dropout.backward(dx)))
+
+    # -- incremental decoding (eval mode) ---------------------------------------
+    def new_decoder_caches(self) -> list:
+        """One empty key/value cache per decoder layer, for :meth:`decode_step`."""
+        return [{} for _ in self.decoder.layers]
+
+    def decode_step(self, tokens, memory, src_mask, caches, position: int):
+        """Logits for the next token given the newest input token.
+
+        tokens (B,) ids at ``position`` (0 for BOS); memory (B, S, d_model);
+        caches from :meth:`new_decoder_caches`, updated in place -> logits (B, vocab).
+        Costs one position per call: earlier keys and values come from the cache.
+        """
+        if self.training:
+            raise RuntimeError("decode_step runs in eval mode: call model.eval() first")
+        y = self.tgt_pos(self.tgt_embed(tokens[:, None]), offset=position)
+        h = self.decoder(y, memory, None, src_mask, caches)
+        return self.generator(h)[:, 0, :]
+
+    @staticmethod
+    def reorder_caches(caches, index) -> None:
+        """Select batch rows ``index`` (B',) of every cached key/value (beam search reordering)."""
+        for cache in caches:
+            for part in cache.values():
+                for name in list(part):
+                    part[name] = part[name][index]

@@ -1,0 +1,200 @@
+"""Parameter and Module: the bookkeeping every layer shares.
+
+A :class:`Module` finds its children and parameters from its attributes, in the
+order they were assigned, so names are stable and dotted like PyTorch's
+(``encoder.layers.0.self_attn.w_q.weight``). Lists of modules are indexed by
+position. A parameter reachable under two names (tied embeddings) is listed once,
+under the first name, and receives the gradient of every use because backward
+passes *add* into ``Parameter.grad``.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from .backend import get_array_module, to_host, to_xp
+
+
+class Parameter:
+    """A trainable array and its gradient (same shape, dtype and device).
+
+    ``grad`` accumulates: every backward does ``grad += ...`` so a weight used in
+    several places (tied embeddings) collects the gradient of each use.
+    """
+
+    __slots__ = ("data", "grad")
+
+    def __init__(self, data):
+        self.data = data
+        xp = get_array_module(data)
+        self.grad = xp.zeros_like(data)
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    def zero_grad(self) -> None:
+        self.grad.fill(0)
+
+    def to(self, xp, dtype=None) -> None:
+        self.data = to_xp(self.data, xp, dtype)
+        self.grad = xp.zeros_like(self.data)
+
+    def __repr__(self) -> str:
+        return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+class Module:
+    """Base class of every layer: parameters, children, train/eval, state dicts.
+
+    Subclasses implement ``forward(...)`` (caching what backward needs, only in
+    training mode) and ``backward(dy)`` (returning input gradients and adding
+    parameter gradients into ``Parameter.grad``). Arrays that are not trained
+    but must move with the model (the positional table) are registered with
+    :meth:`register_buffer`.
+    """
+
+    def __init__(self):
+        object.__setattr__(self, "training", True)
+        object.__setattr__(self, "_buffers", [])
+
+    def register_buffer(self, name: str, array) -> None:
+        setattr(self, name, array)
+        self._buffers.append(name)
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def backward(self, dy):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- traversal -----------------------------------------------------------
+    def named_children(self):
+        """(name, module) for each direct child, lists expanded as ``name.i``."""
+        for name, value in vars(self).items():
+            if isinstance(value, Module):
+                yield name, value
+            elif isinstance(value, (list, tuple)):
+                for i, item in enumerate(value):
+                    if isinstance(item, Module):
+                        yield f"{name}.{i}", item
+
+    def modules(self):
+        """This module and all its descendants, depth first, each once."""
+        seen = set()
+        stack = [self]
+        while stack:
+            m = stack.pop()
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            yield m
+            stack.extend(reversed([c for _, c in m.named_children()]))
+
+    def _named_parameters_all(self, prefix: str = ""):
+        for name, value in vars(self).items():
+            if isinstance(value, Parameter):
+                yield prefix + name, value
+        for name, child in self.named_children():
+            yield from child._named_parameters_all(prefix + name + ".")
+
+    def named_parameters(self):
+        """(dotted name, Parameter) pairs in definition order; a tied parameter appears once."""
+        seen = set()
+        out = []
+        for name, p in self._named_parameters_all():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append((name, p))
+        return out
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def num_parameters(self) -> int:
+        """Number of trainable scalars, each tied matrix counted once."""
+        return sum(p.size for p in self.parameters())
+
+    # -- modes and gradients -------------------------------------------------
+    def train(self, mode: bool = True) -> "Module":
+        for m in self.modules():
+            object.__setattr__(m, "training", mode)
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.zero_grad()
+
+    def clear_cache(self) -> None:
+        """Drop activations cached by forward (frees memory after a step)."""
+        for m in self.modules():
+            m._clear_cache()
+
+    def _clear_cache(self) -> None:
+        for name in [k for k in vars(self) if k.startswith("_cache")]:
+            setattr(self, name, None)
+
+    # -- devices and dtypes --------------------------------------------------
+    def to(self, xp=None, dtype=None) -> "Module":
+        """Move every parameter and buffer to array module ``xp`` and/or cast to ``dtype``.
+
+        Gradients are re-allocated as zeros. Returns self.
+        """
+        from .backend import xp_for  # noqa: PLC0415
+
+        if isinstance(xp, str):
+            xp = xp_for(xp)
+        done = set()
+        for m in self.modules():
+            for p in vars(m).values():
+                if isinstance(p, Parameter) and id(p) not in done:
+                    done.add(id(p))
+                    p.to(xp or get_array_module(p.data), dtype)
+            for name in m._buffers:
+                buf = getattr(m, name)
+                setattr(m, name, to_xp(buf, xp or get_array_module(buf), dtype))
+            m._moved(xp)
+        return self
+
+    def _moved(self, xp) -> None:
+        """Hook for modules holding device state other than arrays (the dropout RNG)."""
+
+    # -- state dicts ---------------------------------------------------------
+    def state_dict(self) -> "OrderedDict[str, np.ndarray]":
+        """Parameter name -> host numpy array copy (portable: loads without cupy)."""
+        return OrderedDict((n, np.array(to_host(p.data))) for n, p in self.named_parameters())
+
+    def load_state_dict(self, state, strict: bool = True) -> None:
+        """Copy arrays into the parameters, keeping each parameter's device and dtype.
+
+        With ``strict`` every name must be present and no extra names allowed;
+        shapes must always match. Errors are ValueError with one line naming the tensor.
+        """
+        params = dict(self.named_parameters())
+        if strict:
+            missing = [n for n in params if n not in state]
+            extra = [n for n in state if n not in params]
+            if missing or extra:
+                raise ValueError(
+                    f"state dict does not match the model: missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
+                    f"unexpected {extra[:3]}{'...' if len(extra) > 3 else ''}"
+                )
+        for name, p in params.items():
+            if name not in state:
+                continue
+            value = state[name]
+            if tuple(value.shape) != tuple(p.data.shape):
+                raise ValueError(f"shape mismatch for {name}: checkpoint {tuple(value.shape)}, model {tuple(p.data.shape)}")
+            xp = get_array_module(p.data)
+            p.data[...] = to_xp(value, xp, p.data.dtype)
