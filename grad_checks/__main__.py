@@ -58,7 +58,7 @@ def main(argv=None) -> int:
             "seconds": round(elapsed, 2),
             "results": [
                 {"layer": r.layer, "case": r.case, "tensor": r.tensor, "shape": list(r.shape), "probes": r.probes,
-                 "max_rel_error": r.max_rel_error, "passed": r.passed}
+                 "max_rel_error": r.max_rel_error, "kinks_skipped": r.kinks, "passed": r.passed}
                 for r in results
             ],
         }))

@@ -1,0 +1,123 @@
+"""Checkpoints: portable ``.npz`` files, written atomically, averaged as in the paper (Section 6.1).
+
+A checkpoint holds host numpy arrays only (a model trained with cupy loads on a
+machine without it) and no pickles (``np.load(allow_pickle=False)``):
+
+* ``model/<parameter name>``: the weights (tied weights once);
+* ``optim/step``, ``optim/m/<i>``, ``optim/v/<i>``: Adam's state, when saved;
+* ``meta``: UTF-8 JSON (model config, training step, RNG and data position, vocabulary file...).
+
+Writes go to a temporary file in the same folder, are flushed and fsynced, then
+renamed over the target: a crash at any moment leaves either the old file or
+the new one, never half of one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, truncated, corrupt or does not fit; the message is one line."""
+
+
+@dataclass
+class Checkpoint:
+    model: dict                       # name -> numpy array
+    meta: dict = field(default_factory=dict)
+    optimizer: dict | None = None     # Adam.state_dict() layout
+
+
+def atomic_write(path, write) -> None:
+    """Call ``write(file_object)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+
+
+def save_checkpoint(path, model_state: dict, meta: dict | None = None, optimizer_state: dict | None = None) -> None:
+    """Write a checkpoint atomically. model_state: name -> array (e.g. ``model.state_dict()``)."""
+    arrays = {f"model/{k}": np.asarray(v) for k, v in model_state.items()}
+    if optimizer_state is not None:
+        arrays["optim/step"] = np.asarray(optimizer_state["step_count"], dtype=np.int64)
+        for i, (m, v) in enumerate(zip(optimizer_state["m"], optimizer_state["v"])):
+            arrays[f"optim/m/{i}"] = np.asarray(m)
+            arrays[f"optim/v/{i}"] = np.asarray(v)
+    arrays["meta"] = np.frombuffer(json.dumps(meta or {}).encode("utf-8"), dtype=np.uint8)
+    atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
+def load_checkpoint(path, with_optimizer: bool = True) -> Checkpoint:
+    """Read a checkpoint; every failure is a one-line CheckpointError saying what to do."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist: check the path or train a model first")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            names = list(z.files)
+            if "meta" not in names:
+                raise CheckpointError(f"{path} is not a numformer checkpoint (no 'meta' entry)")
+            meta = json.loads(bytes(z["meta"]).decode("utf-8"))
+            model = {k[len("model/"):]: z[k] for k in names if k.startswith("model/")}
+            optimizer = None
+            if with_optimizer and "optim/step" in names:
+                n = sum(1 for k in names if k.startswith("optim/m/"))
+                optimizer = {"step_count": int(z["optim/step"]),
+                             "m": [z[f"optim/m/{i}"] for i in range(n)],
+                             "v": [z[f"optim/v/{i}"] for i in range(n)]}
+    except CheckpointError:
+        raise
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(exc).__name__}): "
+                              "use an earlier checkpoint from the same folder") from None
+    if not model:
+        raise CheckpointError(f"{path} holds no model weights")
+    return Checkpoint(model=model, meta=meta, optimizer=optimizer)
+
+
+def average_checkpoints(paths) -> Checkpoint:
+    """The element-wise mean of the weights of several checkpoints (Section 6.1: the base models
+    average the last 5 checkpoints, written at 10-minute intervals). Meta comes from the last one;
+    no optimizer state. Computed in float64, returned in each tensor's dtype."""
+    paths = list(paths)
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    total, meta, dtypes = None, {}, {}
+    for p in paths:
+        ck = load_checkpoint(p, with_optimizer=False)
+        if total is None:
+            total = {k: v.astype(np.float64) for k, v in ck.model.items()}
+            dtypes = {k: v.dtype for k, v in ck.model.items()}
+        else:
+            if set(ck.model) != set(total) or any(ck.model[k].shape != total[k].shape for k in total):
+                raise CheckpointError(f"{p} does not have the same tensors as {paths[0]}: cannot average them")
+            for k in total:
+                total[k] += ck.model[k]
+        meta = ck.meta
+    averaged = {k: (v / len(paths)).astype(dtypes[k]) for k, v in total.items()}
+    meta = dict(meta, averaged_from=[str(p) for p in paths])
+    return Checkpoint(model=averaged, meta=meta)

@@ -1,0 +1,196 @@
+"""Greedy and beam search over the incremental (cached) decoder (Section 6.1).
+
+The paper decodes with beam size 4, length penalty alpha = 0.6 (GNMT's
+``lp(Y) = ((5 + |Y|) / 6) ** alpha``, Wu et al. 2016) and at most input length
++ 50 output tokens. Both searches run a whole batch of sentences at once: the
+encoder runs once, then each step feeds one new token per hypothesis through
+:meth:`Transformer.decode_step`, whose per-layer key/value caches make a step
+cost one position rather than a re-run of the prefix.
+
+Hypothesis length |Y| counts the output tokens including the final EOS.
+Sentences whose search is over are dropped from the batch (the caches are
+compacted), so long sentences do not keep short ones computing.
+
+Shapes: src (B, S) ids, right-padded with the model's pad id. Results are lists,
+one per sentence, of token-id lists without BOS and EOS.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .backend import get_array_module, to_host
+
+
+def length_penalty(length, alpha: float):
+    """GNMT length penalty ``((5 + length) / 6) ** alpha`` (works on scalars and arrays)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def log_softmax(logits):
+    """Row-wise log-softmax of (N, V) logits."""
+    xp = get_array_module(logits)
+    z = logits - logits.max(axis=-1, keepdims=True)
+    return z - xp.log(xp.exp(z).sum(axis=-1, keepdims=True))
+
+
+def ban_special(logp, pad_id: int, bos_id: int):
+    """Padding and BOS are never generated: their log-probability becomes -inf (in place)."""
+    xp = get_array_module(logp)
+    logp[..., pad_id] = -xp.inf
+    logp[..., bos_id] = -xp.inf
+    return logp
+
+
+def max_lengths(src, pad_id: int, a: float, b: int):
+    """Per-sentence output budget ``a * source_length + b`` (source length without padding), as host ints."""
+    src_len = to_host((src != pad_id).sum(axis=1))
+    return (a * src_len + b).astype(int).clip(min=1)
+
+
+@dataclass
+class Hypothesis:
+    tokens: list       # output token ids, without BOS and EOS
+    logprob: float     # sum of the model's log-probabilities, EOS included
+    score: float       # logprob / length_penalty(len(tokens) + 1)
+
+
+def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = 1.0, max_len_b: int = 50,
+                  use_cache: bool = True):
+    """Pick the most probable token at every step, for a batch of sentences.
+
+    src (B, S) -> list of B Hypothesis (length penalty alpha 0: score = logprob).
+    ``use_cache=False`` re-runs the decoder over the whole prefix at every step
+    (the reference the cached path is tested against).
+    """
+    xp = model.xp
+    src = xp.asarray(src)
+    pad = model.cfg.pad_id
+    n = src.shape[0]
+    limits = max_lengths(src, pad, max_len_a, max_len_b)
+    memory, src_mask = model.encode(src)
+    caches = model.new_decoder_caches()
+    tokens = xp.full((n, 1), bos_id, dtype=src.dtype)
+    logprob = xp.zeros(n, dtype=memory.dtype)
+    done = xp.zeros(n, dtype=bool)
+    limits_dev = xp.asarray(limits)
+    for t in range(int(limits.max())):
+        if use_cache:
+            logits = model.decode_step(tokens[:, -1], memory, src_mask, caches, position=t)
+        else:
+            logits = model.forward(src, tokens)[:, -1, :]
+        logp = ban_special(log_softmax(logits), pad, bos_id)
+        force_eos = limits_dev == t + 1
+        logp[force_eos, :] = -xp.inf
+        logp[force_eos, eos_id] = 0.0
+        nxt = logp.argmax(axis=1)
+        gained = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
+        logprob += xp.where(done, 0.0, gained)
+        nxt = xp.where(done, pad, nxt)
+        tokens = xp.concatenate([tokens, nxt[:, None].astype(tokens.dtype)], axis=1)
+        done |= nxt == eos_id
+        if bool(done.all()):
+            break
+    out = []
+    host_tokens, host_logprob = to_host(tokens[:, 1:]), to_host(logprob)
+    for row, lp in zip(host_tokens, host_logprob):
+        ids = [int(x) for x in row]
+        ids = ids[: ids.index(eos_id)] if eos_id in ids else [x for x in ids if x != pad]
+        out.append(Hypothesis(ids, float(lp), float(lp)))
+    return out
+
+
+def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: float = 0.6,
+                max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1):
+    """Beam search with the GNMT length penalty for a batch of sentences.
+
+    src (B, S) -> list of B lists of ``nbest`` Hypothesis, best first.
+
+    Each step extends every live hypothesis, keeps the 2*beam best candidates per
+    sentence, sets those ending in EOS aside as finished (scored with the length
+    penalty) and continues with the best ``beam`` that do not end. A sentence is
+    finished once ``beam`` hypotheses have ended (fairseq's rule) or its length
+    budget ``max_len_a * source_length + max_len_b`` is spent (EOS is forced).
+    """
+    xp = model.xp
+    src = xp.asarray(src)
+    pad = model.cfg.pad_id
+    n, k = src.shape[0], beam
+    limits = max_lengths(src, pad, max_len_a, max_len_b)
+    memory, src_mask = model.encode(src)
+    # every sentence's encoder output repeated for its k beams: rows are sentence-major (s*k + j)
+    rep = xp.repeat(xp.arange(n), k)
+    memory, src_mask = memory[rep], src_mask[rep]
+    caches = model.new_decoder_caches()
+    active = list(range(n))                 # original index of each sentence still searching
+    limits_act = xp.asarray(limits)         # their length budgets
+    history = xp.full((n * k, 0), pad, dtype=src.dtype)
+    last = xp.full(n * k, bos_id, dtype=src.dtype)
+    scores = xp.full((n, k), -xp.inf, dtype=memory.dtype)
+    scores[:, 0] = 0.0                      # all beams start identical: expand only the first
+    finished = [[] for _ in range(n)]
+    t = 0
+    while active:
+        m = len(active)
+        logp = log_softmax(model.decode_step(last, memory, src_mask, caches, position=t)).reshape(m, k, -1)
+        ban_special(logp, pad, bos_id)
+        vocab = logp.shape[-1]
+        force_eos = limits_act == t + 1
+        logp[force_eos] = -xp.inf
+        logp[force_eos, :, eos_id] = 0.0
+        cand = (scores[:, :, None] + logp).reshape(m, k * vocab)
+        top = xp.argpartition(-cand, 2 * k, axis=1)[:, : 2 * k]
+        top_scores = xp.take_along_axis(cand, top, axis=1)
+        order = xp.argsort(-top_scores, axis=1)
+        top, top_scores = xp.take_along_axis(top, order, axis=1), xp.take_along_axis(top_scores, order, axis=1)
+        origin, token = top // vocab, top % vocab
+        is_eos = (token == eos_id) & xp.isfinite(top_scores)
+
+        # set finished hypotheses aside (host bookkeeping only for the EOS events)
+        if bool(is_eos.any()):
+            rows, cols = (to_host(a) for a in xp.nonzero(is_eos))
+            host_hist = to_host(history.reshape(m, k, -1))
+            host_origin, host_scores = to_host(origin), to_host(top_scores)
+            penalty = length_penalty(t + 1, alpha)
+            for r, c in zip(rows, cols):
+                s = active[r]
+                if len(finished[s]) < k:
+                    lp = float(host_scores[r, c])
+                    finished[s].append(Hypothesis([int(x) for x in host_hist[r, host_origin[r, c]]], lp, lp / penalty))
+
+        # the best k candidates that do not end continue
+        alive = ~is_eos & xp.isfinite(top_scores)
+        rank = xp.cumsum(alive, axis=1) - 1
+        keep = alive & (rank < k)
+        # positions of kept candidates, k per row (rows with fewer are padded with -inf scores)
+        sort_key = xp.where(keep, rank, 2 * k + xp.arange(2 * k)[None, :])
+        pick = xp.argsort(sort_key, axis=1)[:, :k]
+        new_scores = xp.take_along_axis(xp.where(keep, top_scores, -xp.inf), pick, axis=1)
+        new_origin = xp.take_along_axis(origin, pick, axis=1)
+        new_token = xp.take_along_axis(token, pick, axis=1)
+
+        # which sentences are over: k finished, or the budget spent
+        host_done = [len(finished[s]) >= k for s in active]
+        host_done = [d or bool(f) for d, f in zip(host_done, to_host(force_eos))]
+        stay = [i for i, d in enumerate(host_done) if not d]
+        beam_rows = (xp.arange(m)[:, None] * k + new_origin).reshape(-1)
+        if len(stay) < m:
+            stay_dev = xp.asarray(stay, dtype=xp.int64)
+            beam_rows = beam_rows.reshape(m, k)[stay_dev].reshape(-1)
+            new_scores, new_token = new_scores[stay_dev], new_token[stay_dev]
+            memory = memory.reshape(m, k, *memory.shape[1:])[stay_dev].reshape(-1, *memory.shape[1:])
+            src_mask = src_mask.reshape(m, k, *src_mask.shape[1:])[stay_dev].reshape(-1, *src_mask.shape[1:])
+            limits_act = limits_act[stay_dev]
+            active = [active[i] for i in stay]
+        if not active:
+            break
+        model.reorder_caches(caches, beam_rows)
+        history = xp.concatenate([history[beam_rows], new_token.reshape(-1, 1).astype(history.dtype)], axis=1)
+        last = new_token.reshape(-1).astype(history.dtype)
+        scores = new_scores
+        t += 1
+
+    results = []
+    for hyps in finished:
+        hyps = sorted(hyps, key=lambda h: h.score, reverse=True)
+        results.append(hyps[:nbest])
+    return results

@@ -1,0 +1,83 @@
+"""Module bookkeeping: names, tying, state dicts, train/eval, zero_grad."""
+import numpy as np
+import pytest
+
+from numformer.model import Transformer
+from numformer.presets import get_preset
+
+
+def small_model(**kw):
+    return Transformer(get_preset("tiny", vocab_size=50, d_model=16, d_ff=32, heads=2, **kw), seed=3)
+
+
+def test_stable_dotted_names():
+    names = [n for n, _ in small_model().named_parameters()]
+    assert names[0] == "src_embed.weight"
+    assert "encoder.layers.0.self_attn.w_q.weight" in names
+    assert "decoder.layers.1.cross_attn.w_o.bias" in names
+    assert "decoder.layers.0.ffn_residual.norm.weight" in names
+    assert names == [n for n, _ in small_model().named_parameters()]
+    assert len(names) == len(set(names))
+
+
+def test_tied_weight_listed_once_and_collects_every_gradient():
+    m = small_model()
+    names = [n for n, _ in m.named_parameters()]
+    assert "tgt_embed.weight" not in names and "generator.weight" not in names
+    assert m.src_embed.weight is m.tgt_embed.weight is m.generator.weight
+    untied = small_model(tie_embeddings=False)
+    assert {"src_embed.weight", "tgt_embed.weight", "generator.weight"} <= {n for n, _ in untied.named_parameters()}
+
+
+def test_state_dict_is_host_numpy_and_round_trips():
+    a, b = small_model(), Transformer(small_model().cfg, seed=99)
+    sd = a.state_dict()
+    assert all(isinstance(v, np.ndarray) for v in sd.values())
+    b.load_state_dict(sd)
+    for (n1, p1), (n2, p2) in zip(a.named_parameters(), b.named_parameters()):
+        assert n1 == n2 and np.array_equal(p1.data, p2.data)
+    sd["src_embed.weight"][0, 0] += 1  # the state dict is a copy, not a view
+    assert a.src_embed.weight.data[0, 0] != sd["src_embed.weight"][0, 0]
+
+
+def test_load_state_dict_errors_name_the_tensor():
+    m = small_model()
+    sd = m.state_dict()
+    sd["encoder.layers.0.ffn.w_1.weight"] = np.zeros((3, 3), np.float32)
+    with pytest.raises(ValueError, match="encoder.layers.0.ffn.w_1.weight"):
+        m.load_state_dict(sd)
+    sd = m.state_dict()
+    del sd["decoder.layers.0.self_attn.w_q.bias"]
+    with pytest.raises(ValueError, match="missing"):
+        m.load_state_dict(sd)
+
+
+def test_train_eval_and_zero_grad():
+    m = small_model()
+    assert all(x.training for x in m.modules())
+    m.eval()
+    assert not any(x.training for x in m.modules())
+    m.train()
+    src = np.array([[5, 6, 7, 3], [8, 3, 0, 0]])
+    tgt = np.array([[2, 9, 10], [2, 11, 0]])
+    logits = m(src, tgt)
+    m.backward(np.ones_like(logits))
+    assert any(np.abs(p.grad).sum() > 0 for p in m.parameters())
+    m.zero_grad()
+    assert all(np.abs(p.grad).sum() == 0 for p in m.parameters())
+
+
+def test_eval_mode_caches_nothing():
+    m = small_model().eval()
+    m(np.array([[5, 6, 3]]), np.array([[2, 7]]))
+    cached = [(type(x).__name__, k) for x in m.modules() for k, v in vars(x).items()
+              if k.startswith("_cache") and v is not None]
+    assert not cached, cached
+
+
+def test_float64_cast_and_seed_reproducibility():
+    a, b = small_model(), small_model()
+    assert all(np.array_equal(p.data, q.data) for p, q in zip(a.parameters(), b.parameters()))
+    a.to(dtype=np.float64)
+    assert all(p.data.dtype == np.float64 and p.grad.dtype == np.float64 for p in a.parameters())
+    assert a.src_pos.table.dtype == np.float64
