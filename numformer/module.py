@@ -164,11 +164,12 @@ class Module:
             for name in m._buffers:
                 buf = getattr(m, name)
                 setattr(m, name, to_xp(buf, xp or get_array_module(buf), dtype))
-            m._moved(xp)
+            if xp is not None:
+                m._moved(xp)
         return self
 
     def _moved(self, xp) -> None:
-        """Hook for modules holding device state other than arrays (the dropout RNG)."""
+        """Hook for modules holding device state other than arrays (the dropout RNG); called on a device move."""
 
     # -- state dicts ---------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":

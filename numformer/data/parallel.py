@@ -1,0 +1,155 @@
+"""Reading a parallel corpus folder: ``train.src train.tgt valid.* test.*``.
+
+Each file holds one sentence per line, UTF-8; line ``i`` of ``X.src`` is
+translated by line ``i`` of ``X.tgt``. Reading normalises each line the same
+way everywhere (training, evaluation, translate.py), so the text the
+vocabulary sees is the text the model is evaluated on:
+
+- the trailing ``\\n`` and any ``\\r`` before it are dropped;
+- a UTF-8 byte order mark at the start of the file is dropped;
+- runs of whitespace inside a line become one space; leading and trailing
+  whitespace is removed.
+
+Lines are split on ``\\n`` only (not on the other characters that
+``str.splitlines`` treats as line breaks, such as form feed or U+2028), so
+line numbers in messages match what ``wc -l``, editors and ``sed -n Np`` see.
+Empty lines are kept, so line ``i`` of an output file can be matched to line
+``i`` of the input.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import DataError
+
+#: Split names, in the order they are returned.
+SPLITS = ("train", "valid", "test")
+#: The file-name suffixes of the two sides.
+SIDES = ("src", "tgt")
+#: Every file a corpus folder must contain.
+CORPUS_FILES = tuple(f"{split}.{side}" for split in SPLITS for side in SIDES)
+
+
+def normalize_line(line: str) -> str:
+    """Collapse whitespace runs to one space and strip both ends.
+
+    ``str.split()`` with no argument splits on every Unicode whitespace
+    character, so tabs, non-breaking spaces and stray ``\\r`` all go.
+    """
+    return " ".join(line.split())
+
+
+def read_lines(path) -> list[str]:
+    """Read a UTF-8 text file into a list of normalised lines.
+
+    Args:
+        path: file to read (str or Path).
+    Returns:
+        One string per line (``\\n``-separated; a final newline does not add
+        an empty line), each passed through :func:`normalize_line`.
+    Raises:
+        DataError: the file is missing or unreadable, or holds bytes that are
+            not UTF-8 (the message names the file and the 1-based line).
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"file not found: {path}: check the path") from None
+    except IsADirectoryError:
+        raise DataError(f"{path} is a folder, expected a text file with one sentence per line") from None
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}: check the file's permissions") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        # Locate the bad byte by counting newlines before it: cheaper than
+        # decoding line by line, and exact because b"\n" never occurs inside
+        # a multi-byte UTF-8 sequence.
+        line_no = data.count(b"\n", 0, e.start) + 1
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        column = e.start - line_start + 1
+        bad = data[e.start:e.end].hex()
+        raise DataError(
+            f"{path} line {line_no} is not valid UTF-8 (byte 0x{bad} at byte column {column}): "
+            f"re-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8 {path.name} > {path.name}.utf8`"
+        ) from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        # The file ends with a newline: that terminates the last line, it
+        # does not start a new, empty one.
+        lines.pop()
+    return [normalize_line(line) for line in lines]
+
+
+def load_parallel_dir(path) -> dict[str, tuple[list[str], list[str]]]:
+    """Read the six files of a parallel corpus folder.
+
+    Args:
+        path: folder holding ``train.src train.tgt valid.src valid.tgt
+            test.src test.tgt``.
+    Returns:
+        ``{"train": (src_lines, tgt_lines), "valid": (...), "test": (...)}``;
+        in each pair ``len(src_lines) == len(tgt_lines)``; lines are
+        normalised as described in the module docstring.
+    Raises:
+        DataError: the folder or one of the files is missing, a ``.src`` and
+            its ``.tgt`` have different line counts, ``train.*`` is empty, or
+            a file is not UTF-8.
+    """
+    folder = Path(path)
+    expected = " ".join(CORPUS_FILES)
+    if not folder.exists():
+        raise DataError(f"corpus folder {folder} does not exist: create it with the files {expected}")
+    if not folder.is_dir():
+        raise DataError(f"{folder} is not a folder: give the folder that holds {expected}")
+    missing = [name for name in CORPUS_FILES if not (folder / name).is_file()]
+    if missing:
+        raise DataError(
+            f"corpus folder {folder} lacks {', '.join(missing)}: "
+            f"a corpus folder needs {expected} (one sentence per line, UTF-8)"
+        )
+    out = {}
+    for split in SPLITS:
+        src_path, tgt_path = folder / f"{split}.src", folder / f"{split}.tgt"
+        src, tgt = read_lines(src_path), read_lines(tgt_path)
+        if len(src) != len(tgt):
+            raise DataError(
+                f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
+                f"line i of {split}.src must be the translation of line i of {split}.tgt, fix the files so the counts match"
+            )
+        if split == "train" and not src:
+            raise DataError(
+                f"{src_path} and {tgt_path} are empty: the training split needs at least one sentence pair"
+            )
+        out[split] = (src, tgt)
+    return out
+
+
+def write_parallel_dir(path, splits: dict[str, tuple[list[str], list[str]]]) -> Path:
+    """Write ``{split: (src_lines, tgt_lines)}`` as a corpus folder.
+
+    The inverse of :func:`load_parallel_dir` for normalised lines (used by
+    the bible builder and tests). Creates the folder if needed; overwrites
+    the six files. Lines must not contain ``\\n``. Returns the folder.
+    """
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in SPLITS:
+        src, tgt = splits[split]
+        if len(src) != len(tgt):
+            raise ValueError(f"split {split}: {len(src)} source lines but {len(tgt)} target lines")
+        for side, lines in zip(SIDES, (src, tgt)):
+            for line in lines:
+                if "\n" in line:
+                    raise ValueError(f"split {split}.{side}: a line contains a newline: {line!r}")
+            tmp = folder / f".{split}.{side}.tmp{os.getpid()}"
+            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            os.replace(tmp, folder / f"{split}.{side}")
+    return folder
