@@ -106,8 +106,9 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
     src (B, S) -> list of B lists of ``nbest`` Hypothesis, best first.
 
     Each step extends every live hypothesis, keeps the 2*beam best candidates per
-    sentence, sets those ending in EOS aside as finished (scored with the length
-    penalty) and continues with the best ``beam`` that do not end. A sentence is
+    sentence, sets those ending in EOS among the best ``beam`` aside as finished
+    (scored with the length penalty) and continues with the best ``beam`` that do
+    not end. A sentence is
     finished once ``beam`` hypotheses have ended (fairseq's rule) or its length
     budget ``max_len_a * source_length + max_len_b`` is spent (EOS is forced).
     """
@@ -143,7 +144,10 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
         order = xp.argsort(-top_scores, axis=1)
         top, top_scores = xp.take_along_axis(top, order, axis=1), xp.take_along_axis(top_scores, order, axis=1)
         origin, token = top // vocab, top % vocab
-        is_eos = (token == eos_id) & xp.isfinite(top_scores)
+        # an EOS candidate ends a hypothesis only if it ranks among the best k (fairseq's rule):
+        # EOS among the 2k is otherwise a poor ending that would fill the finished list early
+        ends = (token == eos_id) & xp.isfinite(top_scores)
+        is_eos = ends & (xp.arange(2 * k)[None, :] < k)
 
         # set finished hypotheses aside (host bookkeeping only for the EOS events)
         if bool(is_eos.any()):
@@ -158,7 +162,7 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
                     finished[s].append(Hypothesis([int(x) for x in host_hist[r, host_origin[r, c]]], lp, lp / penalty))
 
         # the best k candidates that do not end continue
-        alive = ~is_eos & xp.isfinite(top_scores)
+        alive = ~ends & xp.isfinite(top_scores)
         rank = xp.cumsum(alive, axis=1) - 1
         keep = alive & (rank < k)
         # positions of kept candidates, k per row (rows with fewer are padded with -inf scores)
