@@ -121,3 +121,37 @@ def average_checkpoints(paths) -> Checkpoint:
     averaged = {k: (v / len(paths)).astype(dtypes[k]) for k, v in total.items()}
     meta = dict(meta, averaged_from=[str(p) for p in paths])
     return Checkpoint(model=averaged, meta=meta)
+
+
+def main(argv=None) -> int:
+    """``python -m numformer.checkpoint average --out OUT.npz CK1.npz CK2.npz ...`` or ``--last N RUN_DIR``."""
+    import argparse  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(prog="python -m numformer.checkpoint",
+                                 description="Average checkpoints (Section 6.1) into one model file.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    avg = sub.add_parser("average", help="average the weights of several checkpoints")
+    avg.add_argument("inputs", nargs="+", help="checkpoint files, or one run folder with --last")
+    avg.add_argument("--last", type=int, help="average the newest N checkpoints of the run folder given")
+    avg.add_argument("--out", required=True, help="file to write (e.g. RUN/averaged.npz)")
+    args = ap.parse_args(argv)
+    try:
+        paths = [Path(p) for p in args.inputs]
+        if args.last:
+            if len(paths) != 1 or not paths[0].is_dir():
+                raise CheckpointError("--last N takes one run folder")
+            paths = sorted((paths[0] / "checkpoints").glob("step_*.npz"))[-args.last:]
+            if not paths:
+                raise CheckpointError(f"no checkpoints in {args.inputs[0]}/checkpoints")
+        ck = average_checkpoints(paths)
+        save_checkpoint(args.out, ck.model, ck.meta)
+    except CheckpointError as exc:
+        print(f"numformer.checkpoint: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"averaged {len(paths)} checkpoints into {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -80,3 +80,17 @@ def test_average(tmp_path):
     np.testing.assert_allclose(avg.model["src_embed.weight"], expect, rtol=1e-6)
     assert avg.model["src_embed.weight"].dtype == np.float32
     assert avg.meta["step"] == 2 and len(avg.meta["averaged_from"]) == 3
+
+
+def test_average_command(tmp_path):
+    from numformer.checkpoint import main
+
+    run = tmp_path / "run"
+    for i in range(4):
+        save_checkpoint(run / "checkpoints" / f"step_{i:07d}.npz", model(seed=i).state_dict(), {"step": i})
+    assert main(["average", "--last", "2", str(run), "--out", str(run / "averaged.npz")]) == 0
+    avg = load_checkpoint(run / "averaged.npz")
+    expect = (model(seed=2).state_dict()["src_embed.weight"].astype(np.float64)
+              + model(seed=3).state_dict()["src_embed.weight"]) / 2
+    np.testing.assert_allclose(avg.model["src_embed.weight"], expect, rtol=1e-6)
+    assert main(["average", str(tmp_path / "none.npz"), "--out", str(tmp_path / "x.npz")]) == 2
