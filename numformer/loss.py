@@ -14,7 +14,9 @@ Shapes: logits (B, T, V) or (N, V); target (B, T) or (N,) ids.
 """
 from __future__ import annotations
 
-from .backend import get_array_module
+from .backend import get_array_module, parallel_rows
+
+LOSS_BLOCK = 1 << 17  # elements per block of the blocked passes over the logits (about L2-sized)
 
 
 class LabelSmoothedCrossEntropy:
@@ -29,25 +31,54 @@ class LabelSmoothedCrossEntropy:
         self.n_tokens = None     # number of non-pad target tokens (0-d array)
         self._cache = None
 
-    def forward(self, logits, target, normalizer=None, keep_for_backward: bool = True):
+    def forward(self, logits, target, normalizer=None, keep_for_backward: bool = True,
+                overwrite_logits: bool = False):
         """logits (..., V), target (...) -> mean smoothed loss over non-pad tokens (0-d array).
 
         ``normalizer``: divide the summed loss by this instead of this batch's token count.
+        ``overwrite_logits``: reuse the logits buffer for the softmax that backward needs
+        (saves one (tokens, V) array; the caller's logits are garbage afterwards).
+
+        One blocked pass over the logits: per block of rows (cache-sized, spread over
+        the host threads of :func:`~numformer.backend.parallel_rows`) the row max, the
+        row sum, ``exp(z - max)`` and its row sum.
         """
         xp = get_array_module(logits)
         v = logits.shape[-1]
         z = logits.reshape(-1, v)
         y = target.reshape(-1)
+        n = z.shape[0]
         keep = y != self.pad_id
         n_tokens = keep.sum()
-        zmax = z.max(axis=1, keepdims=True)
-        e = z - zmax
-        xp.exp(e, out=e)
-        sumexp = e.sum(axis=1, keepdims=True)
-        lse = (zmax + xp.log(sumexp))[:, 0]
         z_y = xp.take_along_axis(z, y[:, None], axis=1)[:, 0]
+        zmax = xp.empty(n, dtype=z.dtype)
+        zsum = xp.empty(n, dtype=z.dtype)
+        sumexp = xp.empty(n, dtype=z.dtype)
+        if keep_for_backward:
+            e = z if overwrite_logits else xp.empty_like(z)
+
+            def block(zb, eb, mb, sb, seb):
+                xp.max(zb, axis=1, out=mb)
+                xp.sum(zb, axis=1, out=sb)
+                xp.subtract(zb, mb[:, None], out=eb)
+                xp.exp(eb, out=eb)
+                xp.sum(eb, axis=1, out=seb)
+
+            parallel_rows(block, z, e, zmax, zsum, sumexp, chunk_elements=LOSS_BLOCK)
+        else:
+            e = None
+
+            def block(zb, mb, sb, seb):
+                xp.max(zb, axis=1, out=mb)
+                xp.sum(zb, axis=1, out=sb)
+                eb = zb - mb[:, None]
+                xp.exp(eb, out=eb)
+                xp.sum(eb, axis=1, out=seb)
+
+            parallel_rows(block, z, zmax, zsum, sumexp, chunk_elements=LOSS_BLOCK)
+        lse = zmax + xp.log(sumexp)
         nll = lse - z_y
-        smooth = lse - z.mean(axis=1)
+        smooth = lse - zsum / v
         per_token = (1.0 - self.eps) * nll + self.eps * smooth
         keep_f = keep.astype(z.dtype)
         norm = n_tokens if normalizer is None else normalizer
@@ -56,22 +87,30 @@ class LabelSmoothedCrossEntropy:
         self.nll_sum = (nll * keep_f).sum()
         self.n_tokens = n_tokens
         if keep_for_backward:
-            e /= sumexp  # e is now softmax(z)
-            self._cache = (e, y, keep_f, norm_arr, logits.shape)
+            self._cache = (e, sumexp, y, keep_f, norm_arr, logits.shape)
         return loss
 
     def backward(self):
         """-> dL/dlogits with the logits' shape: (softmax(z) - q) * [not pad] / normalizer.
 
-        Reuses the cached softmax buffer in place (one pass, no extra (N, V) array).
+        Turns the cached ``exp(z - max)`` buffer into the gradient in place (one
+        blocked pass: scale by ``1/(sumexp * normalizer)``, shift by ``eps/V``), then
+        subtracts ``1 - eps`` at the targets: no extra (N, V) array.
         """
-        xp = get_array_module(self._cache[0])
-        p, y, keep_f, norm_arr, shape = self._cache
+        e, sumexp, y, keep_f, norm_arr, shape = self._cache
+        xp = get_array_module(e)
         self._cache = None
-        v = p.shape[1]
-        rows = xp.arange(p.shape[0])
-        p[rows, y] -= 1.0 - self.eps
-        if self.eps:
-            p -= self.eps / v
-        p *= (keep_f / norm_arr)[:, None]
-        return p.reshape(shape)
+        v = e.shape[1]
+        c = keep_f / norm_arr             # per-row weight: 1/normalizer, 0 at padding
+        scale = c / sumexp
+        shift = c * (self.eps / v)
+
+        def block(pb, scb, shb):
+            pb *= scb[:, None]
+            if self.eps:
+                pb -= shb[:, None]
+
+        parallel_rows(block, e, scale, shift, chunk_elements=LOSS_BLOCK)
+        rows = xp.arange(e.shape[0])
+        e[rows, y] -= (1.0 - self.eps) * c
+        return e.reshape(shape)

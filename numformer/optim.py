@@ -14,7 +14,9 @@ import math
 
 import numpy as np
 
-from .backend import get_array_module, to_host, to_xp
+from .backend import get_array_module, parallel_tasks, to_host, to_xp
+
+ADAM_BLOCK = 1 << 15  # elements per block: the update's passes stay in cache
 
 
 class NoamSchedule:
@@ -30,6 +32,20 @@ class NoamSchedule:
         return self.factor * self.d_model ** -0.5 * min(step ** -0.5, step * self.warmup ** -1.5)
 
 
+def grad_norm(params):
+    """Global L2 norm of all gradients, a 0-d float64 array on the gradients' device (no host sync).
+
+    One BLAS dot product per tensor (``vdot(g, g)``), summed in float64: no squared copy of
+    every gradient. A non-finite gradient anywhere makes the norm non-finite.
+    """
+    xp = get_array_module(params[0].grad)
+    total = xp.zeros((), dtype=xp.float64)
+    for p in params:
+        g = p.grad.reshape(-1)
+        total = total + xp.vdot(g, g).astype(xp.float64)
+    return xp.sqrt(total)
+
+
 def clip_grad_norm(params, max_norm: float):
     """Scale all gradients so their global L2 norm is at most ``max_norm``; returns the norm before clipping.
 
@@ -39,7 +55,7 @@ def clip_grad_norm(params, max_norm: float):
     if not params:
         return 0.0
     xp = get_array_module(params[0].grad)
-    total = xp.sqrt(sum((p.grad.astype(xp.float64) ** 2).sum() for p in params))
+    total = grad_norm(params)
     scale = xp.minimum(max_norm / (total + 1e-6), 1.0).astype(params[0].grad.dtype)
     for p in params:
         p.grad *= scale
@@ -73,16 +89,39 @@ class Adam:
         b1, b2 = self.beta1, self.beta2
         step_size = lr / (1.0 - b1 ** t)
         bc2_sqrt = math.sqrt(1.0 - b2 ** t)
+        eps = self.eps
+
+        def update(pc, gc, mc, vc):
+            xp = get_array_module(pc)
+            tmp = xp.multiply(gc, 1.0 - b1)
+            mc *= b1
+            mc += tmp
+            xp.multiply(gc, gc, out=tmp)
+            tmp *= 1.0 - b2
+            vc *= b2
+            vc += tmp
+            xp.sqrt(vc, out=tmp)
+            tmp /= bc2_sqrt
+            tmp += eps
+            xp.divide(mc, tmp, out=tmp)
+            tmp *= step_size
+            pc -= tmp
+
+        tasks, sizes = [], []
         for p, m, v in zip(self.params, self.m, self.v):
-            g = p.grad
-            m *= b1
-            m += (1.0 - b1) * g
-            v *= b2
-            v += (1.0 - b2) * (g * g)
-            denom = get_array_module(v).sqrt(v)
-            denom /= bc2_sqrt
-            denom += self.eps
-            p.data -= step_size * (m / denom)
+            arrays = (p.data, p.grad, m, v)
+            # blocks only on the host (cache-sized passes, spread over threads); on a GPU one
+            # set of kernels per tensor, since thousands of small launches would cost more
+            if (get_array_module(p.data) is np and all(a.flags.c_contiguous for a in arrays)
+                    and p.data.size > ADAM_BLOCK):
+                flat = [a.reshape(-1) for a in arrays]  # views: contiguous
+                for i in range(0, p.data.size, ADAM_BLOCK):
+                    tasks.append(tuple(f[i:i + ADAM_BLOCK] for f in flat))
+                    sizes.append(min(ADAM_BLOCK, p.data.size - i))
+            else:
+                tasks.append(arrays)
+                sizes.append(p.data.size)
+        parallel_tasks(update, tasks, sizes)
         return lr
 
     def zero_grad(self) -> None:

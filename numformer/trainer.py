@@ -33,7 +33,7 @@ from .backend import get_array_module, to_host
 from .checkpoint import CheckpointError, average_checkpoints, load_checkpoint, save_checkpoint
 from .data import make_batches
 from .loss import LabelSmoothedCrossEntropy
-from .optim import Adam, NoamSchedule, clip_grad_norm
+from .optim import Adam, NoamSchedule, clip_grad_norm, grad_norm
 from .translation import DecodeOptions, score_translations, translate_lines
 
 
@@ -130,14 +130,15 @@ class Trainer:
         loss_total, nll_total = 0.0, 0.0
         for b in batches:
             logits = model(xp.asarray(b.src), xp.asarray(b.tgt_in))
-            loss_total = loss_total + crit.forward(logits, xp.asarray(b.tgt_out), normalizer=n_tokens)
+            loss_total = loss_total + crit.forward(logits, xp.asarray(b.tgt_out), normalizer=n_tokens,
+                                                   overwrite_logits=True)
             nll_total = nll_total + crit.nll_sum
             model.backward(crit.backward())
         params = self.optimizer.params
         if self.cfg.clip_norm > 0:
             gnorm = clip_grad_norm(params, self.cfg.clip_norm)
         else:
-            gnorm = xp.sqrt(sum((p.grad.astype(xp.float64) ** 2).sum() for p in params))
+            gnorm = grad_norm(params)
         if not (math.isfinite(float(loss_total)) and math.isfinite(float(gnorm))):
             self.skipped_steps += 1
             self.optimizer.zero_grad()

@@ -14,13 +14,26 @@ import math
 
 import numpy as np
 
-from ..backend import DEFAULT_DTYPE, get_array_module
+from ..backend import DEFAULT_DTYPE, get_array_module, is_cupy_array
 from ..module import Module
 from .dropout import Dropout
 from .linear import Linear
 from .softmax import Softmax
 
 MASKED_SCORE = -1e9
+
+
+def _masked_positions(mask):
+    """``~mask`` (True where a score is replaced), or None when nothing is masked.
+
+    The all-allowed test runs on the CPU only (on the GPU it would force a sync).
+    """
+    if mask is None:
+        return None
+    masked = ~mask
+    if not is_cupy_array(masked) and not masked.any():
+        return None
+    return masked
 
 
 class ScaledDotProductAttention(Module):
@@ -44,27 +57,28 @@ class ScaledDotProductAttention(Module):
         scale = 1.0 / math.sqrt(q.shape[-1])
         scores = q @ k.swapaxes(-1, -2)
         scores *= scale
-        if mask is not None:
-            scores = xp.where(mask, scores, xp.asarray(MASKED_SCORE, dtype=scores.dtype))
+        masked = _masked_positions(mask)
+        if masked is not None:  # in place on the fresh scores buffer: no extra (B, h, Tq, Tk) array
+            xp.copyto(scores, xp.asarray(MASKED_SCORE, dtype=scores.dtype), where=masked)
         p = self.softmax(scores)
         if self.record_weights:
             self.weights = p
         p_drop = self.dropout(p)
         out = p_drop @ v
         if self.training:
-            self._cache = (q, k, v, p_drop, mask, scale)
+            self._cache = (q, k, v, p_drop, masked, scale)
         return out
 
     def backward(self, dout):
         """dout (B, h, Tq, d_v) -> (dq, dk, dv) with the shapes of q, k, v."""
         xp = get_array_module(dout)
-        q, k, v, p_drop, mask, scale = self._cache
+        q, k, v, p_drop, masked, scale = self._cache
         self._cache = None
         dv = p_drop.swapaxes(-1, -2) @ dout
         dp = self.dropout.backward(dout @ v.swapaxes(-1, -2))
         dscores = self.softmax.backward(dp)
-        if mask is not None:
-            dscores = xp.where(mask, dscores, xp.asarray(0, dtype=dscores.dtype))
+        if masked is not None:
+            xp.copyto(dscores, xp.asarray(0, dtype=dscores.dtype), where=masked)
         dscores *= scale
         dq = dscores @ k
         dk = dscores.swapaxes(-1, -2) @ q

@@ -1,7 +1,9 @@
 """Dropout (Section 5.4: on every sub-layer output and on embeddings + positions).
 
 Inverted dropout: in training, each element is kept with probability 1 - p and
-scaled by 1/(1 - p), so evaluation is the identity. Masks come from the model's
+scaled by 1/(1 - p), so evaluation is the identity. (On the CPU the drop
+probability is p rounded to a multiple of 2**-16 and the scale uses that value:
+see :meth:`~numformer.backend.RandomState.dropout_mask`.) Masks come from the model's
 single :class:`~numformer.backend.RandomState`, so a seed reproduces a run and
 a gradient check can replay the same mask by restoring the generator state.
 Shapes: any -> same.
@@ -31,9 +33,7 @@ class Dropout(Module):
             return x
         if self.rng is None:
             raise ValueError("Dropout with p > 0 needs a RandomState (rng=...)")
-        keep = self.rng.uniform(x.shape, x.dtype) >= self.p
-        mask = keep.astype(x.dtype)
-        mask *= 1.0 / (1.0 - self.p)
+        mask = self.rng.dropout_mask(x.shape, self.p, x.dtype)
         self._cache_mask = mask
         return x * mask
 

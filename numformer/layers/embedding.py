@@ -44,8 +44,6 @@ class Embedding(Module):
         """dy (..., d_model) -> None (ids have no gradient); scatter-adds dy * scale into W."""
         ids = self._cache_ids
         rows = dy.reshape(-1, self.d_model)
-        if self.scale != 1.0:
-            rows = rows * self.scale
-        scatter_add_rows(self.weight.grad, ids.reshape(-1), rows)
+        scatter_add_rows(self.weight.grad, ids.reshape(-1), rows, None if self.scale == 1.0 else self.scale)
         self._cache_ids = None
         return None

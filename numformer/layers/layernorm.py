@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import DEFAULT_DTYPE, get_array_module
+from ..backend import DEFAULT_DTYPE, get_array_module, parallel_rows
 from ..module import Module, Parameter
+
+LN_BLOCK = 1 << 16  # elements per row block (cache-resident multi-pass work)
 
 
 class LayerNorm(Module):
@@ -27,31 +29,61 @@ class LayerNorm(Module):
         self._cache_rstd = None
 
     def forward(self, x):
+        """x (..., d) -> y (..., d). Blocked over rows (cache-sized blocks, host threads), three buffers."""
         xp = get_array_module(x)
-        mean = x.mean(axis=-1, keepdims=True)
-        xc = x - mean
-        var = (xc * xc).mean(axis=-1, keepdims=True)
-        rstd = 1.0 / xp.sqrt(var + self.eps)
-        xhat = xc
-        xhat *= rstd
-        y = xhat * self.weight.data
-        y += self.bias.data
+        d = self.d
+        x2 = x.reshape(-1, d)
+        xhat = xp.empty_like(x2)
+        y = xp.empty_like(x2)
+        rstd = xp.empty((x2.shape[0], 1), dtype=x2.dtype)
+        w, b, eps = self.weight.data, self.bias.data, self.eps
+        inv_d = xp.full(d, 1.0 / d, dtype=x2.dtype)  # row means as a GEMV: ~3x faster than .mean(axis=-1)
+
+        def block(xb, hb, yb, rb):
+            mean = (xb @ inv_d)[:, None]
+            xp.subtract(xb, mean, out=hb)
+            xp.multiply(hb, hb, out=yb)                   # yb: scratch for the squares
+            var = (yb @ inv_d)[:, None]
+            var += eps
+            xp.sqrt(var, out=var)
+            xp.divide(1.0, var, out=rb)
+            hb *= rb
+            xp.multiply(hb, w, out=yb)
+            yb += b
+
+        parallel_rows(block, x2, xhat, y, rstd, chunk_elements=LN_BLOCK)
         if self.training:
-            self._cache_xhat, self._cache_rstd = xhat, rstd
-        return y
+            self._cache_xhat, self._cache_rstd = xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1)
+        return y.reshape(x.shape)
 
     def backward(self, dy):
         xhat, rstd = self._cache_xhat, self._cache_rstd
+        xp = get_array_module(dy)
         d = self.d
-        lead_axes = tuple(range(dy.ndim - 1))
-        self.weight.grad += (dy * xhat).sum(axis=lead_axes)
-        self.bias.grad += dy.sum(axis=lead_axes)
-        dxhat = dy * self.weight.data
-        mean_dxhat = dxhat.sum(axis=-1, keepdims=True) / d
-        mean_dxhat_xhat = (dxhat * xhat).sum(axis=-1, keepdims=True) / d
-        dx = dxhat
-        dx -= mean_dxhat
-        dx -= xhat * mean_dxhat_xhat
-        dx *= rstd
+        dy2 = dy.reshape(-1, d)
+        xhat, rstd = xhat.reshape(-1, d), rstd.reshape(-1, 1)
+        dx = xp.empty_like(dy2)
+        w = self.weight.data
+        inv_d = xp.full(d, 1.0 / d, dtype=dy2.dtype)
+
+        def block(dyb, hb, rb, dxb):
+            ones = xp.ones(dyb.shape[0], dtype=dyb.dtype)  # column sums as GEMVs
+            xp.multiply(dyb, hb, out=dxb)                 # dxb: scratch for dy * xhat
+            gw = ones @ dxb
+            gb = ones @ dyb
+            xp.multiply(dyb, w, out=dxb)                  # dxhat
+            mean_dxhat = (dxb @ inv_d)[:, None]
+            t = dxb * hb
+            mean_dxhat_xhat = (t @ inv_d)[:, None]
+            xp.multiply(hb, mean_dxhat_xhat, out=t)
+            dxb -= mean_dxhat
+            dxb -= t
+            dxb *= rb
+            return gw, gb
+
+        parts = parallel_rows(block, dy2, xhat, rstd, dx, chunk_elements=LN_BLOCK)
+        for gw, gb in parts:
+            self.weight.grad += gw
+            self.bias.grad += gb
         self._cache_xhat = self._cache_rstd = None
-        return dx
+        return dx.reshape(dy.shape)

@@ -1,0 +1,274 @@
+"""Time full training steps (forward, backward, Adam) of numformer against PyTorch.
+
+Random token batches of fixed length (no padding), float32, post-LN, tied
+embeddings, dropout 0.1, label smoothing 0.1. Each side runs in its own child
+process (so peak RSS is per process), pinned to the same thread count
+(OMP/OPENBLAS/MKL_NUM_THREADS in the environment, ``torch.set_num_threads``).
+Warm-up steps are not counted; the median of the counted steps is reported.
+
+Also reported: matmul FLOPs per step (forward GEMMs x 3 for forward + backward)
+and the share of this machine's float32 GEMM peak (MFU), the peak being measured
+with a big numpy matmul under the same thread count.
+
+    python bench/train_step.py --preset small
+    python bench/train_step.py --preset tiny,small,base --repeat 3
+    python bench/train_step.py --d-model 256 --heads 4 --layers 3 --d-ff 1024 --vocab 8000 \\
+        --batch 64 --src-len 40 --tgt-len 40 --steps 20 --json
+
+With ``--repeat R`` the two sides alternate R times and the median of the
+per-run medians is reported (robust against other load on the machine).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PRESETS = {
+    "tiny": dict(d_model=128, heads=4, layers=2, d_ff=512, vocab=4000, batch=64, src_len=32, tgt_len=32),
+    "small": dict(d_model=256, heads=4, layers=3, d_ff=1024, vocab=8000, batch=64, src_len=40, tgt_len=40),
+    "base": dict(d_model=512, heads=8, layers=6, d_ff=2048, vocab=16000, batch=32, src_len=40, tgt_len=40),
+}
+SHAPE_KEYS = ("d_model", "heads", "layers", "d_ff", "vocab", "batch", "src_len", "tgt_len")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default=None, help="tiny, small, base, or a comma-separated list (or 'all')")
+    for key, default in PRESETS["small"].items():
+        ap.add_argument("--" + key.replace("_", "-"), type=int, default=None, help=f"default {default} (small)")
+    ap.add_argument("--steps", type=int, default=20, help="counted steps (default 20)")
+    ap.add_argument("--warmup", type=int, default=3, help="uncounted warm-up steps (default 3)")
+    ap.add_argument("--repeat", type=int, default=1, help="alternate numformer/PyTorch runs this many times")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (both sides)")
+    ap.add_argument("--threads", type=int, default=2, help="threads for BLAS/OpenMP and torch (default 2)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compare", dest="compare", action="store_true", default=True,
+                    help="also run the PyTorch reference (default)")
+    ap.add_argument("--no-torch", dest="compare", action="store_false", help="skip the PyTorch side")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--worker", choices=["numformer", "torch", "peak"], help=argparse.SUPPRESS)
+    ap.add_argument("--shape", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def configs(args):
+    names = [None] if args.preset is None else (
+        list(PRESETS) if args.preset == "all" else [n.strip() for n in args.preset.split(",")])
+    out = []
+    for name in names:
+        if name is not None and name not in PRESETS:
+            raise SystemExit(f"unknown preset {name!r}: choose from {', '.join(PRESETS)}")
+        shape = dict(PRESETS[name or "small"])
+        for key in SHAPE_KEYS:
+            value = getattr(args, key)
+            if value is not None:
+                shape[key] = value
+        shape["name"] = name or "custom"
+        out.append(shape)
+    return out
+
+
+def matmul_flops(s) -> int:
+    """Matmul FLOPs of one training step: forward GEMMs x 3 (forward, input grad, weight grad)."""
+    b, S, T, d, f, v, n = s["batch"], s["src_len"], s["tgt_len"], s["d_model"], s["d_ff"], s["vocab"], s["layers"]
+    enc = 4 * 2 * b * S * d * d + 2 * 2 * b * S * S * d + 2 * 2 * b * S * d * f
+    dec = (4 * 2 * b * T * d * d + 2 * 2 * b * T * T * d                          # self-attention
+           + 2 * 2 * b * T * d * d + 2 * 2 * b * S * d * d + 2 * 2 * b * T * S * d  # encoder-decoder attention
+           + 2 * 2 * b * T * d * f)
+    out = 2 * b * T * d * v
+    return 3 * (n * (enc + dec) + out)
+
+
+def peak_rss_mb() -> float:
+    import resource  # noqa: PLC0415
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def summarize(times, s):
+    med = statistics.median(times)
+    return {"median_step_ms": med * 1e3, "min_step_ms": min(times) * 1e3,
+            "tokens_per_s": s["batch"] * s["tgt_len"] / med, "peak_rss_mb": peak_rss_mb(),
+            "steps": len(times)}
+
+
+# -- workers (run in child processes) ------------------------------------------------
+def worker_peak(args):
+    import numpy as np  # noqa: PLC0415
+
+    n = 2048
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+    c = np.empty((n, n), dtype=np.float32)
+    np.matmul(a, b, out=c)
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        np.matmul(a, b, out=c)
+        times.append(time.perf_counter() - t0)
+    return {"gemm_peak_gflops": 2 * n ** 3 / min(times) / 1e9, "gemm_n": n}
+
+
+def worker_numformer(args, s):
+    sys.path.insert(0, str(ROOT))
+    from numformer.backend import describe, to_xp, xp_for  # noqa: PLC0415
+    from numformer.loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
+    from numformer.model import Transformer  # noqa: PLC0415
+    from numformer.optim import Adam  # noqa: PLC0415
+    from numformer.presets import ModelConfig  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    xp = xp_for(args.device)
+    cfg = ModelConfig(vocab_size=s["vocab"], d_model=s["d_model"], d_ff=s["d_ff"], heads=s["heads"],
+                      layers=s["layers"], dropout=0.1, label_smoothing=0.1, max_len=max(s["src_len"], s["tgt_len"]) + 1)
+    model = Transformer(cfg, seed=args.seed, dtype=np.float32)
+    if xp is not np:
+        model.to(xp)
+    model.train()
+    opt = Adam(model.parameters(), lr=1e-4)
+    crit = LabelSmoothedCrossEntropy(0.1, pad_id=0)
+    rng = np.random.default_rng(args.seed)
+    batches = [tuple(to_xp(rng.integers(1, s["vocab"], (s["batch"], n)), xp)
+                     for n in (s["src_len"], s["tgt_len"], s["tgt_len"])) for _ in range(4)]
+    sync = (lambda: xp.cuda.Stream.null.synchronize()) if xp is not np else (lambda: None)
+    import inspect  # noqa: PLC0415
+
+    # The logits are not needed after the loss: let the loss reuse their buffer where it can.
+    loss_kw = {"overwrite_logits": True} if "overwrite_logits" in inspect.signature(crit.forward).parameters else {}
+    times = []
+    for i in range(args.warmup + args.steps):
+        src, tgt_in, tgt_out = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        logits = model(src, tgt_in)
+        loss = crit.forward(logits, tgt_out, **loss_kw)
+        del logits
+        model.backward(crit.backward())
+        opt.step()
+        opt.zero_grad()
+        sync()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    out = summarize(times, s)
+    out.update(final_loss=float(loss), backend=describe(xp))
+    return out
+
+
+def worker_torch(args, s):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import torch  # noqa: PLC0415
+
+    from torch_reference import make  # noqa: PLC0415
+
+    torch.set_num_threads(args.threads)
+    dev = torch.device("cuda" if args.device.startswith("cuda") else "cpu")
+    model, opt, loss_fn = make(s["vocab"], s["d_model"], s["heads"], s["layers"], s["d_ff"], seed=args.seed)
+    model.to(dev)
+    g = torch.Generator().manual_seed(args.seed)
+    batches = [tuple(torch.randint(1, s["vocab"], (s["batch"], n), generator=g).to(dev)
+                     for n in (s["src_len"], s["tgt_len"], s["tgt_len"])) for _ in range(4)]
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    times = []
+    for i in range(args.warmup + args.steps):
+        src, tgt_in, tgt_out = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        loss = loss_fn(model(src, tgt_in), tgt_out)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    out = summarize(times, s)
+    out.update(final_loss=float(loss), backend=f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    return out
+
+
+# -- parent -------------------------------------------------------------------------
+def run_child(args, kind, shape=None):
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        env[var] = str(args.threads)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--threads", str(args.threads),
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
+           "--seed", str(args.seed)]
+    if shape is not None:
+        cmd += ["--shape", json.dumps(shape)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{kind} worker failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def median_of(runs):
+    out = dict(runs[0])
+    for key in ("median_step_ms", "min_step_ms", "tokens_per_s", "peak_rss_mb"):
+        out[key] = statistics.median(r[key] for r in runs)
+    out["runs_median_step_ms"] = [round(r["median_step_ms"], 1) for r in runs]
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        if args.worker == "peak":
+            result = worker_peak(args)
+        else:
+            s = json.loads(args.shape)
+            result = worker_numformer(args, s) if args.worker == "numformer" else worker_torch(args, s)
+        print(json.dumps(result))
+        return
+    peak = run_child(args, "peak")["gemm_peak_gflops"] if args.device == "cpu" else None
+    results = []
+    for s in configs(args):
+        flops = matmul_flops(s)
+        nf_runs, pt_runs = [], []
+        for _ in range(max(args.repeat, 1)):
+            nf_runs.append(run_child(args, "numformer", s))
+            if args.compare:
+                pt_runs.append(run_child(args, "torch", s))
+        nf = median_of(nf_runs)
+        r = {"config": s["name"], "shape": {k: s[k] for k in SHAPE_KEYS}, "threads": args.threads,
+             "device": args.device, **{k: nf[k] for k in ("median_step_ms", "min_step_ms", "tokens_per_s",
+                                                           "peak_rss_mb", "runs_median_step_ms", "backend")},
+             "matmul_gflop_per_step": flops / 1e9, "gemm_peak_gflops": peak,
+             "mfu": (flops / (nf["median_step_ms"] / 1e3) / (peak * 1e9)) if peak else None}
+        if args.compare:
+            pt = median_of(pt_runs)
+            r["torch"] = {k: pt[k] for k in ("median_step_ms", "min_step_ms", "tokens_per_s", "peak_rss_mb",
+                                             "runs_median_step_ms", "backend")}
+            r["torch"]["mfu"] = (flops / (pt["median_step_ms"] / 1e3) / (peak * 1e9)) if peak else None
+            r["ratio_step_time"] = nf["median_step_ms"] / pt["median_step_ms"]
+            r["ratio_peak_rss"] = nf["peak_rss_mb"] / pt["peak_rss_mb"]
+        results.append(r)
+        if not args.json:
+            report(r)
+    if args.json:
+        print(json.dumps(results[0] if len(results) == 1 else {"results": results}, indent=None))
+
+
+def report(r):
+    sh = r["shape"]
+    print(f"[{r['config']}] d={sh['d_model']} h={sh['heads']} N={sh['layers']} d_ff={sh['d_ff']} V={sh['vocab']} "
+          f"batch={sh['batch']} S={sh['src_len']} T={sh['tgt_len']}  threads={r['threads']}  "
+          f"{r['matmul_gflop_per_step']:.2f} GFLOP/step (matmul), GEMM peak "
+          f"{r['gemm_peak_gflops'] or float('nan'):.0f} GFLOP/s")
+    rows = [("numformer", r)] + ([("pytorch", r["torch"])] if "torch" in r else [])
+    for name, x in rows:
+        mfu = x.get("mfu")
+        print(f"  {name:9s} {x['median_step_ms']:8.1f} ms/step (min {x['min_step_ms']:.1f})  "
+              f"{x['tokens_per_s']:8.0f} tgt tok/s  peak RSS {x['peak_rss_mb']:7.1f} MB  "
+              f"MFU {100 * mfu if mfu else float('nan'):5.1f}%  runs {x['runs_median_step_ms']}")
+    if "torch" in r:
+        print(f"  ratio numformer/pytorch: step time {r['ratio_step_time']:.2f}x, peak RSS {r['ratio_peak_rss']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
