@@ -23,7 +23,7 @@ B, S, T, D, HEADS, DFF, V = 3, 6, 5, 8, 2, 16, 13
 PAD = 0
 
 
-def _ids(rng, batch, length, lengths):
+def padded_ids(rng, batch, length, lengths):
     """(batch, length) ids in 1..V-1, right-padded with PAD to the given per-row lengths."""
     ids = rng.integers(1, V, size=(batch, length))
     for row, n in enumerate(lengths):
@@ -31,21 +31,21 @@ def _ids(rng, batch, length, lengths):
     return ids
 
 
-def _masks(rng):
-    src = _ids(rng, B, S, [S, 4, 2])
-    tgt = _ids(rng, B, T, [T, 3, 4])
-    src_mask = padding_mask(src, PAD)
-    tgt_mask = causal_mask(T) & padding_mask(tgt, PAD)
-    return src, tgt, src_mask, tgt_mask
+def padded_batch(rng):
+    """Source (B, S) and target (B, T) ids with padding, and the model's masks for them."""
+    src = padded_ids(rng, B, S, [S, 4, 2])
+    tgt = padded_ids(rng, B, T, [T, 3, 4])
+    return src, tgt, padding_mask(src, PAD), causal_mask(T) & padding_mask(tgt, PAD)
 
 
-def _cfg(**kw) -> ModelConfig:
+def small_config(**kw) -> ModelConfig:
+    """A 2-layer model config of the checks' dimensions, dropout off unless asked."""
     base = dict(vocab_size=V, d_model=D, d_ff=DFF, heads=HEADS, layers=2, dropout=0.0, max_len=32, pad_id=PAD)
     base.update(kw)
     return ModelConfig(**base)
 
 
-class _Holder(Module):
+class Holder(Module):
     """Groups modules so one check sees all their parameters (e.g. a Residual and its sub-layer)."""
 
     def __init__(self, **children):
@@ -70,7 +70,7 @@ def linear(rng):
 
 def embedding(rng):
     m = Embedding(V, D, rng=rng, dtype=F64)
-    ids = _ids(rng, B, S, [S, 4, 2])
+    ids = padded_ids(rng, B, S, [S, 4, 2])
     ids[0, :3] = 5  # a repeated id: the scatter-add must sum its rows
     return [GradCase("Embedding", "repeated ids + padding", m, {},
                      lambda m, i: m(ids), lambda m, g: (m.backward(g[0]), {})[1])]
@@ -123,7 +123,7 @@ def softmax(rng):
 
 
 def scaled_dot_product(rng):
-    _, _, src_mask, tgt_mask = _masks(rng)
+    _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
     for name, tq, tk, mask in [("padding mask, Tq != Tk", T, S, src_mask), ("causal + padding", T, T, tgt_mask)]:
         m = ScaledDotProductAttention()
@@ -143,7 +143,7 @@ def scaled_dot_product(rng):
 
 
 def multi_head(rng):
-    _, _, src_mask, tgt_mask = _masks(rng)
+    _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
     m = MultiHeadAttention(D, HEADS, rng=rng, dtype=F64)
     x = rng.standard_normal((B, S, D))
@@ -174,7 +174,7 @@ def residual(rng):
     out = []
     for pre in (False, True):
         rs = RandomState(5)
-        hold = _Holder(res=Residual(D, dropout=0.1, pre_norm=pre, rng=rs, dtype=F64),
+        hold = Holder(res=Residual(D, dropout=0.1, pre_norm=pre, rng=rs, dtype=F64),
                        ffn=FeedForward(D, DFF, rng=rng, dtype=F64))
         x = rng.standard_normal((B, S, D))
         out.append(GradCase("Residual", ("pre-LN" if pre else "post-LN") + " around FFN, dropout 0.1 fixed mask",
@@ -184,10 +184,10 @@ def residual(rng):
 
 
 def encoder_decoder_layers(rng):
-    _, _, src_mask, tgt_mask = _masks(rng)
+    _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
     for pre in (False, True):
-        cfg = _cfg(pre_norm=pre, dropout=0.1)
+        cfg = small_config(pre_norm=pre, dropout=0.1)
         tag = "pre-LN" if pre else "post-LN"
         rs = RandomState(11)
         m = EncoderLayer(cfg, rng, rs, F64)
@@ -205,10 +205,10 @@ def encoder_decoder_layers(rng):
 
 
 def stacks(rng):
-    _, _, src_mask, tgt_mask = _masks(rng)
+    _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
     for pre in (False, True):
-        cfg = _cfg(pre_norm=pre)
+        cfg = small_config(pre_norm=pre)
         tag = "2 layers " + ("pre-LN" if pre else "post-LN")
         m = Encoder(cfg, rng, None, F64)
         out.append(GradCase("Encoder", tag, m, {"x": rng.standard_normal((B, S, D))},
@@ -229,7 +229,7 @@ class _LossModule(Module):
 
 
 def loss(rng):
-    tgt = _ids(rng, B, T, [T, 3, 1])
+    tgt = padded_ids(rng, B, T, [T, 3, 1])
     m = _LossModule(0.1)
     logits = 2.0 * rng.standard_normal((B, T, V))
     return [GradCase("LabelSmoothedCrossEntropy", "eps 0.1, padding", m, {"logits": logits},
@@ -238,13 +238,13 @@ def loss(rng):
 
 
 def transformer(rng):
-    src, tgt, _, _ = _masks(rng)
+    src, tgt, _, _ = padded_batch(rng)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     out = []
     for name, kw in [("tied, post-LN, dropout 0.1 fixed mask, eps_ls 0.1", dict(dropout=0.1)),
                      ("untied, pre-LN, d_k 3", dict(tie_embeddings=False, pre_norm=True, d_k=3, d_v=4)),
                      ("tied, post-LN, attention + ReLU dropout", dict(dropout=0.1, attn_dropout=0.1, relu_dropout=0.1))]:
-        model = Transformer(_cfg(**kw), seed=int(rng.integers(1 << 30)), dtype=F64)
+        model = Transformer(small_config(**kw), seed=int(rng.integers(1 << 30)), dtype=F64)
         crit = LabelSmoothedCrossEntropy(0.1, PAD)
 
         def fwd(m, i, crit=crit):

@@ -27,9 +27,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
-from .backend import get_array_module, to_host
 from .checkpoint import CheckpointError, average_checkpoints, load_checkpoint, save_checkpoint
 from .data import make_batches
 from .loss import LabelSmoothedCrossEntropy

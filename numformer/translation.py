@@ -28,6 +28,15 @@ class DecodeOptions:
     max_tokens: int = 4000   # source tokens per decoding batch (times beam for the decoder)
 
 
+def source_batch(sentences, pad_id: int, eos_id: int):
+    """Token-id sentences -> (B, S) int64 array: each sentence + EOS, right-padded (the encoder's input)."""
+    width = max(len(s) for s in sentences) + 1
+    src = np.full((len(sentences), width), pad_id, dtype=np.int64)
+    for row, ids in enumerate(sentences):
+        src[row, : len(ids) + 1] = list(ids) + [eos_id]
+    return src
+
+
 def _batches_by_length(lengths, max_tokens: int):
     """Index lists of sentences sorted by length, each list's (count x longest) under max_tokens."""
     order = np.argsort(lengths, kind="stable")
@@ -53,11 +62,7 @@ def translate_ids(model, src_ids: list, bos_id: int, eos_id: int, opts: DecodeOp
     results = [None] * len(src_ids)
     lengths = np.array([min(len(s), limit) + 1 for s in src_ids])
     for idx in _batches_by_length(lengths, max(1, opts.max_tokens)):
-        width = int(lengths[idx].max())
-        src = np.full((len(idx), width), pad, dtype=np.int64)
-        for row, i in enumerate(idx):
-            ids = list(src_ids[i][:limit]) + [eos_id]
-            src[row, : len(ids)] = ids
+        src = source_batch([src_ids[i][:limit] for i in idx], pad, eos_id)
         if opts.beam <= 1:
             hyps = [[h] for h in greedy_search(model, src, bos_id, eos_id, opts.max_len_a, opts.max_len_b)]
         else:

@@ -1,6 +1,5 @@
 """The backend: device resolution, dtype policy, lazy cupy, scatter-add, RNG state."""
 import builtins
-import os
 import subprocess
 import sys
 

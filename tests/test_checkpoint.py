@@ -1,6 +1,4 @@
 """Checkpoints: round trip, atomic writes, clear errors, averaging, no pickles."""
-import json
-import os
 
 import numpy as np
 import pytest

@@ -14,7 +14,6 @@ import pkgutil
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import numformer
 

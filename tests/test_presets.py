@@ -1,5 +1,4 @@
 """Presets match Table 3 of the paper, and the closed-form count matches the built model."""
-import numpy as np
 import pytest
 
 from numformer.model import Transformer

@@ -35,13 +35,11 @@ from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, Linear
                               OutputProjection, PositionalEncoding, ReLU, Residual, ScaledDotProductAttention,
                               Softmax)
 from numformer.loss import LabelSmoothedCrossEntropy
-from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer, causal_mask, padding_mask
+from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer
 from numformer.module import Module
 from numformer.optim import Adam, NoamSchedule, clip_grad_norm
-from numformer.presets import ModelConfig
+from grad_checks.cases import B, D, DFF, HEADS, PAD, S, T, V, Holder, padded_batch, padded_ids, small_config
 
-B, S, T, D, HEADS, DFF, V = 3, 6, 5, 8, 2, 16, 13
-PAD = 0
 
 # The issue's tolerances: norm(a - b) / norm(b) per tensor.
 TOL = {"float64": 1e-9, "float32": 1e-4}
@@ -127,38 +125,8 @@ def recorded_drops(m: Module) -> dict:
             for n, mod in named_modules(m) if isinstance(mod, Dropout) and mod._cache_mask is not None}
 
 
-def _ids(rng, batch, length, lengths):
-    """(batch, length) ids in 1..V-1, right-padded with PAD to the per-row lengths."""
-    ids = rng.integers(1, V, size=(batch, length))
-    for row, n in enumerate(lengths):
-        ids[row, n:] = PAD
-    return ids
-
-
-def _batch(rng):
-    """Source (B, S) and target (B, T) ids with padding, and numformer's masks for them."""
-    src = _ids(rng, B, S, [S, 4, 2])
-    tgt = _ids(rng, B, T, [T, 3, 4])
-    return src, tgt, padding_mask(src, PAD), causal_mask(T) & padding_mask(tgt, PAD)
-
-
 def _t(a):
     return torch.from_numpy(np.asarray(a))
-
-
-def _cfg(**kw) -> ModelConfig:
-    base = dict(vocab_size=V, d_model=D, d_ff=DFF, heads=HEADS, layers=2, dropout=0.0, max_len=32, pad_id=PAD)
-    base.update(kw)
-    return ModelConfig(**base)
-
-
-class _Holder(Module):
-    """Groups modules so one case sees all their parameters (a Residual and its sub-layer)."""
-
-    def __init__(self, **children):
-        super().__init__()
-        for k, v in children.items():
-            setattr(self, k, v)
 
 
 class _LossHolder(Module):
@@ -210,7 +178,7 @@ def case_linear(rng, dt):
 
 def case_embedding(rng, dt):
     m = Embedding(V, D, rng=rng, dtype=dt)
-    ids = _ids(rng, B, S, [S, 4, 2])
+    ids = padded_ids(rng, B, S, [S, 4, 2])
     ids[0, :3] = 5  # a repeated id: the scatter-add must sum its rows
     ids[2, 0] = 5
     return Case(m, {}, lambda m, i: {"y": m(ids)}, lambda m, g: (m.backward(g["y"]), {})[1],
@@ -280,29 +248,29 @@ def _sdpa_case(rng, mask, tq, tk, d_k=4, d_v=3, p=0.0):
 
 
 def case_sdpa_padding(rng, dt):
-    _, _, src_mask, _ = _batch(rng)
+    _, _, src_mask, _ = padded_batch(rng)
     return _sdpa_case(rng, src_mask, T, S)
 
 
 def case_sdpa_causal(rng, dt):
-    _, _, _, tgt_mask = _batch(rng)
+    _, _, _, tgt_mask = padded_batch(rng)
     return _sdpa_case(rng, tgt_mask, T, T)
 
 
 def case_sdpa_fully_masked_row(rng, dt):
-    _, _, src_mask, _ = _batch(rng)
+    _, _, src_mask, _ = padded_batch(rng)
     mask = np.broadcast_to(src_mask, (B, 1, T, S)).copy()
     mask[1, 0, 2, :] = False  # one query row sees no key at all: uniform weights, not NaN
     return _sdpa_case(rng, mask, T, S)
 
 
 def case_sdpa_dropout(rng, dt):
-    _, _, src_mask, _ = _batch(rng)
+    _, _, src_mask, _ = padded_batch(rng)
     return _sdpa_case(rng, src_mask, T, S, d_k=4, d_v=4, p=0.2)
 
 
 def case_mha_self_padding(rng, dt):
-    _, _, src_mask, _ = _batch(rng)
+    _, _, src_mask, _ = padded_batch(rng)
     m = MultiHeadAttention(D, HEADS, rng=rng, dtype=dt)
     _randomize(m, rng)
     kw = dict(heads=HEADS, d_k=D // HEADS, d_v=D // HEADS)
@@ -312,7 +280,7 @@ def case_mha_self_padding(rng, dt):
 
 
 def case_mha_self_causal(rng, dt):
-    _, _, _, tgt_mask = _batch(rng)
+    _, _, _, tgt_mask = padded_batch(rng)
     m = MultiHeadAttention(D, HEADS, rng=rng, dtype=dt)
     _randomize(m, rng)
     kw = dict(heads=HEADS, d_k=D // HEADS, d_v=D // HEADS)
@@ -322,7 +290,7 @@ def case_mha_self_causal(rng, dt):
 
 
 def case_mha_cross(rng, dt):
-    _, _, src_mask, _ = _batch(rng)
+    _, _, src_mask, _ = padded_batch(rng)
     m = MultiHeadAttention(D, HEADS, d_k=3, d_v=5, rng=rng, dtype=dt)
     _randomize(m, rng)
     ins = {"y": rng.standard_normal((B, T, D)), "memory": rng.standard_normal((B, S, D))}
@@ -341,7 +309,7 @@ def case_feedforward(rng, dt):
 
 
 def _residual_case(rng, dt, pre):
-    m = _Holder(res=Residual(D, dropout=0.1, pre_norm=pre, rng=RandomState(5), dtype=dt),
+    m = Holder(res=Residual(D, dropout=0.1, pre_norm=pre, rng=RandomState(5), dtype=dt),
                 ffn=FeedForward(D, DFF, rng=rng, dtype=dt))
     _randomize(m, rng, 0.3)
     return Case(m, {"x": rng.standard_normal((B, S, D))},
@@ -360,11 +328,11 @@ def case_residual_pre_ln(rng, dt):
 
 
 def _layer_cfg(pre):
-    return _cfg(pre_norm=pre, dropout=0.1, attn_dropout=0.1, relu_dropout=0.1, ln_eps=1e-6)
+    return small_config(pre_norm=pre, dropout=0.1, attn_dropout=0.1, relu_dropout=0.1, ln_eps=1e-6)
 
 
 def _encoder_layer_case(rng, dt, pre):
-    _, _, src_mask, _ = _batch(rng)
+    _, _, src_mask, _ = padded_batch(rng)
     cfg = _layer_cfg(pre)
     m = EncoderLayer(cfg, rng, RandomState(11), dt)
     _randomize(m, rng, 0.3)
@@ -376,7 +344,7 @@ def _encoder_layer_case(rng, dt, pre):
 
 
 def _decoder_layer_case(rng, dt, pre):
-    _, _, src_mask, tgt_mask = _batch(rng)
+    _, _, src_mask, tgt_mask = padded_batch(rng)
     cfg = _layer_cfg(pre)
     m = DecoderLayer(cfg, rng, RandomState(12), dt)
     _randomize(m, rng, 0.3)
@@ -390,8 +358,8 @@ def _decoder_layer_case(rng, dt, pre):
 
 
 def _encoder_case(rng, dt, pre):
-    _, _, src_mask, _ = _batch(rng)
-    cfg = _cfg(pre_norm=pre)
+    _, _, src_mask, _ = padded_batch(rng)
+    cfg = small_config(pre_norm=pre)
     m = Encoder(cfg, rng, None, dt)
     _randomize(m, rng, 0.3)
     arch = tm.Arch.from_config(cfg)
@@ -401,8 +369,8 @@ def _encoder_case(rng, dt, pre):
 
 
 def _decoder_case(rng, dt, pre):
-    _, _, src_mask, tgt_mask = _batch(rng)
-    cfg = _cfg(pre_norm=pre)
+    _, _, src_mask, tgt_mask = padded_batch(rng)
+    cfg = small_config(pre_norm=pre)
     m = Decoder(cfg, rng, None, dt)
     _randomize(m, rng, 0.3)
     arch = tm.Arch.from_config(cfg)
@@ -413,7 +381,7 @@ def _decoder_case(rng, dt, pre):
 
 
 def _loss_case(rng, dt, eps):
-    tgt = _ids(rng, B, T, [T, 3, 1])
+    tgt = padded_ids(rng, B, T, [T, 3, 1])
     m = _LossHolder(eps)
     return Case(m, {"logits": 2.0 * rng.standard_normal((B, T, V))},
                 lambda m, i: {"loss": m.crit.forward(i["logits"], tgt)},
@@ -422,9 +390,9 @@ def _loss_case(rng, dt, eps):
 
 
 def _transformer_case(rng, dt, **kw):
-    src, tgt, _, _ = _batch(rng)
+    src, tgt, _, _ = padded_batch(rng)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    cfg = _cfg(**kw)
+    cfg = small_config(**kw)
     m = Transformer(cfg, seed=int(rng.integers(1 << 30)), dtype=dt)
     _randomize(m, rng, 0.2)
     arch = tm.Arch.from_config(cfg)
@@ -555,7 +523,7 @@ def test_parity(case_id, dtype):
 def test_clip_grad_norm_matches_torch(max_norm, dtype):
     dt = DTYPES[dtype]
     rng = np.random.default_rng(17)
-    m = _Holder(a=Linear(5, 4, rng=rng, dtype=dt), b=LayerNorm(6, dtype=dt))
+    m = Holder(a=Linear(5, 4, rng=rng, dtype=dt), b=LayerNorm(6, dtype=dt))
     params = m.parameters()
     for p in params:
         p.grad[...] = rng.standard_normal(p.shape)
@@ -583,7 +551,7 @@ def _noam_lambda(d_model, warmup):
 @pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip0.5"])
 def test_adam_noam_20_steps_matches_torch(clip):
     steps, warmup = 20, 5
-    cfg = _cfg(pre_norm=False, dropout=0.0, label_smoothing=0.1)
+    cfg = small_config(pre_norm=False, dropout=0.0, label_smoothing=0.1)
     model = Transformer(cfg, seed=5, dtype=np.float64)
     model.train()
     arch = tm.Arch.from_config(cfg)
@@ -593,7 +561,7 @@ def test_adam_noam_20_steps_matches_torch(clip):
     t_opt = torch.optim.Adam(P.leaves(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     t_sched = torch.optim.lr_scheduler.LambdaLR(t_opt, _noam_lambda(cfg.d_model, warmup))
     rng = np.random.default_rng(2024)
-    batches = [_batch(rng)[:2] for _ in range(4)]  # a fixed sequence of padded batches, cycled
+    batches = [padded_batch(rng)[:2] for _ in range(4)]  # a fixed sequence of padded batches, cycled
     lrs, clipped = [], 0
     for step in range(steps):
         src, tgt = batches[step % len(batches)]
@@ -649,7 +617,7 @@ def test_mirror_matches_torch_builtins():
     attention, multi-head attention, sinusoids and smoothed loss against torch's ready-made
     versions or the paper's formulas written out element by element (float64)."""
     rng = np.random.default_rng(99)
-    src, tgt, src_mask, tgt_mask = _batch(rng)
+    src, tgt, src_mask, tgt_mask = padded_batch(rng)
     f64 = torch.float64
     q, k, v = (torch.tensor(rng.standard_normal((B, HEADS, T, 4))),
                torch.tensor(rng.standard_normal((B, HEADS, S, 4))),

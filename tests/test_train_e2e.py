@@ -13,6 +13,7 @@ from numformer.checkpoint import load_checkpoint
 from numformer.cli_common import load_model
 from numformer.data import load_parallel_dir, make_synthetic, write_parallel_dir
 from numformer.decode import beam_search, greedy_search
+from numformer.translation import source_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 REVERSE_STEPS = 3000
@@ -48,11 +49,7 @@ def test_reverse_reaches_95_percent_exact_match(reverse_run):
 def test_cached_decoding_equals_uncached(reverse_run):
     model, vocab, _ = load_model(reverse_run)
     src_text = make_synthetic("reverse", 20000, 500, 500, seed=1)["test"][0][:40]
-    ids = vocab.encode(src_text)
-    width = max(len(x) for x in ids) + 1
-    src = np.zeros((len(ids), width), dtype=np.int64)
-    for i, x in enumerate(ids):
-        src[i, : len(x) + 1] = x + [vocab.eos_id]
+    src = source_batch(vocab.encode(src_text), vocab.pad_id, vocab.eos_id)
     cached = greedy_search(model, src, vocab.bos_id, vocab.eos_id, use_cache=True)
     uncached = greedy_search(model, src, vocab.bos_id, vocab.eos_id, use_cache=False)
     assert [h.tokens for h in cached] == [h.tokens for h in uncached]
@@ -63,11 +60,7 @@ def test_beam_scores_at_least_as_well_as_greedy(reverse_run):
     """On the model's own log-probability (no length penalty), beam 4 finds at least what greedy finds."""
     model, vocab, _ = load_model(reverse_run)
     src_text = make_synthetic("reverse", 20000, 500, 500, seed=1)["valid"][0][:100]
-    ids = vocab.encode(src_text)
-    width = max(len(x) for x in ids) + 1
-    src = np.zeros((len(ids), width), dtype=np.int64)
-    for i, x in enumerate(ids):
-        src[i, : len(x) + 1] = x + [vocab.eos_id]
+    src = source_batch(vocab.encode(src_text), vocab.pad_id, vocab.eos_id)
     greedy = [h.logprob for h in greedy_search(model, src, vocab.bos_id, vocab.eos_id)]
     beam = [h[0].logprob for h in beam_search(model, src, vocab.bos_id, vocab.eos_id, beam=4, alpha=0.0)]
     assert sum(beam) >= sum(greedy) - 1e-4

@@ -15,18 +15,27 @@ from ..backend import DEFAULT_DTYPE, scatter_add_rows
 from ..module import Module, Parameter
 
 
+def vocab_matrix(vocab_size: int, d_model: int, weight: Parameter | None, rng, dtype) -> Parameter:
+    """The (vocab, d_model) matrix of an embedding or the pre-softmax projection.
+
+    A given ``weight`` (tying) is checked for shape; otherwise a new one is drawn
+    from N(0, d_model^-1/2), so that rows times sqrt(d_model) have unit variance.
+    """
+    if weight is None:
+        rng = rng if rng is not None else np.random.default_rng(0)
+        weight = Parameter(rng.normal(0.0, d_model ** -0.5, (vocab_size, d_model)).astype(dtype))
+    if weight.shape != (vocab_size, d_model):
+        raise ValueError(f"tied weight has shape {weight.shape}, expected {(vocab_size, d_model)}")
+    return weight
+
+
 class Embedding(Module):
     """Lookup ``W[ids] * scale``; weights ~ N(0, d_model^-1/2) so scaled rows have unit variance."""
 
     def __init__(self, vocab_size: int, d_model: int, scale: bool = True, weight: Parameter | None = None,
                  rng=None, dtype=DEFAULT_DTYPE):
         super().__init__()
-        if weight is None:
-            rng = rng if rng is not None else np.random.default_rng(0)
-            weight = Parameter(rng.normal(0.0, d_model ** -0.5, (vocab_size, d_model)).astype(dtype))
-        if weight.shape != (vocab_size, d_model):
-            raise ValueError(f"tied weight has shape {weight.shape}, expected {(vocab_size, d_model)}")
-        self.weight = weight
+        self.weight = vocab_matrix(vocab_size, d_model, weight, rng, dtype)
         self.vocab_size, self.d_model = vocab_size, d_model
         self.scale = math.sqrt(d_model) if scale else 1.0
         self._cache_ids = None

@@ -7,10 +7,10 @@ embeddings add into. Untied, it is a matrix of its own with the same layout.
 """
 from __future__ import annotations
 
-import numpy as np
 
 from ..backend import DEFAULT_DTYPE
 from ..module import Module, Parameter
+from .embedding import vocab_matrix
 
 
 class OutputProjection(Module):
@@ -19,12 +19,7 @@ class OutputProjection(Module):
     def __init__(self, d_model: int, vocab_size: int, weight: Parameter | None = None, rng=None,
                  dtype=DEFAULT_DTYPE):
         super().__init__()
-        if weight is None:
-            rng = rng if rng is not None else np.random.default_rng(0)
-            weight = Parameter(rng.normal(0.0, d_model ** -0.5, (vocab_size, d_model)).astype(dtype))
-        if weight.shape != (vocab_size, d_model):
-            raise ValueError(f"tied weight has shape {weight.shape}, expected {(vocab_size, d_model)}")
-        self.weight = weight
+        self.weight = vocab_matrix(vocab_size, d_model, weight, rng, dtype)
         self.d_model, self.vocab_size = d_model, vocab_size
         self._cache_h = None
 
