@@ -4,7 +4,9 @@ Random token batches of fixed length (no padding), float32, post-LN, tied
 embeddings, dropout 0.1, label smoothing 0.1. Each side runs in its own child
 process (so peak RSS is per process), pinned to the same thread count
 (OMP/OPENBLAS/MKL_NUM_THREADS in the environment, ``torch.set_num_threads``).
-Warm-up steps are not counted; the median of the counted steps is reported.
+Warm-up steps are not counted; the median of the counted steps is reported, with the
+median process CPU time per step (all threads): with ``--threads 1`` on a loaded machine
+that is the fairer comparison of work, since wall time then depends on the other load.
 
 Also reported: matmul FLOPs per step (forward GEMMs x 3 for forward + backward)
 and the share of this machine's float32 GEMM peak (MFU), the peak being measured
@@ -93,9 +95,10 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def summarize(times, s):
+def summarize(times, s, cpu_times=None):
     med = statistics.median(times)
-    return {"median_step_ms": med * 1e3, "min_step_ms": min(times) * 1e3,
+    extra = {"median_cpu_ms": statistics.median(cpu_times) * 1e3} if cpu_times else {}
+    return {**extra, "median_step_ms": med * 1e3, "min_step_ms": min(times) * 1e3,
             "tokens_per_s": s["batch"] * s["tgt_len"] / med, "peak_rss_mb": peak_rss_mb(),
             "steps": len(times)}
 
@@ -143,10 +146,10 @@ def worker_numformer(args, s):
 
     # The logits are not needed after the loss: let the loss reuse their buffer where it can.
     loss_kw = {"overwrite_logits": True} if "overwrite_logits" in inspect.signature(crit.forward).parameters else {}
-    times = []
+    times, cpu = [], []
     for i in range(args.warmup + args.steps):
         src, tgt_in, tgt_out = batches[i % len(batches)]
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         logits = model(src, tgt_in)
         loss = crit.forward(logits, tgt_out, **loss_kw)
         del logits
@@ -156,7 +159,8 @@ def worker_numformer(args, s):
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
-    out = summarize(times, s)
+            cpu.append(time.process_time() - c0)
+    out = summarize(times, s, cpu)
     out.update(final_loss=float(loss), backend=describe(xp))
     return out
 
@@ -175,10 +179,10 @@ def worker_torch(args, s):
     batches = [tuple(torch.randint(1, s["vocab"], (s["batch"], n), generator=g).to(dev)
                      for n in (s["src_len"], s["tgt_len"], s["tgt_len"])) for _ in range(4)]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    times = []
+    times, cpu = [], []
     for i in range(args.warmup + args.steps):
         src, tgt_in, tgt_out = batches[i % len(batches)]
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         loss = loss_fn(model(src, tgt_in), tgt_out)
         loss.backward()
         opt.step()
@@ -186,7 +190,8 @@ def worker_torch(args, s):
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
-    out = summarize(times, s)
+            cpu.append(time.process_time() - c0)
+    out = summarize(times, s, cpu)
     out.update(final_loss=float(loss), backend=f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     return out
 
@@ -209,7 +214,7 @@ def run_child(args, kind, shape=None):
 
 def median_of(runs):
     out = dict(runs[0])
-    for key in ("median_step_ms", "min_step_ms", "tokens_per_s", "peak_rss_mb"):
+    for key in ("median_step_ms", "min_step_ms", "tokens_per_s", "peak_rss_mb", "median_cpu_ms"):
         out[key] = statistics.median(r[key] for r in runs)
     out["runs_median_step_ms"] = [round(r["median_step_ms"], 1) for r in runs]
     return out
@@ -236,16 +241,17 @@ def main(argv=None):
                 pt_runs.append(run_child(args, "torch", s))
         nf = median_of(nf_runs)
         r = {"config": s["name"], "shape": {k: s[k] for k in SHAPE_KEYS}, "threads": args.threads,
-             "device": args.device, **{k: nf[k] for k in ("median_step_ms", "min_step_ms", "tokens_per_s",
+             "device": args.device, **{k: nf[k] for k in ("median_step_ms", "median_cpu_ms", "min_step_ms", "tokens_per_s",
                                                            "peak_rss_mb", "runs_median_step_ms", "backend")},
              "matmul_gflop_per_step": flops / 1e9, "gemm_peak_gflops": peak,
              "mfu": (flops / (nf["median_step_ms"] / 1e3) / (peak * 1e9)) if peak else None}
         if args.compare:
             pt = median_of(pt_runs)
-            r["torch"] = {k: pt[k] for k in ("median_step_ms", "min_step_ms", "tokens_per_s", "peak_rss_mb",
+            r["torch"] = {k: pt[k] for k in ("median_step_ms", "median_cpu_ms", "min_step_ms", "tokens_per_s", "peak_rss_mb",
                                              "runs_median_step_ms", "backend")}
             r["torch"]["mfu"] = (flops / (pt["median_step_ms"] / 1e3) / (peak * 1e9)) if peak else None
             r["ratio_step_time"] = nf["median_step_ms"] / pt["median_step_ms"]
+            r["ratio_cpu_time"] = nf["median_cpu_ms"] / pt["median_cpu_ms"]
             r["ratio_peak_rss"] = nf["peak_rss_mb"] / pt["peak_rss_mb"]
         results.append(r)
         if not args.json:
@@ -264,10 +270,11 @@ def report(r):
     for name, x in rows:
         mfu = x.get("mfu")
         print(f"  {name:9s} {x['median_step_ms']:8.1f} ms/step (min {x['min_step_ms']:.1f})  "
-              f"{x['tokens_per_s']:8.0f} tgt tok/s  peak RSS {x['peak_rss_mb']:7.1f} MB  "
+              f"(CPU {x['median_cpu_ms']:.0f} ms)  {x['tokens_per_s']:8.0f} tgt tok/s  peak RSS {x['peak_rss_mb']:7.1f} MB  "
               f"MFU {100 * mfu if mfu else float('nan'):5.1f}%  runs {x['runs_median_step_ms']}")
     if "torch" in r:
-        print(f"  ratio numformer/pytorch: step time {r['ratio_step_time']:.2f}x, peak RSS {r['ratio_peak_rss']:.2f}x")
+        print(f"  ratio numformer/pytorch: step time {r['ratio_step_time']:.2f}x (process CPU time "
+              f"{r['ratio_cpu_time']:.2f}x), peak RSS {r['ratio_peak_rss']:.2f}x")
 
 
 if __name__ == "__main__":

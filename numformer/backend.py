@@ -194,9 +194,9 @@ class RandomState:
         if self.xp is np:
             threshold = int(round(p * 65536))
             bits = self.generator.integers(0, 65536, size=shape, dtype=np.uint16)
-            mask = (bits >= threshold).astype(dtype)
-            mask *= np.asarray(65536.0 / (65536 - threshold), dtype=dtype)
-            return mask
+            keep = bits >= threshold
+            # bool x scale -> float in one pass (no astype copy then a second scaling pass)
+            return np.multiply(keep, np.asarray(65536.0 / (65536 - threshold), dtype=dtype), dtype=dtype)
         mask = (self.generator.random(shape, dtype=dtype) >= p).astype(dtype)
         mask *= 1.0 / (1.0 - p)
         return mask
@@ -316,6 +316,37 @@ def parallel_rows(fn, *arrays, min_elements: int | None = None, chunk_elements: 
     def run(group):
         return [fn(*(a[i:j] for a in arrays)) for i, j in group]
 
+    futures = [pool.submit(run, g) for g in groups[1:]]
+    out = run(groups[0])
+    for f in futures:
+        out.extend(f.result())
+    return out
+
+
+def parallel_ranges(fn, n: int, work: int, device_array=None, blocks_per_thread: int = 1,
+                    min_work: int | None = None):
+    """Run ``fn(i, j)`` over ``[0, n)`` cut into contiguous ranges, in host threads; list of results in order.
+
+    For work split along a batch axis where the arrays do not all share it (a mask
+    broadcast over the batch): ``fn`` slices what it needs. ``work``: elements
+    touched in all (below ``PARALLEL_MIN_ELEMENTS`` or ``min_work``, one call ``fn(0, n)``).
+    With ``device_array`` a cupy array, or one thread: one call, the same result.
+    Small batched GEMMs (attention) run single-threaded inside OpenBLAS, so this is
+    what puts the second core to work on them.
+    """
+    threads = get_num_threads()
+    if (n < 2 or threads < 2 or is_cupy_array(device_array)
+            or work < (PARALLEL_MIN_ELEMENTS if min_work is None else min_work)):
+        return [fn(0, n)]
+    parts = min(n, threads * max(int(blocks_per_thread), 1))
+    bounds = [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
+    per = -(-len(bounds) // threads)
+    groups = [bounds[k:k + per] for k in range(0, len(bounds), per)]
+
+    def run(group):
+        return [fn(i, j) for i, j in group]
+
+    pool = _get_pool(threads)
     futures = [pool.submit(run, g) for g in groups[1:]]
     out = run(groups[0])
     for f in futures:

@@ -46,7 +46,7 @@ class LabelSmoothedCrossEntropy:
         xp = get_array_module(logits)
         v = logits.shape[-1]
         z = logits.reshape(-1, v)
-        y = target.reshape(-1)
+        y = xp.asarray(target).reshape(-1)  # host ids with device logits are moved (no-op otherwise)
         n = z.shape[0]
         keep = y != self.pad_id
         n_tokens = keep.sum()

@@ -125,7 +125,10 @@ class Decoder(Module):
         dmemory = None
         for layer in reversed(self.layers):
             dy, dm = layer.backward(dy)
-            dmemory = dm if dmemory is None else dmemory + dm
+            if dmemory is None:
+                dmemory = dm
+            else:
+                dmemory += dm  # dm is a fresh array per layer: sum in place
         return dy, dmemory
 
 
@@ -169,16 +172,18 @@ class Transformer(Module):
     # -- training --------------------------------------------------------------
     def encode(self, src):
         """src (B, S) ids -> (memory (B, S, d_model), src_mask (B, 1, 1, S))."""
+        src = self.xp.asarray(src)  # host ids for a device model are moved (no-op otherwise)
         src_mask = padding_mask(src, self.cfg.pad_id)
-        x = self.src_dropout(self.src_pos(self.src_embed(src)))
+        x = self.src_dropout(self.src_pos(self.src_embed(src)), inplace=True)
         return self.encoder(x, src_mask), src_mask
 
     def forward(self, src, tgt_in):
         """src (B, S), tgt_in (B, T) ids -> logits (B, T, vocab) (before the softmax)."""
         xp = get_array_module(self.src_embed.weight.data)
+        tgt_in = xp.asarray(tgt_in)
         memory, src_mask = self.encode(src)
         tgt_mask = causal_mask(tgt_in.shape[1], xp) & padding_mask(tgt_in, self.cfg.pad_id)
-        y = self.tgt_dropout(self.tgt_pos(self.tgt_embed(tgt_in)))
+        y = self.tgt_dropout(self.tgt_pos(self.tgt_embed(tgt_in)), inplace=True)
         h = self.decoder(y, memory, tgt_mask, src_mask)
         return self.generator(h)
 
@@ -204,8 +209,11 @@ class Transformer(Module):
         """
         if self.training:
             raise RuntimeError("decode_step runs in eval mode: call model.eval() first")
+        xp = self.xp
+        tokens = xp.asarray(tokens)
+        src_mask = None if src_mask is None else xp.asarray(src_mask)
         y = self.tgt_pos(self.tgt_embed(tokens[:, None]), offset=position)
-        h = self.decoder(y, memory, None, src_mask, caches)
+        h = self.decoder(y, xp.asarray(memory), None, src_mask, caches)
         return self.generator(h)[:, 0, :]
 
     @staticmethod
@@ -213,5 +221,10 @@ class Transformer(Module):
         """Select batch rows ``index`` (B',) of every cached key/value (beam search reordering)."""
         for cache in caches:
             for part in cache.values():
+                if "kbuf" in part:  # a growable self-attention cache: reorder the buffers, re-take the views
+                    n = part["k"].shape[2]
+                    part["kbuf"], part["vbuf"] = part["kbuf"][index], part["vbuf"][index]
+                    part["k"], part["v"] = part["kbuf"][:, :, :n], part["vbuf"][:, :, :n]
+                    continue
                 for name in list(part):
                     part[name] = part[name][index]

@@ -176,3 +176,160 @@ def test_inplace_attention_mask_replaces_scores():
     np.testing.assert_allclose(out, p @ v, rtol=1e-12)
     dq, dk, dv = attn.backward(rng.standard_normal(out.shape))
     assert np.isfinite(dq).all() and np.isfinite(dk).all()
+
+
+# -- attention without head copies, threaded over the batch ------------------------------
+def plain_attention(q, k, v, mask):
+    scores = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask, scores, -1e9)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return p @ v, p
+
+
+def test_parallel_ranges_cover_once(threads):
+    hits = np.zeros(37, dtype=int)
+
+    def f(i, j):
+        hits[i:j] += 1
+        return j - i
+
+    parts = backend.parallel_ranges(f, 37, work=10**9, blocks_per_thread=2)
+    assert (hits == 1).all() and sum(parts) == 37
+    assert backend.parallel_ranges(lambda i, j: (i, j), 37, work=10) == [(0, 37)]
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal", "causal+padding"])
+def test_threaded_attention_matches_plain(threads, mask_kind, monkeypatch):
+    monkeypatch.setattr(backend, "PARALLEL_MIN_ELEMENTS", 1)
+    rng = np.random.default_rng(7)
+    b, h, tq, tk = 5, 3, 6, 6
+    # q, k, v as strided head views of one (B, T, 3*h*d) projection, like MultiHeadAttention's
+    qkv = rng.standard_normal((b, tq, 3 * h * 4))
+    q, k, v = (qkv[..., i * h * 4:(i + 1) * h * 4].reshape(b, tq, h, 4).transpose(0, 2, 1, 3) for i in range(3))
+    pad = np.ones((b, 1, 1, tk), dtype=bool)
+    pad[1, ..., 4:] = False
+    causal = np.tril(np.ones((tq, tk), dtype=bool))[None, None]
+    mask = {"none": None, "padding": pad, "causal": causal, "causal+padding": causal & pad}[mask_kind]
+    saved = qkv.copy()
+    attn = ScaledDotProductAttention()
+    out = np.empty((b, tq, h * 4)).reshape(b, tq, h, 4).transpose(0, 2, 1, 3)
+    got = attn(q, k, v, mask, out=out)
+    ref, p = plain_attention(q, k, v, mask)
+    assert got is out
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
+    dout = rng.standard_normal(ref.shape)
+    dq, dk, dv = attn.backward(dout)
+    np.testing.assert_array_equal(qkv, saved)
+    dp = dout @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / 2.0
+    if mask is not None:
+        ds = np.where(mask, ds, 0.0)
+    np.testing.assert_allclose(dv, p.swapaxes(-1, -2) @ dout, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(dq, ds @ k, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(dk, ds.swapaxes(-1, -2) @ q, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_fused_projections_match_separate_linears(threads, cross):
+    from numformer.layers import MultiHeadAttention
+
+    rng = np.random.default_rng(8)
+    m = MultiHeadAttention(12, 3, d_k=4, d_v=5, rng=rng, dtype=np.float64)
+    for lin in (m.w_q, m.w_k, m.w_v, m.w_o):
+        lin.bias.data[:] = rng.standard_normal(lin.bias.shape)
+    x = rng.standard_normal((2, 7, 12))
+    mem = rng.standard_normal((2, 5, 12)) if cross else x
+    mask = np.ones((2, 1, 1, mem.shape[1]), dtype=bool)
+    mask[0, ..., -2:] = False
+    saved = (x.copy(), mem.copy())
+    y = m(x, mem, mask=mask) if cross else m(x, mask=mask)
+
+    def heads(a, d):
+        return a.reshape(a.shape[0], a.shape[1], 3, d).transpose(0, 2, 1, 3)
+
+    lin = {n: (getattr(m, n).weight.data, getattr(m, n).bias.data) for n in ("w_q", "w_k", "w_v", "w_o")}
+    q, k, v = heads(x @ lin["w_q"][0] + lin["w_q"][1], 4), heads(mem @ lin["w_k"][0] + lin["w_k"][1], 4), \
+        heads(mem @ lin["w_v"][0] + lin["w_v"][1], 5)
+    o, p = plain_attention(q, k, v, mask)
+    merged = o.transpose(0, 2, 1, 3).reshape(2, 7, 15)
+    np.testing.assert_allclose(y, merged @ lin["w_o"][0] + lin["w_o"][1], rtol=1e-11, atol=1e-12)
+    dy = rng.standard_normal(y.shape)
+    got = m.backward(dy)
+    np.testing.assert_array_equal(x, saved[0])
+    np.testing.assert_array_equal(mem, saved[1])
+    # reference gradients of the projections from plain formulas
+    dmerged = dy @ lin["w_o"][0].T
+    do = heads(dmerged, 5)
+    dv = p.swapaxes(-1, -2) @ do
+    dp = do @ v.swapaxes(-1, -2)
+    ds = np.where(mask, p * (dp - (dp * p).sum(-1, keepdims=True)) / 2.0, 0.0)
+    dq, dk = ds @ k, ds.swapaxes(-1, -2) @ q
+    flat = [a.transpose(0, 2, 1, 3).reshape(2, a.shape[2], -1) for a in (dq, dk, dv)]
+    np.testing.assert_allclose(m.w_q.weight.grad, np.einsum("bti,btj->ij", x, flat[0]), rtol=1e-10)
+    np.testing.assert_allclose(m.w_k.weight.grad, np.einsum("bti,btj->ij", mem, flat[1]), rtol=1e-10)
+    np.testing.assert_allclose(m.w_v.weight.grad, np.einsum("bti,btj->ij", mem, flat[2]), rtol=1e-10)
+    np.testing.assert_allclose(m.w_v.bias.grad, flat[2].sum((0, 1)), rtol=1e-10)
+    dx = flat[0] @ lin["w_q"][0].T
+    dmem = flat[1] @ lin["w_k"][0].T + flat[2] @ lin["w_v"][0].T
+    if cross:
+        np.testing.assert_allclose(got[0], dx, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(got[1], dmem, rtol=1e-10, atol=1e-12)
+    else:
+        np.testing.assert_allclose(got, dx + dmem, rtol=1e-10, atol=1e-12)
+
+
+def test_inplace_relu_and_dropout_helpers(threads, monkeypatch):
+    from numformer.layers import ReLU
+    from numformer.layers.relu import relu_, relu_backward_
+
+    monkeypatch.setattr(backend, "PARALLEL_MIN_ELEMENTS", 1)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((50, 70))
+    rec = ReLU()
+    y = relu_(x.copy(), rec)
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+    np.testing.assert_array_equal(rec._cache_positive, x > 0)
+    dy = rng.standard_normal(x.shape)
+    np.testing.assert_array_equal(relu_backward_(dy.copy(), x > 0), dy * (x > 0))
+    # Dropout: in place and with the residual added in the same pass, against the plain product
+    for inplace in (False, True):
+        d = Dropout(0.3, RandomState(11))
+        a, res = rng.standard_normal((40, 30)), rng.standard_normal((40, 30))
+        a0, res0 = a.copy(), res.copy()
+        out = d(a, inplace=inplace, add=res)
+        mask = d._cache_mask
+        np.testing.assert_allclose(out, a0 * mask + res0, rtol=1e-15)
+        assert (out is a) == inplace
+        np.testing.assert_array_equal(res, res0)
+        if not inplace:
+            np.testing.assert_array_equal(a, a0)
+        g = rng.standard_normal(a.shape)
+        g0 = g.copy()
+        np.testing.assert_array_equal(d.backward(g), g0 * mask)
+        np.testing.assert_array_equal(g, g0)
+
+
+def test_growing_decoder_cache_and_reorder():
+    """Cached decoding past the first buffer doubling (16 positions), with a beam-style reorder, equals
+    full forwards of the reordered prefixes."""
+    from numformer.model import Transformer
+    from numformer.presets import get_preset
+
+    m = Transformer(get_preset("tiny", vocab_size=30, d_model=16, d_ff=32, heads=2, max_len=64), seed=0,
+                    dtype=np.float64).eval()
+    rng = np.random.default_rng(10)
+    src = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3], [4, 4, 5, 3, 0]])
+    tgt = np.concatenate([np.full((3, 1), 2), rng.integers(4, 30, (3, 39))], axis=1)
+    memory, src_mask = m.encode(src)
+    caches = m.new_decoder_caches()
+    prefix_rows = np.arange(3)
+    for t in range(tgt.shape[1]):
+        if t == 25:  # reorder: rows (2, 0) continue (the batch shrinks, as when beams are dropped)
+            index = np.array([2, 0])
+            m.reorder_caches(caches, index)
+            memory, src_mask, prefix_rows = memory[index], src_mask[index], prefix_rows[index]
+        step = m.decode_step(tgt[prefix_rows, t], memory, src_mask, caches, position=t)
+    full = m(src[prefix_rows], tgt[prefix_rows])[:, -1]
+    np.testing.assert_allclose(step, full, rtol=1e-10, atol=1e-10)

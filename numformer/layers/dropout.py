@@ -10,7 +10,25 @@ Shapes: any -> same.
 """
 from __future__ import annotations
 
+from ..backend import get_array_module, parallel_rows
 from ..module import Module
+
+
+def _scale_rows(x, mask, out, add=None):
+    """``out = x * mask (+ add)``, blocked over rows in host threads (out may be x)."""
+    xp = get_array_module(x)
+    lead = (-1, x.shape[-1]) if x.ndim > 1 else (-1, 1)
+    arrays = [x.reshape(lead), mask.reshape(lead), out.reshape(lead)]
+    if add is not None:
+        arrays.append(add.reshape(lead))
+
+    def block(xb, mb, ob, ab=None):
+        xp.multiply(xb, mb, out=ob)
+        if ab is not None:
+            ob += ab
+
+    parallel_rows(block, *arrays, chunk_elements=1 << 15)
+    return out
 
 
 class Dropout(Module):
@@ -27,17 +45,40 @@ class Dropout(Module):
     def active(self) -> bool:
         return self.training and self.p > 0.0
 
-    def forward(self, x):
+    def forward(self, x, inplace: bool = False, add=None):
+        """x (any shape) -> dropout(x) (+ ``add``).
+
+        ``inplace``: write the result into x (only for an x nobody else holds, such as a
+        sub-layer's fresh output). ``add``: an array of x's shape added to the result in
+        the same pass (the residual connection); it is not modified.
+        """
+        xp = get_array_module(x)
         if not self.active():
             self._cache_mask = None
-            return x
+            if add is None:
+                return x
+            if inplace:
+                x += add
+                return x
+            return x + add
         if self.rng is None:
             raise ValueError("Dropout with p > 0 needs a RandomState (rng=...)")
         mask = self.rng.dropout_mask(x.shape, self.p, x.dtype)
         self._cache_mask = mask
-        return x * mask
+        if x.flags.c_contiguous and mask.flags.c_contiguous and (add is None or add.shape == x.shape):
+            return _scale_rows(x, mask, x if inplace else xp.empty_like(x),
+                               None if add is None else xp.ascontiguousarray(add))
+        out = x.__imul__(mask) if inplace else x * mask
+        if add is not None:
+            out += add
+        return out
 
     def backward(self, dy):
         mask = self._cache_mask
         self._cache_mask = None
-        return dy if mask is None else dy * mask
+        if mask is None:
+            return dy
+        xp = get_array_module(dy)
+        if dy.flags.c_contiguous:
+            return _scale_rows(dy, mask, xp.empty_like(dy))
+        return dy * mask

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..backend import DEFAULT_DTYPE, scatter_add_rows
+from ..backend import DEFAULT_DTYPE, get_array_module, scatter_add_rows
 from ..module import Module, Parameter
 
 
@@ -42,6 +42,7 @@ class Embedding(Module):
 
     def forward(self, ids):
         """ids (...,) int -> (..., d_model)."""
+        ids = get_array_module(self.weight.data).asarray(ids)  # host ids for a device weight are moved
         out = self.weight.data[ids]
         if self.scale != 1.0:
             out *= self.scale

@@ -10,8 +10,15 @@ import math
 
 import numpy as np
 
-from ..backend import DEFAULT_DTYPE, get_array_module
+from ..backend import DEFAULT_DTYPE, get_array_module, parallel_rows
 from ..module import Module, Parameter
+
+
+def add_bias_(y, bias):
+    """``y += bias`` on a (n, d) GEMM output, row blocks spread over the host threads."""
+    xp = get_array_module(y)
+    parallel_rows(lambda yb: xp.add(yb, bias, out=yb), y, chunk_elements=1 << 16)
+    return y
 
 
 class Linear(Module):
@@ -31,7 +38,7 @@ class Linear(Module):
         lead = x.shape[:-1]
         y = x.reshape(-1, self.d_in) @ self.weight.data
         if self.bias is not None:
-            y += self.bias.data
+            add_bias_(y, self.bias.data)
         if self.training:
             self._cache_x = x
         return y.reshape(*lead, self.d_out)

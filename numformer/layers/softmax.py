@@ -19,6 +19,23 @@ def softmax(x, axis: int = -1):
     return y
 
 
+def softmax_(x):
+    """Softmax along the last axis *in place* (x is overwritten with the result); returns x."""
+    xp = get_array_module(x)
+    x -= x.max(axis=-1, keepdims=True)
+    xp.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
+
+
+def softmax_backward_(dy, y):
+    """``dy <- y * (dy - sum(dy * y, axis=-1))`` in place (dy is overwritten); returns dy."""
+    s = (dy * y).sum(axis=-1, keepdims=True)
+    dy -= s
+    dy *= y
+    return dy
+
+
 class Softmax(Module):
     """Softmax along the last axis, caching its output for backward."""
 

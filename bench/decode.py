@@ -1,0 +1,181 @@
+"""Decoding speed of a trained model: beam and greedy search, and the cost of one step by position.
+
+1. Translation throughput: the first ``--sentences`` lines of ``--input`` (default: the
+   bible-en-es test source) are encoded with the run's vocabulary and decoded the way
+   ``translate.py`` does (length-sorted batches of ``--max-tokens`` source tokens), once
+   with beam ``--beam`` (default 4, alpha 0.6) and once greedily. Reported: sentences/s
+   and output tokens/s (subword pieces of the best hypothesis, EOS not counted).
+2. Cost of one decoder step by position: a batch of ``--step-batch`` sentences is encoded,
+   then :meth:`Transformer.decode_step` is fed 101 steps (the greedy token each time);
+   ms/step at position 1 and at position 100 (median over ``--step-repeat`` runs) and their
+   ratio. The same for an uncached baseline that re-runs the decoder over the whole prefix
+   at every step (what the key/value cache saves): its cost grows with the position.
+
+    python bench/decode.py --model runs/bible-en-es-small
+    python bench/decode.py --model runs/bible-en-es-small/averaged.npz --sentences 500 --json
+    python bench/decode.py --model /tmp/run --input my.src --beam 5 --max-tokens 2000
+
+Threads: ``--threads N`` sets OMP/OPENBLAS/MKL_NUM_THREADS before numpy is imported
+(default: leave the environment as it is).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, metavar="RUN_DIR_or_CHECKPOINT",
+                    help="a run folder (averaged.npz or its newest checkpoint) or a checkpoint file")
+    ap.add_argument("--vocab", default=None, help="sentencepiece model (default: spm.model of the run)")
+    ap.add_argument("--input", default=None, metavar="FILE",
+                    help="source sentences, one per line (default: bible-en-es test.src)")
+    ap.add_argument("--sentences", type=int, default=500, help="decode the first N non-empty lines (default 500; 0 = all)")
+    ap.add_argument("--beam", type=int, default=4, help="beam size of the beam-search run (default 4)")
+    ap.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
+    ap.add_argument("--max-tokens", type=int, default=4000, help="source tokens per decoding batch (default 4000)")
+    ap.add_argument("--no-greedy", dest="greedy", action="store_false", help="skip the greedy run")
+    ap.add_argument("--step-batch", type=int, default=64, help="batch size of the per-position timing (default 64)")
+    ap.add_argument("--step-positions", type=int, default=100, help="last position timed (default 100)")
+    ap.add_argument("--step-repeat", type=int, default=3, help="runs of the per-position timing (default 3)")
+    ap.add_argument("--no-uncached", dest="uncached", action="store_false",
+                    help="skip the uncached (full prefix re-run) baseline")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
+    ap.add_argument("--threads", type=int, default=None, help="BLAS/OpenMP and numformer host threads")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    return ap.parse_args(argv)
+
+
+def default_input() -> Path:
+    from numformer.data import build_bible_corpus  # noqa: PLC0415
+
+    return Path(build_bible_corpus()) / "test.src"
+
+
+def make_sync(xp):
+    import numpy as np  # noqa: PLC0415
+
+    return (lambda: None) if xp is np else (lambda: xp.cuda.Stream.null.synchronize())
+
+
+def time_search(model, vocab, ids, opts, sync):
+    from numformer.translation import translate_ids  # noqa: PLC0415
+
+    sync()
+    t0 = time.perf_counter()
+    found = translate_ids(model, ids, vocab.bos_id, vocab.eos_id, opts)
+    sync()
+    seconds = time.perf_counter() - t0
+    out_tokens = sum(len(hyps[0][0]) for hyps in found)
+    src_tokens = sum(len(s) for s in ids)
+    return {"beam": opts.beam, "sentences": len(ids), "seconds": seconds,
+            "sentences_per_s": len(ids) / seconds, "output_tokens": out_tokens,
+            "output_tokens_per_s": out_tokens / seconds, "source_tokens_per_s": src_tokens / seconds}
+
+
+def step_times(model, src, bos_id: int, positions: int, cached: bool, sync):
+    """ms of each decoder step 0..positions for the batch ``src`` (greedy tokens fed back)."""
+    from numformer.model import causal_mask  # noqa: PLC0415
+
+    xp = model.xp
+    memory, src_mask = model.encode(src)
+    n = src.shape[0]
+    caches = model.new_decoder_caches()
+    prefix = xp.full((n, 1), bos_id, dtype=src.dtype)
+    out = []
+    for t in range(positions + 1):
+        sync()
+        t0 = time.perf_counter()
+        if cached:
+            logits = model.decode_step(prefix[:, -1], memory, src_mask, caches, position=t)
+        else:  # re-run the decoder over the whole prefix, keep the last position
+            y = model.tgt_pos(model.tgt_embed(prefix))
+            h = model.decoder(y, memory, causal_mask(t + 1, xp), src_mask)
+            logits = model.generator(h[:, -1:, :])[:, 0, :]
+        nxt = logits.argmax(axis=1)
+        sync()
+        out.append((time.perf_counter() - t0) * 1e3)
+        prefix = xp.concatenate([prefix, nxt[:, None].astype(prefix.dtype)], axis=1)
+    return out
+
+
+def position_costs(model, src, bos_id: int, positions: int, repeat: int, cached: bool, sync):
+    runs = [step_times(model, src, bos_id, positions, cached, sync) for _ in range(max(repeat, 1))]
+    per_pos = [statistics.median(r[t] for r in runs) for t in range(positions + 1)]
+    first, last = per_pos[1], per_pos[positions]
+    window = per_pos[max(positions - 4, 1): positions + 1]
+    return {"ms_at_1": first, f"ms_at_{positions}": last, "ratio": last / first,
+            f"ms_mean_{max(positions - 4, 1)}_{positions}": statistics.fmean(window),
+            "ms_total": sum(per_pos)}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMFORMER_NUM_THREADS"):
+            os.environ[var] = str(args.threads)
+    sys.path.insert(0, str(ROOT))
+    from numformer.backend import describe  # noqa: PLC0415
+    from numformer.cli_common import load_model  # noqa: PLC0415
+    from numformer.translation import DecodeOptions, source_batch  # noqa: PLC0415
+
+    model, vocab, path = load_model(args.model, args.vocab, args.device)
+    xp = model.xp
+    sync = make_sync(xp)
+    src_path = Path(args.input) if args.input else default_input()
+    lines = [ln for ln in src_path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if args.sentences > 0:
+        lines = lines[: args.sentences]
+    ids = vocab.encode(lines)
+    cfg = model.cfg
+    result = {"model": str(path), "input": str(src_path), "backend": describe(xp),
+              "config": {"d_model": cfg.d_model, "heads": cfg.heads, "layers": cfg.layers, "d_ff": cfg.d_ff,
+                         "vocab": cfg.vocab_size},
+              "threads": os.environ.get("OMP_NUM_THREADS"), "max_tokens": args.max_tokens, "search": []}
+    # a short warm-up (allocator, BLAS threads), not counted
+    warm = DecodeOptions(beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens)
+    time_search(model, vocab, ids[:8], warm, sync)
+    result["search"].append(time_search(model, vocab, ids, warm, sync))
+    if args.greedy:
+        result["search"].append(time_search(model, vocab, ids, DecodeOptions(beam=1, max_tokens=args.max_tokens),
+                                            sync))
+
+    limit = cfg.max_len - 1
+    positions = min(args.step_positions, limit)
+    batch = [s[: 60] for s in ids[: args.step_batch]]
+    src = xp.asarray(source_batch(batch, cfg.pad_id, vocab.eos_id))
+    step = {"batch": len(batch), "positions": positions, "repeat": args.step_repeat}
+    step_times(model, src, vocab.bos_id, 3, True, sync)  # warm-up
+    step["cached"] = position_costs(model, src, vocab.bos_id, positions, args.step_repeat, True, sync)
+    if args.uncached:
+        step["uncached"] = position_costs(model, src, vocab.bos_id, positions, args.step_repeat, False, sync)
+    result["per_position"] = step
+
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"model {result['model']} (d={cfg.d_model} h={cfg.heads} N={cfg.layers} d_ff={cfg.d_ff} "
+          f"V={cfg.vocab_size}), {result['backend']}, threads {result['threads'] or 'default'}")
+    print(f"input {src_path}: {len(ids)} sentences, batches of {args.max_tokens} source tokens")
+    for r in result["search"]:
+        name = f"beam {r['beam']}" if r["beam"] > 1 else "greedy"
+        print(f"  {name:8s} {r['seconds']:7.2f} s  {r['sentences_per_s']:7.1f} sentences/s  "
+              f"{r['output_tokens_per_s']:8.0f} output tokens/s  ({r['output_tokens']} tokens)")
+    print(f"decode_step, batch {step['batch']}, median of {step['repeat']} runs:")
+    for kind in ("cached", "uncached"):
+        if kind in step:
+            c = step[kind]
+            print(f"  {kind:8s} position 1: {c['ms_at_1']:7.2f} ms/step  position {positions}: "
+                  f"{c[f'ms_at_{positions}']:7.2f} ms/step  ratio {c['ratio']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
