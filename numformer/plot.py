@@ -1,0 +1,211 @@
+"""Pictures of a training run: ``python -m numformer.plot RUN_DIR [--out DIR]``.
+
+Reads ``RUN_DIR/metrics.jsonl`` (and ``RUN_DIR/grad_stats.jsonl`` when training
+ran with ``--log-grads``) and writes PNGs (default ``RUN_DIR/plots/``):
+
+* ``curves.png``: train and validation loss, learning rate, validation BLEU, tokens/s;
+* ``grad_flow.png``: log10 gradient norm of every parameter tensor (rows, in
+  network order) over the logged steps: how gradient reaches each layer;
+* ``update_ratio.png``: the size of each layer's last Adam update relative to
+  its weights, per layer over steps (~1e-3 is the usual healthy range);
+* ``activations.png``: std of every sub-layer output and the share of dead ReLU units.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def read_jsonl(path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _pyplot():
+    import matplotlib  # noqa: PLC0415  (an optional extra: pip install 'numformer[plot]')
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt
+
+
+def plot_curves(metrics: list[dict], out: Path, title: str = "") -> Path:
+    """Loss, learning rate, validation BLEU and throughput against the step."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+
+    def series(key):
+        rows = [(r["step"], r[key]) for r in metrics if key in r and r[key] is not None]
+        return ([s for s, _ in rows], [v for _, v in rows]) if rows else ([], [])
+
+    ax = axes[0, 0]
+    for key, label in (("train_loss", "train (label-smoothed)"), ("valid_loss", "valid (label-smoothed)"),
+                       ("valid_nll", "valid NLL")):
+        x, y = series(key)
+        if x:
+            ax.plot(x, y, marker="o" if key != "train_loss" else None, ms=3, label=label)
+    ax.set_title("loss per target token")
+    ax.set_xlabel("step")
+    ax.legend()
+    ax = axes[0, 1]
+    x, y = series("lr")
+    ax.plot(x, y)
+    ax.set_title("learning rate (Eq. 3)")
+    ax.set_xlabel("step")
+    ax = axes[1, 0]
+    x, y = series("valid_bleu")
+    ax.plot(x, y, marker="o", ms=3)
+    ax.set_title("validation BLEU (greedy, subset)")
+    ax.set_xlabel("step")
+    ax = axes[1, 1]
+    x, y = series("tokens_per_s")
+    ax.plot(x, y)
+    ax.set_title("target tokens per second")
+    ax.set_xlabel("step")
+    for a in axes.ravel():
+        a.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = out / "curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _short(name: str) -> str:
+    """'decoder.layers.1.cross_attn.w_q.weight' -> 'dec.1.cross_attn.w_q.weight' (readable tick labels)."""
+    return name.replace("encoder.layers.", "enc.").replace("decoder.layers.", "dec.").replace("_residual", "")
+
+
+def plot_grad_flow(stats: list[dict], out: Path, title: str = "", key: str = "grad_norm") -> Path | None:
+    """Heatmap: rows = parameter tensors in network order, columns = logged steps, colour = log10(key)."""
+    if not stats:
+        return None
+    plt = _pyplot()
+    names = list(stats[0]["params"])
+    steps = [s["step"] for s in stats]
+    grid = np.array([[s["params"].get(n, {}).get(key, np.nan) for s in stats] for n in names], dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        grid = np.log10(grid)
+    fig, ax = plt.subplots(figsize=(max(7, 0.25 * len(steps) + 5), max(6, 0.16 * len(names) + 1.5)))
+    im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis")
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels([_short(n) for n in names], fontsize=6)
+    ticks = np.linspace(0, len(steps) - 1, min(len(steps), 10)).astype(int)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([steps[i] for i in ticks], fontsize=8)
+    ax.set_xlabel("step")
+    fig.colorbar(im, ax=ax, label=f"log10 {key.replace('_', ' ')}")
+    ax.set_title(title or f"gradient flow: {key.replace('_', ' ')} per tensor")
+    fig.tight_layout()
+    path = out / ("grad_flow.png" if key == "grad_norm" else f"{key}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def layer_of(name: str) -> str:
+    """The layer a parameter belongs to: 'encoder.layers.0.ffn.w_1.weight' -> 'encoder.layers.0'."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[1] == "layers":
+        return ".".join(parts[:3])
+    return parts[0]
+
+
+def plot_update_ratio(stats: list[dict], out: Path, title: str = "") -> Path | None:
+    """Per layer: ||last Adam update|| / ||weights|| over steps (norms combined over the layer's tensors)."""
+    if not stats or "update_norm" not in next(iter(stats[0]["params"].values())):
+        return None
+    plt = _pyplot()
+    layers: dict[str, list] = {}
+    for n in stats[0]["params"]:
+        layers.setdefault(layer_of(n), []).append(n)
+    steps = [s["step"] for s in stats]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for layer, names in layers.items():
+        ratio = []
+        for s in stats:
+            u = np.sqrt(sum(s["params"][n]["update_norm"] ** 2 for n in names))
+            w = np.sqrt(sum(s["params"][n]["weight_norm"] ** 2 for n in names))
+            ratio.append(u / w if w > 0 else np.nan)
+        ax.plot(steps, ratio, label=layer)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("||update|| / ||weights||")
+    ax.set_title(title or "update-to-weight ratio of the last Adam step, per layer")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = out / "update_ratio.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_activations(stats: list[dict], out: Path, title: str = "") -> Path | None:
+    """Std of each sub-layer output and the dead-ReLU share over steps."""
+    if not stats or not stats[0].get("activations"):
+        return None
+    plt = _pyplot()
+    steps = [s["step"] for s in stats]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for name in stats[0]["activations"]:
+        axes[0].plot(steps, [s["activations"][name]["std"] for s in stats], label=_short(name))
+    axes[0].set_title("std of each sub-layer output")
+    axes[0].legend(fontsize=6, ncol=2)
+    for name in stats[0].get("dead_relu", {}):
+        axes[1].plot(steps, [100 * s["dead_relu"][name] for s in stats], label=_short(name))
+    axes[1].set_title("dead ReLU units (never positive in the batch), %")
+    axes[1].legend(fontsize=7)
+    for a in axes:
+        a.set_xlabel("step")
+        a.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = out / "activations.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_run(run_dir, out=None) -> list[Path]:
+    """Every picture this run's files allow; returns the paths written."""
+    run = Path(run_dir)
+    metrics = read_jsonl(run / "metrics.jsonl")
+    if not metrics:
+        raise FileNotFoundError(f"{run / 'metrics.jsonl'} is missing or empty: is {run} a training run folder?")
+    out = Path(out) if out else run / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    stats = read_jsonl(run / "grad_stats.jsonl")
+    paths = [plot_curves(metrics, out, run.name)]
+    paths += [p for p in (plot_grad_flow(stats, out), plot_update_ratio(stats, out), plot_activations(stats, out))
+              if p is not None]
+    return paths
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m numformer.plot", description=__doc__.splitlines()[0])
+    ap.add_argument("run", help="a training run folder (with metrics.jsonl)")
+    ap.add_argument("--out", help="folder for the PNGs (default RUN/plots)")
+    args = ap.parse_args(argv)
+    try:
+        paths = plot_run(args.run, args.out)
+    except (FileNotFoundError, ImportError) as exc:
+        print(f"numformer.plot: error: {exc}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
