@@ -7,6 +7,11 @@ Examples:
     python train.py --task reverse --preset tiny --max-steps 600
     python train.py --data my_corpus/ --preset small --max-minutes 60 --out runs/mine
     python train.py --out runs/mine --resume                 # continue where it stopped
+
+Exit status: 0 done; 2 bad input or settings (one line on stderr, nothing started); 3 training
+stopped after a run of non-finite steps (the last good checkpoint is kept); 130 interrupted by
+Ctrl-C or SIGTERM (a checkpoint of the current step was saved: continue with --resume).
+Checkpoints are written atomically: a crash or kill at any moment leaves the previous one loadable.
 """
 from __future__ import annotations
 
@@ -14,13 +19,15 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from numformer.backend import resolve_device, xp_for
-from numformer.cli_common import one_line_errors
+from numformer.checkpoint import atomic_write
+from numformer.cli_common import (OneLineParser, error_line, nonneg_float, nonneg_int, one_line_errors,
+                                  positive_float, positive_int, probability)
 from numformer.model import Transformer
-from numformer.prepare import prepare
+from numformer.prepare import CORPORA, prepare
 from numformer.presets import PRESETS, get_preset
 from numformer.trainer import TrainConfig, Trainer
 from numformer.translation import DecodeOptions, score_translations, translate_lines
@@ -44,49 +51,163 @@ TRAIN_PRESETS = {
 }
 
 
+# Settings that are not per-preset; on --resume every training setting defaults to the run's own.
+RUN_DEFAULTS = dict(clip_norm=0.0, max_len=256, keep_last=5, average_last=5, eval_sentences=200, log_every=10,
+                    seed=1)
+TRAIN_FLAGS = ("max_steps", "max_minutes", "max_tokens", "accum", "warmup", "lr_factor", "clip_norm", "max_len",
+               "save_every", "save_every_minutes", "keep_last", "average_last", "eval_every", "eval_sentences",
+               "log_every", "seed", "max_nonfinite_in_a_row")
+
+
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("Examples:")[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = ap.add_argument_group("data (one of)")
-    src.add_argument("--corpus", help="a corpus the project builds itself: bible-en-es")
+    ap = OneLineParser(prog="train.py", description=__doc__.splitlines()[0], epilog=__doc__.split("Examples:")[1],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_argument_group("data (one of; with --resume, the run's by default)")
+    src.add_argument("--corpus", help=f"a corpus the project builds itself: {', '.join(CORPORA)}")
     src.add_argument("--data", metavar="DIR", help="a folder with train/valid/test .src/.tgt files")
     src.add_argument("--task", choices=["copy", "reverse"], help="a synthetic task")
-    src.add_argument("--vocab-size", type=int, help="shared subword vocabulary size (default: from corpus size)")
+    src.add_argument("--vocab-size", type=positive_int,
+                     help="shared subword vocabulary size (default: from corpus size)")
     m = ap.add_argument_group("model")
-    m.add_argument("--preset", choices=list(PRESETS), help="model size (default: small on cpu, base on cuda)")
+    m.add_argument("--preset", choices=list(PRESETS),
+                   help="model size (default: the run's with --resume, else small on cpu, base on cuda)")
     m.add_argument("--pre-norm", action="store_true", help="pre-LN residual blocks instead of the paper's post-LN")
     m.add_argument("--untied", action="store_true", help="separate source, target and output embeddings")
-    m.add_argument("--dropout", type=float, help="dropout probability (default: the preset's)")
-    m.add_argument("--label-smoothing", type=float, help="label smoothing epsilon (default 0.1)")
-    t = ap.add_argument_group("training (defaults: the preset's recipe)")
-    t.add_argument("--max-steps", type=int)
-    t.add_argument("--max-minutes", type=float, help="training time budget (evaluation not counted)")
-    t.add_argument("--max-tokens", type=int, help="tokens per batch, source + target, padding included")
-    t.add_argument("--accum", type=int, help="batches accumulated per optimizer step")
-    t.add_argument("--warmup", type=int, help="warmup steps of Eq. 3")
-    t.add_argument("--lr-factor", type=float, help="multiplies the learning rate of Eq. 3")
-    t.add_argument("--clip-norm", type=float, default=0.0, help="clip the global gradient norm (0: off)")
-    t.add_argument("--max-len", type=int, default=256, help="drop training pairs longer than this (subwords)")
+    m.add_argument("--dropout", type=probability, help="dropout probability (default: the preset's)")
+    m.add_argument("--label-smoothing", type=probability, help="label smoothing epsilon (default 0.1)")
+    t = ap.add_argument_group("training (defaults: the preset's recipe; with --resume, the run's settings)")
+    t.add_argument("--max-steps", type=positive_int)
+    t.add_argument("--max-minutes", type=positive_float, help="training time budget (evaluation not counted)")
+    t.add_argument("--max-tokens", type=positive_int, help="tokens per batch, source + target, padding included")
+    t.add_argument("--accum", type=positive_int, help="batches accumulated per optimizer step")
+    t.add_argument("--warmup", type=positive_int, help="warmup steps of Eq. 3")
+    t.add_argument("--lr-factor", type=positive_float, help="multiplies the learning rate of Eq. 3")
+    t.add_argument("--clip-norm", type=nonneg_float, help="clip the global gradient norm (default 0: off)")
+    t.add_argument("--max-len", type=positive_int,
+                   help="leave out training pairs longer than this many subwords (default 256; counted in the log; "
+                        "at most the model's positional table, 1024)")
+    t.add_argument("--stop-after-nonfinite", dest="max_nonfinite_in_a_row", type=positive_int, metavar="N",
+                   help="non-finite steps are skipped; stop training after N of them in a row (default 10)")
     t.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
-    t.add_argument("--seed", type=int, default=1)
+    t.add_argument("--seed", type=nonneg_int, help="seed of weights, dropout and data order (default 1)")
     r = ap.add_argument_group("run folder, checkpoints, evaluation")
     r.add_argument("--out", default=None, help="run folder (default: runs/<data>-<preset>)")
-    r.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
-    r.add_argument("--save-every", type=int, help="checkpoint every N steps (0: by time only)")
-    r.add_argument("--save-every-minutes", type=float, help="checkpoint every N minutes (0: by steps only)")
-    r.add_argument("--keep-last", type=int, default=5, help="checkpoints kept")
-    r.add_argument("--average-last", type=int, default=5, help="checkpoints averaged at the end (1: none)")
-    r.add_argument("--eval-every", type=int, help="validate every N steps")
-    r.add_argument("--eval-sentences", type=int, default=200, help="validation sentences decoded for BLEU")
-    r.add_argument("--log-every", type=int, default=10, help="write a metrics line every N steps")
-    r.add_argument("--beam", type=int, default=4, help="beam size for the final test translation")
-    r.add_argument("--alpha", type=float, default=0.6, help="length penalty for the final test translation")
+    r.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --out "
+                        "(data, preset and settings default to the run's)")
+    r.add_argument("--save-every", type=nonneg_int, help="checkpoint every N steps (0: by time only)")
+    r.add_argument("--save-every-minutes", type=nonneg_float, help="checkpoint every N minutes (0: by steps only)")
+    r.add_argument("--keep-last", type=positive_int, help="checkpoints kept (default 5)")
+    r.add_argument("--average-last", type=positive_int, help="checkpoints averaged at the end (default 5; 1: none)")
+    r.add_argument("--eval-every", type=nonneg_int, help="validate every N steps (0: never during training)")
+    r.add_argument("--eval-sentences", type=nonneg_int, help="validation sentences decoded for BLEU (default 200)")
+    r.add_argument("--log-every", type=positive_int, help="write a metrics line every N steps (default 10)")
+    r.add_argument("--beam", type=positive_int, default=4, help="beam size for the final test translation")
+    r.add_argument("--alpha", type=nonneg_float, default=0.6, help="length penalty for the final test translation")
     r.add_argument("--no-test", action="store_true", help="skip translating the test set at the end")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
-    if sum(x is not None for x in (args.corpus, args.data, args.task)) != 1:
+    if args.corpus is not None and args.corpus not in CORPORA:
+        ap.error(f"unknown corpus {args.corpus!r}: choose one of {', '.join(CORPORA)}, or pass --data DIR")
+    given = [x for x in (args.corpus, args.data, args.task) if x is not None]
+    if len(given) > 1 or (not given and not args.resume):
         ap.error("give exactly one of --corpus NAME, --data DIR or --task copy|reverse")
+    if not given and not args.out:
+        ap.error("--resume without a data flag needs --out RUN, the run folder to continue")
+    if args.keep_last is not None and args.average_last is not None and args.average_last > args.keep_last:
+        ap.error(f"--average-last {args.average_last} exceeds --keep-last {args.keep_last}: "
+                 "only kept checkpoints can be averaged")
     return args
+
+
+def _source_flags(source: str) -> dict:
+    """'corpus:NAME' / 'data:DIR' / 'task:NAME' (PreparedData.source) -> the matching flag."""
+    kind, _, value = source.partition(":")
+    if kind not in ("corpus", "data", "task") or not value:
+        raise ValueError(f"run.json names an unknown data source {source!r}: pass --corpus, --data or --task")
+    return {"corpus": None, "data": None, "task": None, kind: value}
+
+
+def _source_of(flags: dict) -> str:
+    """The data source string prepare() records for these flags."""
+    if flags["data"] is not None:
+        return f"data:{Path(flags['data']).resolve()}"
+    return f"corpus:{flags['corpus']}" if flags["corpus"] is not None else f"task:{flags['task']}"
+
+
+def _previous_run(out: Path) -> dict | None:
+    path = out / "run.json"
+    if not path.is_file():
+        return None
+    try:
+        prev = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(prev, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is unreadable ({error_line(exc)}): give the data, preset and settings flags "
+                         "again, or delete it") from None
+    return prev
+
+
+def _settle_run(args, device: str):
+    """The run folder, the previous run's record (with --resume) and the data and preset to use."""
+    flags = {"corpus": args.corpus, "data": args.data, "task": args.task}
+    preset = args.preset
+    if args.out is None:
+        preset = preset or ("small" if device == "cpu" else "base")
+        name = args.corpus or args.task or Path(args.data).name
+        out = Path(f"runs/{name}-{preset}")
+    else:
+        out = Path(args.out)
+    prev = _previous_run(out) if args.resume else None
+    if prev is not None:
+        old = _source_flags(str(prev.get("data", "")))
+        if all(v is None for v in flags.values()):
+            flags = old
+        else:
+            new_kind = next(k for k, v in flags.items() if v is not None)
+            old_kind = next(k for k, v in old.items() if v is not None)
+            same = new_kind == old_kind and (new_kind == "data" or flags[new_kind] == old[old_kind])
+            if not same:
+                raise ValueError(f"{out} was trained on {old_kind} {old[old_kind]}, not {new_kind} "
+                                 f"{flags[new_kind]}: resume with the run's data (or leave the data flag out) "
+                                 "or choose another --out")
+        run_preset = prev.get("preset")
+        if preset is not None and run_preset is not None and preset != run_preset:
+            raise ValueError(f"{out} was trained with --preset {run_preset}, not {preset}: resume with --preset "
+                             f"{run_preset} (or leave --preset out) or choose another --out")
+        preset = preset or run_preset
+    elif args.resume and all(v is None for v in flags.values()):
+        raise ValueError(f"{out} holds no run.json to resume: give the data flag (--corpus, --data or --task) "
+                         "and the run's --preset")
+    preset = preset or ("small" if device == "cpu" else "base")
+    return out, prev, flags, preset
+
+
+def _train_config(args, preset: str, prev: dict | None) -> TrainConfig:
+    names = {f.name for f in fields(TrainConfig)}
+    if prev is not None and isinstance(prev.get("train_config"), dict):
+        base = {k: v for k, v in prev["train_config"].items() if k in names}
+        if args.seed is not None and args.seed != base.get("seed", args.seed):
+            raise ValueError(f"--seed {args.seed} differs from the run's seed {base['seed']}: a resumed run keeps "
+                             "its seed (leave --seed out) or start a new run with another --out")
+    else:
+        base = dict(RUN_DEFAULTS, **TRAIN_PRESETS[preset])
+    for key in TRAIN_FLAGS:
+        if getattr(args, key) is not None:
+            base[key] = getattr(args, key)
+    if args.max_steps is not None and args.max_minutes is None:
+        base["max_minutes"] = None
+    if args.max_minutes is not None and args.max_steps is None:
+        base["max_steps"] = None
+    tcfg = TrainConfig(**base)
+    tcfg.validate()
+    return tcfg
+
+
+def _write_json(path: Path, obj) -> None:
+    data = (json.dumps(obj, indent=2) + "\n").encode("utf-8")
+    atomic_write(path, lambda f: f.write(data))
 
 
 def main(argv=None) -> int:
@@ -94,55 +215,61 @@ def main(argv=None) -> int:
     with one_line_errors("train.py"):
         device = resolve_device(args.device)
         xp = xp_for(device)  # fails now, in one line, if cuda is asked for but missing
-        preset = args.preset or ("small" if device == "cpu" else "base")
-        name = args.corpus or args.task or Path(args.data).name
-        out = Path(args.out or f"runs/{name}-{preset}")
+        out, prev, flags, preset = _settle_run(args, device)
         run_file = out / "run.json"
-        if out.exists() and any(out.iterdir()) and not args.resume and (out / "checkpoints").exists():
-            raise ValueError(f"{out} already holds a run: pass --resume to continue it or choose another --out")
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write_test"
-        probe.write_text("ok")  # an unwritable folder fails now, not after an hour
-        probe.unlink()
-
-        tdef = dict(TRAIN_PRESETS[preset])
-        for key in ("max_steps", "max_minutes", "max_tokens", "accum", "warmup", "lr_factor", "save_every",
-                    "save_every_minutes", "eval_every"):
-            if getattr(args, key) is not None:
-                tdef[key] = getattr(args, key)
-        if args.max_steps is not None and args.max_minutes is None:
-            tdef["max_minutes"] = None
-        if args.max_minutes is not None and args.max_steps is None:
-            tdef["max_steps"] = None
-        tcfg = TrainConfig(clip_norm=args.clip_norm, max_len=args.max_len, keep_last=args.keep_last,
-                           average_last=max(1, args.average_last), eval_sentences=args.eval_sentences,
-                           log_every=args.log_every, seed=args.seed, **tdef)
-        tcfg.validate()
-
-        t0 = time.perf_counter()
-        data = prepare(out, args.corpus, args.data, args.task, args.vocab_size, seed=args.seed)
-        n_train = len(data.ids["train"][0])
-        print(f"data: {data.source}: {n_train} training pairs, vocabulary {data.vocab.size} "
-              f"({time.perf_counter() - t0:.1f} s)")
-        overrides = dict(vocab_size=data.vocab.size, pad_id=data.vocab.pad_id, pre_norm=args.pre_norm,
-                         tie_embeddings=not args.untied)
+        tcfg = _train_config(args, preset, prev)
+        overrides = dict(pre_norm=args.pre_norm, tie_embeddings=not args.untied)
+        if prev is not None and isinstance(prev.get("model_config"), dict):
+            run_cfg = prev["model_config"]
+            overrides = dict(pre_norm=args.pre_norm or run_cfg.get("pre_norm", False),
+                             tie_embeddings=not args.untied and run_cfg.get("tie_embeddings", True),
+                             dropout=run_cfg.get("dropout"), label_smoothing=run_cfg.get("label_smoothing"))
+            overrides = {k: v for k, v in overrides.items() if v is not None}
         if args.dropout is not None:
             overrides["dropout"] = args.dropout
         if args.label_smoothing is not None:
             overrides["label_smoothing"] = args.label_smoothing
-        mcfg = get_preset(preset, **overrides)
-        model = Transformer(mcfg, seed=args.seed)
+        table = get_preset(preset).max_len
+        if tcfg.max_len > table:
+            raise ValueError(f"--max-len {tcfg.max_len} exceeds the model's positional table ({table}): "
+                             f"use --max-len {table} or less")
+        if not args.resume and (out / "checkpoints").is_dir() and any((out / "checkpoints").glob("step_*.npz")):
+            raise ValueError(f"{out} already holds a run: pass --resume to continue it or choose another --out")
+        if not args.resume and (out / "spm.model").exists():
+            old = _previous_run(out)
+            if old is not None and old.get("data") not in (None, _source_of(flags)):
+                raise ValueError(f"{out} holds the vocabulary of a run on {old['data']}: choose another --out "
+                                 "(or delete its spm.model)")
+        try:  # an unwritable folder fails now, not after an hour
+            out.mkdir(parents=True, exist_ok=True)
+            probe = out / ".write_test.tmp"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise ValueError(f"cannot write to the run folder {out}: {exc.strerror or exc}: choose another --out "
+                             "or fix its permissions") from None
+
+        t0 = time.perf_counter()
+        data = prepare(out, flags["corpus"], flags["data"], flags["task"], args.vocab_size, seed=tcfg.seed)
+        n_train = len(data.ids["train"][0])
+        print(f"data: {data.source}: {n_train} training pairs, vocabulary {data.vocab.size} "
+              f"({time.perf_counter() - t0:.1f} s)")
+        mcfg = get_preset(preset, vocab_size=data.vocab.size, pad_id=data.vocab.pad_id, **overrides)
+        model = Transformer(mcfg, seed=tcfg.seed)
         model.to(xp)
-        run_file.write_text(json.dumps({"preset": preset, "device": device, "data": data.source,
-                                        "model_config": mcfg.to_dict(), "train_config": asdict(tcfg)}, indent=2))
         print(f"model: preset {preset}, {model.num_parameters() / 1e6:.1f}M parameters, device {device}; "
               f"training: {tcfg.max_tokens} tokens x {tcfg.accum} per step, warmup {tcfg.warmup}, "
               f"lr factor {tcfg.lr_factor}, " + (f"{tcfg.max_minutes} min" if tcfg.max_minutes else f"{tcfg.max_steps} steps"))
         trainer = Trainer(model, data, tcfg, out, progress=not args.no_progress)
         if args.resume and not trainer.resume():
             print("no checkpoint to resume from: starting fresh")
+        _write_json(run_file, {"preset": preset, "device": device, "data": data.source,
+                               "model_config": mcfg.to_dict(), "train_config": asdict(tcfg)})
+        if trainer._done():
+            print(f"already at step {trainer.optimizer.step_count}: nothing left to train "
+                  "(raise --max-steps or --max-minutes to train on)")
         trainer.train()
-        if trainer._interrupted:
+        if trainer.interrupted:
             return 130
         final = trainer.evaluate("valid", 0)
         print(f"trained {trainer.optimizer.step_count} steps in {trainer.elapsed / 60:.1f} min; "
@@ -153,24 +280,30 @@ def main(argv=None) -> int:
 
             last_state = model.state_dict()
             model.load_state_dict(load_checkpoint(averaged, with_optimizer=False).model)
-            avg_valid = trainer.evaluate("valid", 0)
-            print(f"averaged the last {min(tcfg.average_last, len(trainer.checkpoints()))} checkpoints: "
-                  f"valid loss {avg_valid['valid_loss']:.3f}, ppl {avg_valid['valid_ppl']:.2f}")
-            if avg_valid["valid_loss"] > final["valid_loss"]:
-                print("the average is worse on validation than the last checkpoint: testing the last checkpoint")
-                model.load_state_dict(last_state)
-                averaged.unlink()
+            n_avg = min(tcfg.average_last, len(trainer.checkpoints()))
+            avg_valid = trainer.evaluate("valid", 0) if final else {}
+            if not avg_valid:
+                print(f"averaged the last {n_avg} checkpoints "
+                      "(no validation data to compare with: keeping the average)")
+            else:
+                print(f"averaged the last {n_avg} checkpoints: "
+                      f"valid loss {avg_valid['valid_loss']:.3f}, ppl {avg_valid['valid_ppl']:.2f}")
+                if avg_valid["valid_loss"] > final["valid_loss"]:
+                    print("the average is worse on validation than the last checkpoint: testing the last checkpoint")
+                    model.load_state_dict(last_state)
+                    averaged.unlink()
         if not args.no_test and data.text.get("test") and data.text["test"][0]:
             src, ref = data.text["test"]
             t1 = time.perf_counter()
             opts = DecodeOptions(beam=args.beam, alpha=args.alpha)
             hyps = translate_lines(model, data.vocab, src, opts)
             secs = time.perf_counter() - t1
-            (out / "test.hyp").write_text("".join(h + "\n" for h in hyps))
+            hyp_bytes = "".join(h + "\n" for h in hyps).encode("utf-8")
+            atomic_write(out / "test.hyp", lambda f: f.write(hyp_bytes))
             scores = score_translations(hyps, ref)
             scores.update(sentences=len(src), decode_seconds=round(secs, 1), beam=args.beam, alpha=args.alpha,
                           steps=trainer.optimizer.step_count, train_minutes=round(trainer.elapsed / 60, 2))
-            (out / "test_scores.json").write_text(json.dumps(scores, indent=2) + "\n")
+            _write_json(out / "test_scores.json", scores)
             print(f"test: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(src)} sentences, beam "
                   f"{args.beam}, {secs:.0f} s)\n{scores['bleu_signature']}")
     return 0

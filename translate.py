@@ -11,81 +11,132 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from numformer.cli_common import load_model, one_line_errors
+from numformer.backend import resolve_device, xp_for
+from numformer.cli_common import (OneLineParser, load_model, nonneg_float, nonneg_int, one_line_errors,
+                                  positive_int)
 from numformer.data import read_lines
-from numformer.data.parallel import normalize_line
+from numformer.data.parallel import split_lines
 from numformer.translation import DecodeOptions, score_translations, translate_lines
+
+CONTRACT = """
+What is guaranteed: one output line per input line, in order, whatever the input holds (empty or
+whitespace-only lines give empty lines; control characters, emoji and any script are fine). Lines
+are split on \\n only (a \\r before it is dropped); characters such as \\f, \\v, U+0085 or U+2028 are
+whitespace inside a line, not line breaks. An output line never contains a line break or a tab.
+Long lines: a line of up to max_len - 1 subword tokens (1023 for every preset: the positional
+table) is translated whole, with at most min(a * tokens + b, max_len) output tokens; a longer line is
+split into pieces of at most max_len - 1 tokens at word boundaries, the pieces are translated
+separately and their outputs concatenated. Errors are one line on stderr with exit status 2
+(130 after Ctrl-C); the output file is written atomically, only when everything is translated.
+"""
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("Examples:")[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="translate.py", description=__doc__.splitlines()[0],
+                       epilog=__doc__.split("Examples:")[1] + CONTRACT,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, metavar="PATH",
                     help="a run folder (uses averaged.npz, else the newest checkpoint) or a checkpoint .npz")
     ap.add_argument("--vocab", metavar="SPM", help="sentencepiece model (default: spm.model of the run)")
     ap.add_argument("--input", metavar="FILE", help="source sentences, one per line (default: standard input)")
     ap.add_argument("--output", metavar="FILE", help="write translations here (default: standard output)")
     ap.add_argument("--reference", metavar="FILE", help="print sacreBLEU BLEU and chrF against this reference")
-    ap.add_argument("--beam", type=int, default=4, help="beam size (default 4, Section 6.1)")
+    ap.add_argument("--beam", type=positive_int, help="beam size (default 4, Section 6.1)")
     ap.add_argument("--greedy", action="store_true", help="greedy search (same as --beam 1)")
-    ap.add_argument("--alpha", type=float, default=0.6, help="length penalty ((5+len)/6)^alpha (default 0.6)")
-    ap.add_argument("--max-len-a", type=float, default=1.0, help="output length limit: a * input length + b")
-    ap.add_argument("--max-len-b", type=int, default=50, help="output length limit: a * input length + b")
-    ap.add_argument("--nbest", type=int, default=1, help="print the N best hypotheses, tab-separated")
-    ap.add_argument("--max-tokens", type=int, default=4000, help="source tokens per decoding batch")
+    ap.add_argument("--alpha", type=nonneg_float, default=0.6, help="length penalty ((5+len)/6)^alpha (default 0.6)")
+    ap.add_argument("--max-len-a", type=nonneg_float, default=1.0, help="output length limit: a * input length + b")
+    ap.add_argument("--max-len-b", type=nonneg_int, default=50, help="output length limit: a * input length + b")
+    ap.add_argument("--nbest", type=positive_int, default=1, help="print the N best hypotheses, tab-separated")
+    ap.add_argument("--max-tokens", type=positive_int, default=4000, help="source tokens per decoding batch")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
     args = ap.parse_args(argv)
-    if args.greedy:
-        args.beam = 1
-    if args.beam < 1 or args.nbest < 1:
-        ap.error("--beam and --nbest must be at least 1")
+    if args.greedy and args.beam not in (None, 1):
+        ap.error(f"--greedy and --beam {args.beam} contradict each other: give one of them")
+    args.beam = 1 if args.greedy else (args.beam or 4)
     if args.nbest > args.beam:
-        ap.error(f"--nbest {args.nbest} cannot exceed the beam size {args.beam}")
+        ap.error(f"--nbest {args.nbest} cannot exceed the beam size {args.beam}: raise --beam or lower --nbest")
+    if args.max_len_a == 0 and args.max_len_b == 0:
+        ap.error("--max-len-a 0 and --max-len-b 0 leave no room for any output token")
+    if args.output and args.input and Path(args.output).resolve() == Path(args.input).resolve():
+        ap.error("--output must not be the --input file")
     return args
+
+
+class _Output:
+    """Standard output, or a file written atomically: a temporary file beside it is created now (so an
+    unwritable place fails before any work) and renamed over the target only when all is written."""
+
+    def __init__(self, path):
+        self.path, self.tmp = (Path(path) if path else None), None
+        if self.path is not None and (not self.path.exists() or self.path.is_file()):
+            try:
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+            except OSError as exc:
+                raise ValueError(f"cannot write {self.path}: {exc.strerror or exc}: choose another --output") from None
+            os.close(fd)
+            self.tmp = Path(tmp)
+
+    def write(self, data: bytes) -> None:
+        if self.path is None:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)  # UTF-8 whatever the locale says
+            sys.stdout.buffer.flush()
+        elif self.tmp is None:  # a device or pipe given as --output
+            with open(self.path, "wb") as f:
+                f.write(data)
+        else:
+            with open(self.tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(self.tmp, self.path)
+            self.tmp = None
+
+    def discard(self) -> None:
+        if self.tmp is not None and self.tmp.exists():
+            self.tmp.unlink()
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    with one_line_errors("translate.py"):
-        if args.input:
-            lines = read_lines(args.input)
-        else:
-            raw = sys.stdin.buffer.read()
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                line = raw[: exc.start].count(b"\n") + 1
-                raise ValueError(f"standard input line {line} is not UTF-8: convert it with iconv -t UTF-8") from None
-            lines = [normalize_line(x) for x in text.split("\n")]
-            if lines and lines[-1] == "" and text.endswith("\n"):
-                lines.pop()  # the newline that ends the last line opens no new line
-        references = read_lines(args.reference) if args.reference else None
-        if references is not None and len(references) != len(lines):
-            raise ValueError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}: "
-                             "they must match line for line")
-        model, vocab, path = load_model(args.model, args.vocab, args.device)
-        opts = DecodeOptions(beam=args.beam, alpha=args.alpha, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-                             nbest=args.nbest, max_tokens=args.max_tokens)
-        start = time.perf_counter()
-        hyps = translate_lines(model, vocab, lines, opts)
-        secs = time.perf_counter() - start
-        text_out = "".join(("\t".join(h) if args.nbest > 1 else h) + "\n" for h in hyps)
-        if args.output:
-            with open(args.output, "w", encoding="utf-8") as f:
-                f.write(text_out)
-        else:
-            sys.stdout.write(text_out)
-            sys.stdout.flush()
-        print(f"translated {len(lines)} lines in {secs:.1f} s with {path} "
-              f"({'greedy' if args.beam == 1 else f'beam {args.beam}, alpha {args.alpha}'})", file=sys.stderr)
-        if references is not None:
-            best = [h[0] if args.nbest > 1 else h for h in hyps]
-            s = score_translations(best, references)
-            print(f"BLEU {s['bleu']:.2f}  chrF {s['chrf']:.2f}\n{s['bleu_detail']}\n{s['bleu_signature']}\n"
-                  f"{s['chrf_signature']}", file=sys.stderr)
+    output = None
+    try:
+        with one_line_errors("translate.py"):
+            xp_for(resolve_device(args.device))  # cuda without cupy or a GPU fails now, in one line
+            output = _Output(args.output)
+            if args.input:
+                lines = read_lines(args.input)
+            else:
+                lines = split_lines(sys.stdin.buffer.read(), "standard input")
+            references = read_lines(args.reference) if args.reference else None
+            if references is not None and len(references) != len(lines):
+                raise ValueError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}: "
+                                 "they must match line for line")
+            model, vocab, path = load_model(args.model, args.vocab, args.device)
+            opts = DecodeOptions(beam=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
+                                 max_len_b=args.max_len_b, nbest=args.nbest, max_tokens=args.max_tokens)
+            start = time.perf_counter()
+            hyps = translate_lines(model, vocab, lines, opts)
+            secs = time.perf_counter() - start
+            assert len(hyps) == len(lines)
+            text_out = "".join(("\t".join(h) if args.nbest > 1 else h) + "\n" for h in hyps)
+            output.write(text_out.encode("utf-8"))
+            print(f"translated {len(lines)} lines in {secs:.1f} s with {path} "
+                  f"({'greedy' if args.beam == 1 else f'beam {args.beam}, alpha {args.alpha}'})", file=sys.stderr)
+            if references is not None:
+                best = [h[0] if args.nbest > 1 else h for h in hyps]
+                s = score_translations(best, references)
+                print(f"BLEU {s['bleu']:.2f}  chrF {s['chrf']:.2f}\n{s['bleu_detail']}\n{s['bleu_signature']}\n"
+                      f"{s['chrf_signature']}", file=sys.stderr)
+    finally:
+        if output is not None:
+            output.discard()
     return 0
 
 

@@ -5,7 +5,8 @@ machine without it) and no pickles (``np.load(allow_pickle=False)``):
 
 * ``model/<parameter name>``: the weights (tied weights once);
 * ``optim/step``, ``optim/m/<i>``, ``optim/v/<i>``: Adam's state, when saved;
-* ``meta``: UTF-8 JSON (model config, training step, RNG and data position, vocabulary file...).
+* ``meta``: UTF-8 JSON (model config, training step, RNG and data position, the sha256 of the
+  sentencepiece model the run used...).
 
 Writes go to a temporary file in the same folder, are flushed and fsynced, then
 renamed over the target: a crash at any moment leaves either the old file or
@@ -13,14 +14,17 @@ the new one, never half of one.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+_UMASK = os.umask(0)  # read once: mkstemp creates 0600 files, checkpoints get the usual 0666 & ~umask
+os.umask(_UMASK)
 
 
 class CheckpointError(ValueError):
@@ -34,6 +38,24 @@ class Checkpoint:
     optimizer: dict | None = None     # Adam.state_dict() layout
 
 
+def vocab_fingerprint(vocab) -> str:
+    """sha256 of a vocabulary's serialized sentencepiece model; training checkpoints record it in
+    ``meta["vocab_sha256"]`` so that loading with another vocabulary fails instead of translating garbage."""
+    return hashlib.sha256(vocab.to_bytes()).hexdigest()
+
+
+def remove_stale_temporaries(folder) -> list:
+    """Delete the temporary files a killed :func:`atomic_write` left in ``folder``; returns their paths."""
+    gone = []
+    for tmp in Path(folder).glob(".*.tmp"):
+        try:
+            tmp.unlink()
+            gone.append(tmp)
+        except OSError:
+            pass
+    return gone
+
+
 def atomic_write(path, write) -> None:
     """Call ``write(file_object)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``."""
     path = Path(path)
@@ -41,6 +63,7 @@ def atomic_write(path, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -91,9 +114,17 @@ def load_checkpoint(path, with_optimizer: bool = True) -> Checkpoint:
                              "v": [z[f"optim/v/{i}"] for i in range(n)]}
     except CheckpointError:
         raise
-    except (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        if exc.errno is not None:  # a real I/O error, not numpy's "not an npz file"
+            raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}: check the file and its "
+                                  "permissions") from None
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(exc).__name__}): "
                               "use an earlier checkpoint from the same folder") from None
+    except Exception as exc:  # a damaged file fails in many ways: zip, CRC, npy header, JSON, MemoryError
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(exc).__name__}): "
+                              "use an earlier checkpoint from the same folder") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} is not a numformer checkpoint (its 'meta' entry is not a JSON object)")
     if not model:
         raise CheckpointError(f"{path} holds no model weights")
     return Checkpoint(model=model, meta=meta, optimizer=optimizer)
@@ -148,6 +179,9 @@ def main(argv=None) -> int:
         save_checkpoint(args.out, ck.model, ck.meta)
     except CheckpointError as exc:
         print(f"numformer.checkpoint: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"numformer.checkpoint: error: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"averaged {len(paths)} checkpoints into {args.out}")
     return 0

@@ -41,10 +41,11 @@ def ban_special(logp, pad_id: int, bos_id: int):
     return logp
 
 
-def max_lengths(src, pad_id: int, a: float, b: int):
-    """Per-sentence output budget ``a * source_length + b`` (source length without padding), as host ints."""
+def max_lengths(src, pad_id: int, a: float, b: int, cap: int | None = None):
+    """Per-sentence output budget ``a * source_length + b`` (source length without padding), as host ints,
+    at most ``cap`` (the positional table: decoder position t holds the t-th input token, BOS at 0)."""
     src_len = to_host((src != pad_id).sum(axis=1))
-    return (a * src_len + b).astype(int).clip(min=1)
+    return (a * src_len + b).astype(int).clip(min=1, max=cap)
 
 
 @dataclass
@@ -66,7 +67,7 @@ def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = 1.0, 
     src = xp.asarray(src)
     pad = model.cfg.pad_id
     n = src.shape[0]
-    limits = max_lengths(src, pad, max_len_a, max_len_b)
+    limits = max_lengths(src, pad, max_len_a, max_len_b, model.cfg.max_len)
     memory, src_mask = model.encode(src)
     caches = model.new_decoder_caches()
     tokens = xp.full((n, 1), bos_id, dtype=src.dtype)
@@ -116,7 +117,7 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
     src = xp.asarray(src)
     pad = model.cfg.pad_id
     n, k = src.shape[0], beam
-    limits = max_lengths(src, pad, max_len_a, max_len_b)
+    limits = max_lengths(src, pad, max_len_a, max_len_b, model.cfg.max_len)
     memory, src_mask = model.encode(src)
     # every sentence's encoder output repeated for its k beams: rows are sentence-major (s*k + j)
     rep = xp.repeat(xp.arange(n), k)

@@ -45,6 +45,10 @@ def load_text(corpus: str | None = None, data_dir: str | None = None, task: str 
 def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, seed: int = 0) -> PreparedData:
     """Load the text, train (or reuse) ``out_dir/spm.model``, and encode every split."""
     text, source = load_text(corpus, data_dir, task, seed)
+    src, tgt = text["train"]
+    if not any(s and t for s, t in zip(src, tgt)):
+        raise DataError(f"the training data ({source}) has no pair with both sides non-empty: "
+                        "fill train.src and train.tgt with sentence pairs")
     out_dir = Path(out_dir)
     vocab_path = out_dir / VOCAB_FILE
     if vocab_path.exists():

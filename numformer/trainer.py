@@ -2,8 +2,23 @@
 
 One optimizer step (Section 5.3) = ``accum`` batches of up to ``max_tokens``
 tokens each; the loss of each batch is divided by the target-token count of the
-whole step, so accumulated gradients equal those of one big batch. Steps whose
-loss or gradient norm is not finite are skipped and counted.
+whole step, so accumulated gradients equal those of one big batch.
+
+Faults (what the run folder guarantees):
+
+* A step whose loss or gradient norm is not finite changes nothing (no Adam
+  update), is logged with the running count and written to metrics.jsonl;
+  ``max_nonfinite_in_a_row`` such steps in a row stop training with
+  :class:`StopTraining`, without writing a checkpoint, so the last good one stays
+  the newest.
+* Checkpoints are written atomically (checkpoint.atomic_write): a SIGKILL at any
+  moment leaves the previous checkpoint loadable; ``resume`` skips (and renames
+  to ``*.corrupt``) an unreadable newest checkpoint and deletes leftover
+  temporary files.
+* SIGINT (Ctrl-C) or SIGTERM ends the current step, saves a checkpoint and
+  returns (``interrupted`` is set); a second SIGINT stops at once.
+* Before the first step, ``preflight`` checks that the checkpoint folder is
+  writable and that the disk has room for ``keep_last`` checkpoints.
 
 Run folder layout::
 
@@ -22,12 +37,15 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .checkpoint import CheckpointError, average_checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import (CheckpointError, atomic_write, average_checkpoints, load_checkpoint,
+                         remove_stale_temporaries, save_checkpoint, vocab_fingerprint)
 from .data import make_batches
 from .loss import LabelSmoothedCrossEntropy
 from .optim import Adam, NoamSchedule, clip_grad_norm, grad_norm
@@ -54,20 +72,38 @@ class TrainConfig:
     eval_sentences: int = 200      # validation BLEU on this many sentences (greedy, for speed)
     log_every: int = 10
     seed: int = 1
+    max_nonfinite_in_a_row: int = 10  # this many skipped (non-finite) steps in a row stop training
 
     def validate(self) -> None:
         if self.max_steps is None and self.max_minutes is None:
             raise ValueError("give --max-steps or --max-minutes (or both): training needs an end")
-        for name in ("max_tokens", "accum", "warmup", "keep_last", "log_every"):
+        flag = {"max_nonfinite_in_a_row": "stop-after-nonfinite"}
+        for name in ("max_tokens", "accum", "warmup", "keep_last", "average_last", "log_every",
+                     "max_nonfinite_in_a_row"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+                raise ValueError(f"--{flag.get(name, name.replace('_', '-'))} must be at least 1, "
+                                 f"got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"--max-steps must be at least 1, got {self.max_steps}")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError(f"--max-minutes must be positive, got {self.max_minutes}")
+        for name in ("save_every", "save_every_minutes", "eval_every", "eval_sentences", "clip_norm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 0, got {getattr(self, name)}")
+        if not self.lr_factor > 0:
+            raise ValueError(f"--lr-factor must be positive, got {self.lr_factor}")
+        if self.max_len < 2:
+            raise ValueError(f"--max-len must be at least 2 (one token and the EOS), got {self.max_len}")
         if self.average_last > self.keep_last:
             raise ValueError(f"cannot average the last {self.average_last} checkpoints while keeping only "
-                             f"{self.keep_last}: raise --keep-last")
+                             f"{self.keep_last}: raise --keep-last or lower --average-last")
 
 
-class StopTraining(Exception):
-    pass
+class StopTraining(RuntimeError):
+    """Training cannot go on (a run of non-finite steps); the message is one line, the last good
+    checkpoint is untouched."""
+
+    exit_code = 3
 
 
 class Trainer:
@@ -86,12 +122,23 @@ class Trainer:
         self.schedule = NoamSchedule(mcfg.d_model, cfg.warmup, cfg.lr_factor)
         self.optimizer = Adam(model.parameters(), schedule=self.schedule)
         self.vocab = data.vocab
+        self._vocab_sha256 = vocab_fingerprint(data.vocab)
         self.epoch, self.batch_pos = 0, 0
         self.elapsed = 0.0
-        self.skipped_steps = 0
+        self.skipped_steps = 0     # non-finite steps skipped over the whole run
+        self.nonfinite_in_a_row = 0
+        self._window = [0, 0.0, 0.0, 0]  # since the last log line: tokens, seconds, loss sum, good steps
         self._epoch_batches = None
         self.metrics_path = self.out / "metrics.jsonl"
         self._interrupted = False
+        if cfg.max_len > mcfg.max_len:
+            raise ValueError(f"--max-len {cfg.max_len} exceeds the model's positional table ({mcfg.max_len}): "
+                             f"use --max-len {mcfg.max_len} or less")
+
+    @property
+    def interrupted(self) -> bool:
+        """True when SIGINT or SIGTERM ended the last :meth:`train` early (a checkpoint was saved)."""
+        return self._interrupted
 
     # -- data ------------------------------------------------------------------
     def _batches(self, epoch: int):
@@ -100,7 +147,8 @@ class Trainer:
         batches = make_batches(src, tgt, self.cfg.max_tokens, v.pad_id, v.bos_id, v.eos_id,
                                shuffle_seed=self.cfg.seed, epoch=epoch, max_len=self.cfg.max_len)
         if not batches:
-            raise ValueError("no training pair is short enough for --max-len; raise it")
+            raise ValueError(f"all {batches.n_filtered} training pairs are longer than --max-len {self.cfg.max_len} "
+                             f"subwords: raise --max-len (at most {self.model.cfg.max_len})")
         if epoch == 0 or self._epoch_batches is None:
             self.log(f"epoch {epoch}: {batches.n_pairs} pairs in {len(batches)} batches"
                      + (f", {batches.n_filtered} longer than --max-len {self.cfg.max_len} left out"
@@ -137,8 +185,7 @@ class Trainer:
         else:
             gnorm = grad_norm(params)
         if not (math.isfinite(float(loss_total)) and math.isfinite(float(gnorm))):
-            self.skipped_steps += 1
-            self.optimizer.zero_grad()
+            self.optimizer.zero_grad()  # the step is dropped: no Adam update, no step count
             return loss_total, nll_total, n_tokens, gnorm, False
         self.optimizer.step()
         self.optimizer.zero_grad()
@@ -165,6 +212,8 @@ class Trainer:
                 n += b.n_tgt_tokens
         finally:
             model.train(was_training)
+        if n == 0:  # every pair longer than the positional table
+            return {}
         out = {f"{split}_loss": loss_sum / n, f"{split}_nll": nll_sum / n, f"{split}_ppl": math.exp(nll_sum / n)}
         if bleu_sentences:
             src_text, tgt_text = self.data.text[split]
@@ -182,17 +231,70 @@ class Trainer:
         path = self.ckpt_dir / f"step_{step:07d}.npz"
         meta = {
             "step": step, "epoch": self.epoch, "batch_pos": self.batch_pos, "elapsed": self.elapsed,
-            "skipped_steps": self.skipped_steps, "rng": self.model.rng.get_state(),
+            "skipped_steps": self.skipped_steps, "rng": self.model.rng.get_state(), "log_window": self._window,
             "model_config": self.model.cfg.to_dict(), "train_config": asdict(self.cfg),
-            "vocab_size": self.vocab.size, "data": self.data.source,
+            "vocab_size": self.vocab.size, "vocab_sha256": self._vocab_sha256, "data": self.data.source,
         }
-        save_checkpoint(path, self.model.state_dict(), meta, self.optimizer.state_dict())
+        try:
+            save_checkpoint(path, self.model.state_dict(), meta, self.optimizer.state_dict())
+        except OSError as exc:
+            previous = self.checkpoints()
+            kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no checkpoint was written"
+            raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}: {kept}; free disk space "
+                                  "or fix the folder, then continue with --resume") from None
         for old in self.checkpoints()[: -self.cfg.keep_last]:
-            old.unlink()
+            try:
+                old.unlink()
+            except OSError:
+                pass
         return path
 
+    def checkpoint_bytes(self) -> int:
+        """Size of one checkpoint: weights and Adam's two moments, plus room for metadata."""
+        weights = sum(int(p.data.size) * p.data.dtype.itemsize for p in self.model.parameters())
+        return 3 * weights + (1 << 20)
+
+    def preflight(self) -> None:
+        """Fail now, in one line, if the run folder cannot hold the checkpoints (not after an hour).
+
+        Checks that the checkpoint folder is writable, and that the disk has room for what training
+        will add: up to ``keep_last`` checkpoints plus the one being written, and the average.
+        """
+        try:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.ckpt_dir / ".write_probe.tmp"
+            with open(probe, "wb") as f:
+                f.write(b"numformer")
+                f.flush()
+            probe.unlink()
+        except OSError as exc:
+            raise CheckpointError(f"cannot write to {self.ckpt_dir}: {exc.strerror or exc}: "
+                                  "choose another --out or fix the folder's permissions") from None
+        one = self.checkpoint_bytes()
+        existing = len(self.checkpoints())
+        weights = (one - (1 << 20)) // 3
+        need = max(1, self.cfg.keep_last + 1 - existing) * one
+        if not (self.out / "averaged.npz").exists():
+            need += weights
+        need = int(need * 1.1)
+        free = shutil.disk_usage(self.ckpt_dir).free
+        if free < need:
+            mb = 1 << 20
+            raise CheckpointError(
+                f"not enough free disk space for {self.ckpt_dir}: {self.cfg.keep_last} checkpoints of "
+                f"{one / mb:.0f} MB (weights and Adam moments) and their average need about {need / mb:.0f} MB, "
+                f"{free / mb:.0f} MB are free: free some space, lower --keep-last or choose another --out")
+
     def resume(self) -> bool:
-        """Load the newest readable checkpoint of the run; False when there is none."""
+        """Load the newest readable checkpoint of the run; False when there is none.
+
+        Leftover temporary files of a killed write are deleted; an unreadable checkpoint is renamed to
+        ``*.corrupt`` (so nothing picks it up again) and the next older one is used. A checkpoint of
+        another model config or vocabulary is a one-line CheckpointError.
+        """
+        for folder in (self.out, self.ckpt_dir):
+            for tmp in remove_stale_temporaries(folder):
+                self.log(f"removed {tmp}, left by an interrupted write")
         found = self.checkpoints()
         if not found:
             return False
@@ -202,29 +304,66 @@ class Trainer:
                 ck = load_checkpoint(path)
                 break
             except CheckpointError as exc:
-                self.log(f"skipping unreadable checkpoint: {exc}")
+                bad = path.with_name(path.name + ".corrupt")
+                try:
+                    path.rename(bad)
+                    self.log(f"skipping unreadable checkpoint (renamed to {bad.name}): {exc}")
+                except OSError:
+                    self.log(f"skipping unreadable checkpoint: {exc}")
         if ck is None:
-            raise CheckpointError(f"no readable checkpoint in {self.ckpt_dir}: remove the folder or start without --resume")
-        if ck.meta.get("model_config") != self.model.cfg.to_dict():
-            raise CheckpointError(f"{path} was trained with another model config: use the same --preset and flags")
-        self.model.load_state_dict(ck.model)
-        self.optimizer.load_state_dict(ck.optimizer)
+            raise CheckpointError(f"no readable checkpoint in {self.ckpt_dir}: remove the folder or start without "
+                                  "--resume")
+        saved, now = ck.meta.get("model_config"), self.model.cfg.to_dict()
+        if saved != now:
+            if not isinstance(saved, dict):
+                raise CheckpointError(f"{path} has no model config: it is not a numformer training checkpoint")
+            diff = [f"{k} {saved.get(k)!r} (asked: {now.get(k)!r})" for k in sorted(set(saved) | set(now))
+                    if saved.get(k) != now.get(k)]
+            raise CheckpointError(f"{path} was trained with another model: {', '.join(diff[:4])}: resume with the "
+                                  "run's --preset and model flags (or leave them out to use the run's)")
+        expected = ck.meta.get("vocab_sha256")
+        if expected and expected != self._vocab_sha256:
+            raise CheckpointError(f"{path} was trained with another vocabulary than {self.out / 'spm.model'}: "
+                                  "restore the run's spm.model or start a new run with another --out")
+        if ck.optimizer is None or not all(k in ck.meta for k in ("rng", "epoch", "batch_pos", "elapsed")):
+            raise CheckpointError(f"{path} holds no training state (optimizer, data position): it cannot be "
+                                  "resumed, only translated with")
+        try:
+            self.model.load_state_dict(ck.model)
+            self.optimizer.load_state_dict(ck.optimizer)
+        except ValueError as exc:
+            raise CheckpointError(f"{path} does not fit its own model config ({exc}): it is corrupt, "
+                                  f"remove it and resume from an earlier one") from None
         self.model.rng.set_state(ck.meta["rng"])
         self.epoch, self.batch_pos = ck.meta["epoch"], ck.meta["batch_pos"]
         self.elapsed = ck.meta["elapsed"]
         self.skipped_steps = ck.meta.get("skipped_steps", 0)
+        self.nonfinite_in_a_row = 0
+        window = ck.meta.get("log_window")  # so the first log line after a resume averages the same steps
+        self._window = list(window) if isinstance(window, list) and len(window) == 4 else [0, 0.0, 0.0, 0]
         self._epoch_batches = None
         self._truncate_metrics(self.optimizer.step_count)
         self.log(f"resumed from {path.name} (step {self.optimizer.step_count}, epoch {self.epoch})")
         return True
 
     def _truncate_metrics(self, step: int) -> None:
-        """Drop metric lines logged after ``step`` (they belong to work the checkpoint does not hold)."""
+        """Drop metric lines logged after ``step`` (they belong to work the checkpoint does not hold),
+        and a last line a kill cut in half."""
         if not self.metrics_path.exists():
             return
-        lines = [ln for ln in self.metrics_path.read_text().splitlines() if ln.strip()]
-        kept = [ln for ln in lines if json.loads(ln).get("step", 0) <= step]
-        self.metrics_path.write_text("".join(ln + "\n" for ln in kept))
+        kept = []
+        for line in self.metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            at = rec.get("step", 0)
+            if at < step or (at == step and not rec.get("skipped")):
+                kept.append(line)
+        data = "".join(ln + "\n" for ln in kept).encode("utf-8")
+        atomic_write(self.metrics_path, lambda f: f.write(data))
 
     def _write_metrics(self, record: dict) -> None:
         with open(self.metrics_path, "a") as f:
@@ -238,9 +377,15 @@ class Trainer:
         return c.max_minutes is not None and self.elapsed >= 60 * c.max_minutes
 
     def train(self) -> dict:
-        """Run until max_steps or max_minutes; returns the last metrics record."""
+        """Run until max_steps or max_minutes (or SIGINT/SIGTERM); returns the last metrics record.
+
+        Raises StopTraining after ``max_nonfinite_in_a_row`` non-finite steps in a row, and
+        CheckpointError (before the first step) when the run folder cannot hold the checkpoints.
+        """
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
+        self.preflight()
+        self._interrupted = False
         self.model.train()
         bar = None
         if self.progress:
@@ -248,9 +393,12 @@ class Trainer:
 
             bar = tqdm(total=cfg.max_steps, initial=self.optimizer.step_count, unit="step", dynamic_ncols=True,
                        mininterval=1.0)
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # signals can only be caught there
+            previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
         last_save_time = self.elapsed
-        window_tokens, window_time, window_loss, window_steps = 0, 0.0, 0.0, 0
+        window = self._window
         record = {}
         try:
             while not self._done() and not self._interrupted:
@@ -260,46 +408,70 @@ class Trainer:
                 step = self.optimizer.step_count
                 dt = time.perf_counter() - t0
                 self.elapsed += dt
-                window_tokens += ntok
-                window_time += dt
-                window_steps += 1
-                window_loss += float(loss) if ok else 0.0
+                window[0] += ntok
+                window[1] += dt
+                if not ok:
+                    self._skipped(step, loss, gnorm)
+                    continue
+                self.nonfinite_in_a_row = 0
+                window[2] += float(loss)
+                window[3] += 1
                 if bar is not None:
-                    bar.update(1 if ok else 0)
-                if ok and step % cfg.log_every == 0:
-                    record = {"step": step, "train_loss": window_loss / window_steps, "lr": self.schedule(step),
-                              "grad_norm": float(gnorm), "tokens_per_s": window_tokens / max(window_time, 1e-9),
+                    bar.update(1)
+                if step % cfg.log_every == 0:
+                    record = {"step": step, "train_loss": window[2] / window[3], "lr": self.schedule(step),
+                              "grad_norm": float(gnorm), "tokens_per_s": window[0] / max(window[1], 1e-9),
                               "elapsed": round(self.elapsed, 2), "epoch": self.epoch}
+                    if self.skipped_steps:
+                        record["skipped_steps"] = self.skipped_steps
                     if bar is not None:
                         bar.set_postfix(loss=f"{record['train_loss']:.3f}", lr=f"{record['lr']:.2e}",
                                         tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
-                    window_tokens, window_time, window_loss, window_steps = 0, 0.0, 0.0, 0
+                    window[:] = [0, 0.0, 0.0, 0]
                     if cfg.eval_every and step % cfg.eval_every == 0:
                         record.update(self.evaluate("valid", cfg.eval_sentences))
                     self._write_metrics(record)
-                elif ok and cfg.eval_every and step % cfg.eval_every == 0:
+                elif cfg.eval_every and step % cfg.eval_every == 0:
                     record = {"step": step, "elapsed": round(self.elapsed, 2), **self.evaluate("valid", cfg.eval_sentences)}
                     self._write_metrics(record)
-                if self.skipped_steps >= 20 and not ok:
-                    raise StopTraining(f"{self.skipped_steps} steps had a non-finite loss or gradient: stopping; "
-                                       f"the last good checkpoint is in {self.ckpt_dir}")
-                by_steps = ok and cfg.save_every and step % cfg.save_every == 0
+                by_steps = cfg.save_every and step % cfg.save_every == 0
                 by_time = cfg.save_every_minutes and self.elapsed - last_save_time >= 60 * cfg.save_every_minutes
                 if by_steps or by_time:
                     self.save()
                     last_save_time = self.elapsed
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             if bar is not None:
                 bar.close()
-        if not self.checkpoints() or not self.checkpoints()[-1].name.endswith(f"{self.optimizer.step_count:07d}.npz"):
+        found = self.checkpoints()
+        if not found or found[-1].name != f"step_{self.optimizer.step_count:07d}.npz":
             self.save()
         if self._interrupted:
-            self.log(f"interrupted: saved {self.checkpoints()[-1]}; continue with --resume")
+            self.log(f"interrupted at step {self.optimizer.step_count}: saved {self.checkpoints()[-1]}; "
+                     "continue with --resume")
         return record
 
-    def _on_sigint(self, signum, frame):
-        if self._interrupted:  # second Ctrl-C: stop now
+    def _skipped(self, step: int, loss, gnorm) -> None:
+        """Log a dropped non-finite step; stop after ``max_nonfinite_in_a_row`` of them in a row."""
+        self.skipped_steps += 1
+        self.nonfinite_in_a_row += 1
+        limit = self.cfg.max_nonfinite_in_a_row
+        self.log(f"step {step + 1}: loss {float(loss):.4g}, gradient norm {float(gnorm):.4g}: not finite, "
+                 f"step skipped ({self.skipped_steps} skipped in all, {self.nonfinite_in_a_row} in a row, "
+                 f"stopping at {limit})")
+        self._write_metrics({"step": step, "skipped": True, "skipped_steps": self.skipped_steps,
+                             "nonfinite_in_a_row": self.nonfinite_in_a_row, "elapsed": round(self.elapsed, 2),
+                             "epoch": self.epoch})
+        if self.nonfinite_in_a_row >= limit:
+            found = self.checkpoints()
+            last = f"the last good checkpoint is {found[-1]}" if found else "no checkpoint was written"
+            raise StopTraining(f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient "
+                               f"({self.skipped_steps} skipped in all): training stopped at step {step}; {last}; "
+                               "lower --lr-factor or set --clip-norm, then continue with --resume")
+
+    def _on_signal(self, signum, frame):
+        if self._interrupted and signum == signal.SIGINT:  # second Ctrl-C: stop now
             raise KeyboardInterrupt
         self._interrupted = True
 

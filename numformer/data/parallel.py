@@ -62,6 +62,15 @@ def read_lines(path) -> list[str]:
         raise DataError(f"{path} is a folder, expected a text file with one sentence per line") from None
     except OSError as e:
         raise DataError(f"cannot read {path}: {e.strerror}: check the file's permissions") from None
+    return split_lines(data, str(path))
+
+
+def split_lines(data: bytes, name: str) -> list[str]:
+    """UTF-8 bytes -> normalised lines, as :func:`read_lines` does for a file (``name`` is for messages).
+
+    Splits on ``\\n`` only; a final newline does not add an empty line; a leading BOM is dropped.
+    Raises DataError naming ``name`` and the 1-based line when the bytes are not UTF-8.
+    """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -72,9 +81,10 @@ def read_lines(path) -> list[str]:
         line_start = data.rfind(b"\n", 0, e.start) + 1
         column = e.start - line_start + 1
         bad = data[e.start:e.end].hex()
+        fname = Path(name).name if Path(name).is_file() else "FILE"  # "FILE" for standard input
         raise DataError(
-            f"{path} line {line_no} is not valid UTF-8 (byte 0x{bad} at byte column {column}): "
-            f"re-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8 {path.name} > {path.name}.utf8`"
+            f"{name} line {line_no} is not valid UTF-8 (byte 0x{bad} at byte column {column}): "
+            f"re-encode it as UTF-8, e.g. `iconv -f latin1 -t utf-8 {fname} > {fname}.utf8`"
         ) from None
     if text.startswith("\ufeff"):
         text = text[1:]
@@ -82,7 +92,7 @@ def read_lines(path) -> list[str]:
         return []
     lines = text.split("\n")
     if lines[-1] == "":
-        # The file ends with a newline: that terminates the last line, it
+        # The data ends with a newline: that terminates the last line, it
         # does not start a new, empty one.
         lines.pop()
     return [normalize_line(line) for line in lines]
