@@ -53,10 +53,10 @@ TRAIN_PRESETS = {
 
 # Settings that are not per-preset; on --resume every training setting defaults to the run's own.
 RUN_DEFAULTS = dict(clip_norm=0.0, max_len=256, keep_last=5, average_last=5, eval_sentences=200, log_every=10,
-                    seed=1)
+                    seed=1, log_grads=0)
 TRAIN_FLAGS = ("max_steps", "max_minutes", "max_tokens", "accum", "warmup", "lr_factor", "clip_norm", "max_len",
                "save_every", "save_every_minutes", "keep_last", "average_last", "eval_every", "eval_sentences",
-               "log_every", "seed", "max_nonfinite_in_a_row")
+               "log_every", "seed", "max_nonfinite_in_a_row", "log_grads")
 
 
 def parse_args(argv=None):
@@ -102,6 +102,9 @@ def parse_args(argv=None):
     r.add_argument("--eval-every", type=nonneg_int, help="validate every N steps (0: never during training)")
     r.add_argument("--eval-sentences", type=nonneg_int, help="validation sentences decoded for BLEU (default 200)")
     r.add_argument("--log-every", type=positive_int, help="write a metrics line every N steps (default 10)")
+    r.add_argument("--log-grads", type=int, metavar="N",
+                   help="every N steps write per-tensor gradient, weight, update and activation statistics to "
+                        "OUT/grad_stats.jsonl (0: off; default off); draw them with python -m numformer.plot OUT")
     r.add_argument("--beam", type=positive_int, default=4, help="beam size for the final test translation")
     r.add_argument("--alpha", type=nonneg_float, default=0.6, help="length penalty for the final test translation")
     r.add_argument("--no-test", action="store_true", help="skip translating the test set at the end")

@@ -47,6 +47,7 @@ from pathlib import Path
 from .checkpoint import (CheckpointError, atomic_write, average_checkpoints, load_checkpoint,
                          remove_stale_temporaries, save_checkpoint, vocab_fingerprint)
 from .data import make_batches
+from .grad_stats import GradStats
 from .loss import LabelSmoothedCrossEntropy
 from .optim import Adam, NoamSchedule, clip_grad_norm, grad_norm
 from .translation import DecodeOptions, score_translations, translate_lines
@@ -72,6 +73,7 @@ class TrainConfig:
     eval_sentences: int = 200      # validation BLEU on this many sentences (greedy, for speed)
     log_every: int = 10
     seed: int = 1
+    log_grads: int = 0             # record per-layer gradient statistics every N steps (0: off)
     max_nonfinite_in_a_row: int = 10  # this many skipped (non-finite) steps in a row stop training
 
     def validate(self) -> None:
@@ -87,7 +89,7 @@ class TrainConfig:
             raise ValueError(f"--max-steps must be at least 1, got {self.max_steps}")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError(f"--max-minutes must be positive, got {self.max_minutes}")
-        for name in ("save_every", "save_every_minutes", "eval_every", "eval_sentences", "clip_norm"):
+        for name in ("save_every", "save_every_minutes", "eval_every", "eval_sentences", "clip_norm", "log_grads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 0, got {getattr(self, name)}")
         if not self.lr_factor > 0:
@@ -130,6 +132,7 @@ class Trainer:
         self._window = [0, 0.0, 0.0, 0]  # since the last log line: tokens, seconds, loss sum, good steps
         self._epoch_batches = None
         self.metrics_path = self.out / "metrics.jsonl"
+        self.grad_stats = GradStats(model, self.out / "grad_stats.jsonl") if cfg.log_grads else None
         self._interrupted = False
         if cfg.max_len > mcfg.max_len:
             raise ValueError(f"--max-len {cfg.max_len} exceeds the model's positional table ({mcfg.max_len}): "
@@ -173,8 +176,13 @@ class Trainer:
         xp, model, crit = self.xp, self.model, self.criterion
         n_tokens = sum(b.n_tgt_tokens for b in batches)
         loss_total, nll_total = 0.0, 0.0
-        for b in batches:
+        stats = self.grad_stats if self._log_grads_now() else None
+        for i, b in enumerate(batches):
+            if stats is not None and i == len(batches) - 1:
+                stats.start()
             logits = model(xp.asarray(b.src), xp.asarray(b.tgt_in))
+            if stats is not None and i == len(batches) - 1:
+                stats.after_forward()
             loss_total = loss_total + crit.forward(logits, xp.asarray(b.tgt_out), normalizer=n_tokens,
                                                    overwrite_logits=True)
             nll_total = nll_total + crit.nll_sum
@@ -187,9 +195,18 @@ class Trainer:
         if not (math.isfinite(float(loss_total)) and math.isfinite(float(gnorm))):
             self.optimizer.zero_grad()  # the step is dropped: no Adam update, no step count
             return loss_total, nll_total, n_tokens, gnorm, False
+        if stats is not None:
+            stats.before_step()
         self.optimizer.step()
+        if stats is not None:
+            stats.after_step(self.optimizer.step_count)
         self.optimizer.zero_grad()
         return loss_total, nll_total, n_tokens, gnorm, True
+
+    def _log_grads_now(self) -> bool:
+        """Whether the coming optimizer step is one whose statistics ``--log-grads N`` records."""
+        n = self.cfg.log_grads
+        return bool(n) and (self.optimizer.step_count + 1) % n == 0
 
     # -- evaluation ----------------------------------------------------------------
     def evaluate(self, split: str = "valid", bleu_sentences: int | None = None, opts: DecodeOptions | None = None):

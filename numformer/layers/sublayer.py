@@ -29,13 +29,19 @@ class Residual(Module):
         self.pre_norm = pre_norm
         self.norm = LayerNorm(d_model, eps=eps, dtype=dtype)
         self.dropout = Dropout(dropout, rng)
+        self.record_stats = False  # when set, forward keeps (mean, std) of its output (train.py --log-grads)
+        self.output_stats = None
 
     def forward(self, x, sublayer, *args, **kwargs):
         """x (B, T, d_model); ``sublayer(x_in, *args, **kwargs)`` returns (B, T, d_model)."""
         fresh = getattr(sublayer, "fresh_output", False)
         if self.pre_norm:
-            return self.dropout(sublayer(self.norm(x), *args, **kwargs), inplace=fresh, add=x)
-        return self.norm(self.dropout(sublayer(x, *args, **kwargs), inplace=fresh, add=x))
+            y = self.dropout(sublayer(self.norm(x), *args, **kwargs), inplace=fresh, add=x)
+        else:
+            y = self.norm(self.dropout(sublayer(x, *args, **kwargs), inplace=fresh, add=x))
+        if self.record_stats:  # two reductions, only on logged steps; kept on the device
+            self.output_stats = (y.mean(), y.std())
+        return y
 
     def backward(self, dy, sublayer):
         """dy (B, T, d_model) -> dx, or (dx, *extra) when the sub-layer's backward returns extras
