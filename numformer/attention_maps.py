@@ -63,7 +63,7 @@ def draw(maps: list, row_labels: list, col_labels: list, title: str, path: Path)
     nr, nc = len(row_labels), len(col_labels)
     cell = 0.16 if max(nr, nc) > 30 else 0.22
     w = max(2.2, nc * cell + 1.2)
-    h = max(2.2, nr * cell + 1.2)
+    h = max(2.6, nr * cell + 1.9)  # room for the rotated key labels under each row
     fig, axes = plt.subplots(layers, heads, figsize=(w * heads, h * layers), squeeze=False)
     size = 7 if max(nr, nc) <= 30 else 5
     for li in range(layers):

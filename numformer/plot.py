@@ -9,6 +9,9 @@ ran with ``--log-grads``) and writes PNGs (default ``RUN_DIR/plots/``):
 * ``update_ratio.png``: the size of each layer's last Adam update relative to
   its weights, per layer over steps (~1e-3 is the usual healthy range);
 * ``activations.png``: std of every sub-layer output and the share of dead ReLU units.
+
+``python -m numformer.plot --compare RUN_A RUN_B ... --out warmup.png`` puts several
+runs' gradient norms, learning rates and losses side by side (the README's warmup picture).
 """
 from __future__ import annotations
 
@@ -192,13 +195,58 @@ def plot_run(run_dir, out=None) -> list[Path]:
     return paths
 
 
+def plot_compare(runs: list, out, title: str = "") -> Path:
+    """Several runs side by side: global gradient norm, learning rate and training loss per step.
+
+    The gradient norm comes from each run's grad_stats.jsonl (``--log-grads``), the rest from metrics.jsonl.
+    Used for the warmup comparison in the README (post-LN vs pre-LN, with and without warmup).
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    for run in map(Path, runs):
+        stats = read_jsonl(run / "grad_stats.jsonl")
+        metrics = read_jsonl(run / "metrics.jsonl")
+        if not stats or not metrics:
+            raise FileNotFoundError(f"{run} needs grad_stats.jsonl and metrics.jsonl: train it with --log-grads N")
+        steps = [s["step"] for s in stats]
+        norms = [np.sqrt(sum(r["grad_norm"] ** 2 for r in s["params"].values())) for s in stats]
+        axes[0].plot(steps, norms, label=run.name)
+        rows = [(r["step"], r["lr"], r["train_loss"]) for r in metrics if "train_loss" in r]
+        axes[1].plot([r[0] for r in rows], [r[1] for r in rows], label=run.name)
+        axes[2].plot([r[0] for r in rows], [r[2] for r in rows], label=run.name)
+    axes[0].set_yscale("log")
+    axes[0].set_title("global gradient norm")
+    axes[1].set_title("learning rate")
+    axes[2].set_title("training loss (label-smoothed)")
+    for a in axes:
+        a.set_xlabel("step")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m numformer.plot", description=__doc__.splitlines()[0])
-    ap.add_argument("run", help="a training run folder (with metrics.jsonl)")
-    ap.add_argument("--out", help="folder for the PNGs (default RUN/plots)")
+    ap.add_argument("run", nargs="+", help="a training run folder (with metrics.jsonl); several with --compare")
+    ap.add_argument("--out", help="folder for the PNGs (default RUN/plots); with --compare, the PNG file")
+    ap.add_argument("--compare", action="store_true",
+                    help="one picture comparing the runs' gradient norms, learning rates and losses")
+    ap.add_argument("--title", default="", help="title of the --compare picture")
     args = ap.parse_args(argv)
     try:
-        paths = plot_run(args.run, args.out)
+        if args.compare:
+            paths = [plot_compare(args.run, args.out or "compare.png", args.title)]
+        elif len(args.run) != 1:
+            raise FileNotFoundError("give one run folder, or several with --compare")
+        else:
+            paths = plot_run(args.run[0], args.out)
     except (FileNotFoundError, ImportError) as exc:
         print(f"numformer.plot: error: {exc}", file=sys.stderr)
         return 2

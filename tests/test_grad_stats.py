@@ -8,6 +8,7 @@ from numformer.grad_stats import GradStats
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer
 from numformer.optim import Adam, NoamSchedule
+from numformer.plot import main as plot_main
 from numformer.plot import plot_run
 from numformer.presets import get_preset
 
@@ -62,3 +63,6 @@ def test_train_with_log_grads_writes_stats_and_pictures(tmp_path):
         assert np.isclose(total, metrics[r["step"]]["grad_norm"], rtol=1e-4)
     names = sorted(p.name for p in plot_run(out, tmp_path / "plots"))
     assert names == ["activations.png", "curves.png", "grad_flow.png", "update_ratio.png"]
+    assert plot_main(["--compare", str(out), str(out), "--out", str(tmp_path / "cmp.png")]) == 0
+    assert (tmp_path / "cmp.png").stat().st_size > 10_000
+    assert plot_main(["--compare", str(out), str(tmp_path / "plots"), "--out", str(tmp_path / "x.png")]) == 2
