@@ -1,4 +1,4 @@
-"""Command line: ``python -m grad_checks [--layer NAME] [--json] [--verbose]``.
+"""Command line: ``python -m grad_checks [--layer NAME] [--json] [--verbose] [--checkpoint RUN]``.
 
 Prints a table (layer, case, tensor, probes, worst relative error, pass/fail) and
 exits 1 if any tensor fails; ``--json`` prints one JSON object instead.
@@ -14,7 +14,7 @@ import numpy as np
 
 from numformer.gradcheck import run_case
 
-from .cases import BUILDERS, build_cases
+from .cases import BUILDERS, build_cases, checkpoint_cases
 
 
 def main(argv=None) -> int:
@@ -27,15 +27,23 @@ def main(argv=None) -> int:
     ap.add_argument("--step", type=float, default=1e-5, help="finite-difference step h (default 1e-5)")
     ap.add_argument("--tolerance", type=float, default=1e-6, help="largest relative error that passes")
     ap.add_argument("--list", action="store_true", help="list the layer names and exit")
+    ap.add_argument("--checkpoint", metavar="RUN", help="check on a trained model's weights (a run folder or a "
+                    "checkpoint) instead of random ones")
     args = ap.parse_args(argv)
 
     if args.list:
         print("\n".join(BUILDERS))
         return 0
     try:
-        cases = build_cases(args.layer, seed=args.seed)
+        if args.checkpoint:
+            cases = checkpoint_cases(args.layer, args.checkpoint, seed=args.seed)
+        else:
+            cases = build_cases(args.layer, seed=args.seed)
     except KeyError as exc:
         print(f"grad_checks: {exc.args[0]}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a missing or damaged checkpoint: one line
+        print(f"grad_checks: {exc}", file=sys.stderr)
         return 2
 
     start = time.perf_counter()

@@ -283,3 +283,83 @@ def build_cases(layers=None, seed: int = 0) -> list[GradCase]:
         rng = np.random.default_rng([seed, list(BUILDERS).index(n)])
         cases += builder(rng)
     return cases
+
+
+# -- checks on a trained model's weights ---------------------------------------------------
+TRAINED = ("Linear", "LayerNorm", "FeedForward", "MultiHeadAttention", "EncoderLayer", "DecoderLayer", "Embedding",
+           "Transformer")
+
+
+def checkpoint_cases(layers, checkpoint, seed: int = 0) -> list[GradCase]:
+    """The same kinds of checks on the weights of a trained checkpoint (float64, dropout off).
+
+    Each named layer is taken from the trained model (the first encoder/decoder
+    layer where a layer has several uses) and fed random inputs of the model's
+    width, with padding in the batch; ``Transformer`` checks the whole model + loss.
+    """
+    from numformer.checkpoint import load_checkpoint  # noqa: PLC0415
+    from numformer.cli_common import find_checkpoint  # noqa: PLC0415
+
+    names = list(layers) if layers else list(TRAINED)
+    unknown = [n for n in names if n not in TRAINED]
+    if unknown:
+        raise KeyError(f"--checkpoint checks {unknown[0]!r} only on random weights: with a checkpoint choose from "
+                       f"{', '.join(TRAINED)}")
+    ck = load_checkpoint(find_checkpoint(checkpoint), with_optimizer=False)
+    cfg = ModelConfig.from_dict(ck.meta["model_config"]).replace(dropout=0.0, attn_dropout=0.0, relu_dropout=0.0)
+    model = Transformer(cfg, seed=0, dtype=F64)
+    model.load_state_dict(ck.model)
+    rng = np.random.default_rng(seed)
+    d, b, s, t = cfg.d_model, 2, 6, 5
+    src = rng.integers(4, cfg.vocab_size, size=(b, s))
+    src[1, 4:] = cfg.pad_id
+    tgt = rng.integers(4, cfg.vocab_size, size=(b, t + 1))
+    tgt[1, 3:] = cfg.pad_id
+    src_mask = padding_mask(src, cfg.pad_id)
+    tgt_mask = causal_mask(t) & padding_mask(tgt[:, :-1], cfg.pad_id)
+    enc, dec = model.encoder.layers[0], model.decoder.layers[0]
+    x = lambda n=s: rng.standard_normal((b, n, d))  # noqa: E731
+
+    def one(layer, case, module, inputs, forward, backward):
+        return GradCase(layer, f"trained {case}", module, inputs, forward, backward)
+
+    build = {
+        "Linear": lambda: [one("Linear", "encoder.layers.0.ffn.w_1", enc.ffn.w_1, {"x": x()},
+                               lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})],
+        "LayerNorm": lambda: [one("LayerNorm", "encoder.layers.0.self_attn_residual.norm",
+                                  enc.self_attn_residual.norm, {"x": x()},
+                                  lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})],
+        "FeedForward": lambda: [one("FeedForward", "encoder.layers.0.ffn", enc.ffn, {"x": x()},
+                                    lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})],
+        "MultiHeadAttention": lambda: [
+            one("MultiHeadAttention", "encoder.layers.0.self_attn", enc.self_attn, {"x": x()},
+                lambda m, i: m(i["x"], mask=src_mask), lambda m, g: {"x": m.backward(g[0])}),
+            one("MultiHeadAttention", "decoder.layers.0.cross_attn", dec.cross_attn, {"y": x(t), "memory": x()},
+                lambda m, i: m(i["y"], i["memory"], mask=src_mask),
+                lambda m, g: dict(zip(("y", "memory"), m.backward(g[0]))))],
+        "EncoderLayer": lambda: [one("EncoderLayer", "encoder.layers.0", enc, {"x": x()},
+                                     lambda m, i: m(i["x"], src_mask), lambda m, g: {"x": m.backward(g[0])})],
+        "DecoderLayer": lambda: [one("DecoderLayer", "decoder.layers.0", dec, {"y": x(t), "memory": x()},
+                                     lambda m, i: m(i["y"], i["memory"], tgt_mask, src_mask),
+                                     lambda m, g: dict(zip(("y", "memory"), m.backward(g[0]))))],
+        "Embedding": lambda: [one("Embedding", "src_embed (tied)", model.src_embed, {},
+                                  lambda m, i: m(src), lambda m, g: (m.backward(g[0]), {})[1])],
+    }
+
+    def whole():
+        crit = LabelSmoothedCrossEntropy(cfg.label_smoothing, cfg.pad_id)
+
+        def fwd(m, i):
+            return crit.forward(m(src, tgt[:, :-1]), tgt[:, 1:]) * 1.0
+
+        def bwd(m, g):
+            m.backward(crit.backward() * g[0])
+            return {}
+
+        return [one("Transformer+loss", "whole model", model, {}, fwd, bwd)]
+
+    build["Transformer"] = whole
+    cases = []
+    for n in names:
+        cases += build[n]()
+    return cases

@@ -42,3 +42,20 @@ def test_attention_maps(copy_run, tmp_path):
     paths = attention_pictures(model, vocab, "a b c d e", tmp_path / "att.png")
     assert sorted(p.name for p in paths) == ["att-cross.png", "att-decoder.png", "att-encoder.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_grad_checks_on_trained_weights(copy_run, capsys):
+    import json
+
+    from grad_checks.__main__ import main as gc_main
+
+    assert gc_main(["--checkpoint", str(copy_run), "--layer", "MultiHeadAttention", "--layer", "LayerNorm",
+                    "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["failed"] == 0 and report["max_rel_error"] < 1e-6
+    assert {r["case"] for r in report["results"]} == {
+        "trained encoder.layers.0.self_attn", "trained decoder.layers.0.cross_attn",
+        "trained encoder.layers.0.self_attn_residual.norm"}
+    assert gc_main(["--checkpoint", str(copy_run / "nope.npz")]) == 2
+    assert gc_main(["--checkpoint", str(copy_run), "--layer", "Softmax"]) == 2
+    assert "only on random weights" in capsys.readouterr().err
