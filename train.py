@@ -23,7 +23,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from numformer.backend import resolve_device, xp_for
-from numformer.checkpoint import atomic_write
+from numformer.checkpoint import atomic_write, run_checkpoints
 from numformer.cli_common import (OneLineParser, error_line, nonneg_float, nonneg_int, one_line_errors,
                                   positive_float, positive_int, probability)
 from numformer.model import Transformer
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
         if tcfg.max_len > table:
             raise ValueError(f"--max-len {tcfg.max_len} exceeds the model's positional table ({table}): "
                              f"use --max-len {table} or less")
-        if not args.resume and (out / "checkpoints").is_dir() and any((out / "checkpoints").glob("step_*.npz")):
+        if not args.resume and run_checkpoints(out):
             raise ValueError(f"{out} already holds a run: pass --resume to continue it or choose another --out")
         if not args.resume and (out / "spm.model").exists():
             old = _previous_run(out)

@@ -27,6 +27,19 @@ _UMASK = os.umask(0)  # read once: mkstemp creates 0600 files, checkpoints get t
 os.umask(_UMASK)
 
 
+CHECKPOINT_DIR = "checkpoints"  # RUN/checkpoints/step_0001234.npz: the training checkpoints of a run
+
+
+def step_checkpoint_path(run_dir, step: int) -> Path:
+    """Where a run keeps the checkpoint of optimizer step ``step``."""
+    return Path(run_dir) / CHECKPOINT_DIR / f"step_{int(step):07d}.npz"
+
+
+def run_checkpoints(run_dir) -> list[Path]:
+    """A run's training checkpoints, oldest first (the zero-padded step sorts by name)."""
+    return sorted((Path(run_dir) / CHECKPOINT_DIR).glob("step_*.npz"))
+
+
 class CheckpointError(ValueError):
     """A checkpoint that is missing, truncated, corrupt or does not fit; the message is one line."""
 
@@ -172,7 +185,7 @@ def main(argv=None) -> int:
         if args.last:
             if len(paths) != 1 or not paths[0].is_dir():
                 raise CheckpointError("--last N takes one run folder")
-            paths = sorted((paths[0] / "checkpoints").glob("step_*.npz"))[-args.last:]
+            paths = run_checkpoints(paths[0])[-args.last:]
             if not paths:
                 raise CheckpointError(f"no checkpoints in {args.inputs[0]}/checkpoints")
         ck = average_checkpoints(paths)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .backend import BackendError, resolve_device, xp_for
-from .checkpoint import CheckpointError, load_checkpoint, vocab_fingerprint
+from .checkpoint import CheckpointError, load_checkpoint, run_checkpoints, vocab_fingerprint
 from .data import DataError, SubwordVocab
 from .model import Transformer
 from .presets import ModelConfig
@@ -90,7 +90,7 @@ def find_checkpoint(path) -> Path:
     if path.is_dir():
         if (path / "averaged.npz").is_file():
             return path / "averaged.npz"
-        found = sorted((path / "checkpoints").glob("step_*.npz"))
+        found = run_checkpoints(path)
         if not found:
             raise CheckpointError(f"{path} holds no checkpoint (expected averaged.npz or checkpoints/step_*.npz): "
                                   "train a model into it first or give a checkpoint file")

@@ -24,13 +24,6 @@ from .backend import get_array_module, to_host
 from .layers import FeedForward, Residual
 
 
-def named_modules(module, prefix: str = ""):
-    """(dotted name, module) for ``module`` and every descendant, in definition order."""
-    yield prefix.rstrip("."), module
-    for name, child in module.named_children():
-        yield from named_modules(child, f"{prefix}{name}.")
-
-
 class GradStats:
     """Collects the statistics of one logged step and appends them to a JSON-lines file."""
 
@@ -38,8 +31,8 @@ class GradStats:
         self.model = model
         self.path = Path(path)
         self.params = model.named_parameters()
-        self.residuals = [(n, m) for n, m in named_modules(model) if isinstance(m, Residual)]
-        self.ffns = [(n, m) for n, m in named_modules(model) if isinstance(m, FeedForward)]
+        self.residuals = [(n, m) for n, m in model.named_modules() if isinstance(m, Residual)]
+        self.ffns = [(n, m) for n, m in model.named_modules() if isinstance(m, FeedForward)]
         self._acts = None
         self._grads = None
         self._before = None

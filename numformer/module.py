@@ -87,6 +87,12 @@ class Module:
                     if isinstance(item, Module):
                         yield f"{name}.{i}", item
 
+    def named_modules(self, prefix: str = ""):
+        """(dotted name, module) for this module ('' or ``prefix``) and every descendant, in definition order."""
+        yield prefix, self
+        for name, child in self.named_children():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
     def modules(self):
         """This module and all its descendants, depth first, each once."""
         seen = set()

@@ -44,8 +44,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .checkpoint import (CheckpointError, atomic_write, average_checkpoints, load_checkpoint,
-                         remove_stale_temporaries, save_checkpoint, vocab_fingerprint)
+from .checkpoint import (CHECKPOINT_DIR, CheckpointError, atomic_write, average_checkpoints, load_checkpoint,
+                         remove_stale_temporaries, run_checkpoints, save_checkpoint, step_checkpoint_path,
+                         vocab_fingerprint)
 from .data import make_batches
 from .grad_stats import GradStats
 from .loss import LabelSmoothedCrossEntropy
@@ -115,7 +116,7 @@ class Trainer:
         cfg.validate()
         self.model, self.data, self.cfg = model, data, cfg
         self.out = Path(out)
-        self.ckpt_dir = self.out / "checkpoints"
+        self.ckpt_dir = self.out / CHECKPOINT_DIR
         self.log = log
         self.progress = progress
         self.xp = model.xp
@@ -241,11 +242,11 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------
     def checkpoints(self):
         """Checkpoint files of this run, oldest first."""
-        return sorted(self.ckpt_dir.glob("step_*.npz"))
+        return run_checkpoints(self.ckpt_dir.parent)
 
     def save(self) -> Path:
         step = self.optimizer.step_count
-        path = self.ckpt_dir / f"step_{step:07d}.npz"
+        path = step_checkpoint_path(self.ckpt_dir.parent, step)
         meta = {
             "step": step, "epoch": self.epoch, "batch_pos": self.batch_pos, "elapsed": self.elapsed,
             "skipped_steps": self.skipped_steps, "rng": self.model.rng.get_state(), "log_window": self._window,
@@ -462,7 +463,7 @@ class Trainer:
             if bar is not None:
                 bar.close()
         found = self.checkpoints()
-        if not found or found[-1].name != f"step_{self.optimizer.step_count:07d}.npz":
+        if not found or found[-1] != step_checkpoint_path(self.ckpt_dir.parent, self.optimizer.step_count):
             self.save()
         if self._interrupted:
             self.log(f"interrupted at step {self.optimizer.step_count}: saved {self.checkpoints()[-1]}; "

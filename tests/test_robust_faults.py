@@ -2,7 +2,6 @@
 checkpoint loadable and --resume ends with the same parameters, bit for bit, as an uninterrupted run;
 SIGINT and SIGTERM save a checkpoint of the current step and exit cleanly (130, no traceback)."""
 import json
-import os
 import signal
 import subprocess
 import sys

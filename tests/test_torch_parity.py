@@ -103,16 +103,9 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def named_modules(m: Module, prefix: str = ""):
-    """(dotted name, module) for m and every descendant."""
-    yield prefix, m
-    for name, child in m.named_children():
-        yield from named_modules(child, _join(prefix, name))
-
-
 def mirror_params(m: Module) -> tm.MirrorParams:
     """The torch mirror's leaves from ``m.named_parameters()`` (Linear weights transposed)."""
-    linear = {_join(n, "weight") for n, mod in named_modules(m) if isinstance(mod, Linear)}
+    linear = {_join(n, "weight") for n, mod in m.named_modules() if isinstance(mod, Linear)}
     return tm.MirrorParams([(n, p.data) for n, p in m.named_parameters()], linear)
 
 
@@ -122,7 +115,7 @@ def recorded_drops(m: Module) -> dict:
     Must be called after forward and before backward (backward clears ``_cache_mask``).
     """
     return {n: torch.from_numpy(np.asarray(mod._cache_mask, dtype=np.float64))
-            for n, mod in named_modules(m) if isinstance(mod, Dropout) and mod._cache_mask is not None}
+            for n, mod in m.named_modules() if isinstance(mod, Dropout) and mod._cache_mask is not None}
 
 
 def _t(a):
