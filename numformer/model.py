@@ -34,9 +34,10 @@ class EncoderLayer(Module):
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = MultiHeadAttention(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype)
+        self.self_attn = MultiHeadAttention(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype,
+                                           cfg.init)
         self.self_attn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
-        self.ffn = FeedForward(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype)
+        self.ffn = FeedForward(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init)
         self.ffn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
 
     def forward(self, x, mask):
@@ -55,11 +56,13 @@ class DecoderLayer(Module):
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = MultiHeadAttention(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype)
+        self.self_attn = MultiHeadAttention(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype,
+                                           cfg.init)
         self.self_attn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
-        self.cross_attn = MultiHeadAttention(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype)
+        self.cross_attn = MultiHeadAttention(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype,
+                                           cfg.init)
         self.cross_attn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
-        self.ffn = FeedForward(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype)
+        self.ffn = FeedForward(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init)
         self.ffn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
 
     def forward(self, y, memory, self_mask, cross_mask, cache=None):

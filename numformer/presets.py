@@ -43,6 +43,7 @@ class ModelConfig:
     max_len: int = 1024
     ln_eps: float = 1e-5
     pad_id: int = 0
+    init: str = "pytorch"   # weight initialisation of the linear maps: "pytorch" or "xavier" (layers/init.py)
 
     @property
     def n_decoder_layers(self) -> int:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..backend import DEFAULT_DTYPE, get_array_module, is_cupy_array, parallel_ranges
 from ..module import Module
+from ..precision import matmul
 from .dropout import Dropout
 from .linear import Linear, add_bias_
 from .softmax import Softmax, softmax_, softmax_backward_
@@ -198,7 +199,8 @@ class MultiHeadAttention(Module):
     fresh_output = True  # forward and backward return new arrays (see Residual)
 
     def __init__(self, d_model: int, heads: int, d_k: int | None = None, d_v: int | None = None,
-                 attn_dropout: float = 0.0, rng=None, dropout_rng=None, dtype=DEFAULT_DTYPE):
+                 attn_dropout: float = 0.0, rng=None, dropout_rng=None, dtype=DEFAULT_DTYPE,
+                 init: str = "xavier"):
         super().__init__()
         if d_k is None:
             if d_model % heads:
@@ -207,11 +209,11 @@ class MultiHeadAttention(Module):
         d_v = d_k if d_v is None else d_v
         rng = rng if rng is not None else np.random.default_rng(0)
         self.d_model, self.heads, self.d_k, self.d_v = d_model, heads, d_k, d_v
-        self.w_q = Linear(d_model, heads * d_k, rng=rng, dtype=dtype)
-        self.w_k = Linear(d_model, heads * d_k, rng=rng, dtype=dtype)
-        self.w_v = Linear(d_model, heads * d_v, rng=rng, dtype=dtype)
+        self.w_q = Linear(d_model, heads * d_k, rng=rng, dtype=dtype, init=init, role="qkv")
+        self.w_k = Linear(d_model, heads * d_k, rng=rng, dtype=dtype, init=init, role="qkv")
+        self.w_v = Linear(d_model, heads * d_v, rng=rng, dtype=dtype, init=init, role="qkv")
         self.attention = ScaledDotProductAttention(attn_dropout, dropout_rng)
-        self.w_o = Linear(heads * d_v, d_model, rng=rng, dtype=dtype)
+        self.w_o = Linear(heads * d_v, d_model, rng=rng, dtype=dtype, init=init, role="out")
         self._cache_proj = None
 
     def _split(self, x, d):
@@ -246,7 +248,7 @@ class MultiHeadAttention(Module):
         """x (B, T, d_model) -> (x2d, joined weight, (B*T, sum d_out)): one GEMM for several projections."""
         w, bias = self._joined(linears)
         x2 = x.reshape(-1, self.d_model)
-        y = x2 @ w
+        y = matmul(x2, w)  # plain @ unless a lower precision is set (numformer.precision)
         if bias is not None:
             add_bias_(y, bias)
         return x2, w, y
@@ -255,7 +257,7 @@ class MultiHeadAttention(Module):
     def _project_backward(x2, w, dy2, linears):
         """Adds x^T dy and sum(dy) into each Linear's gradients; returns dy W^T (B*T, d_model)."""
         xp = get_array_module(dy2)
-        gw = x2.T @ dy2
+        gw = matmul(x2.T, dy2)
         gb = xp.ones(dy2.shape[0], dtype=dy2.dtype) @ dy2  # column sums as a GEMV
         col = 0
         for lin in linears:
@@ -263,7 +265,7 @@ class MultiHeadAttention(Module):
             if lin.bias is not None:
                 lin.bias.grad += gb[col: col + lin.d_out]
             col += lin.d_out
-        return dy2 @ w.T
+        return matmul(dy2, w.T)
 
     def forward(self, x, memory=None, mask=None, cache=None):
         """x (B, Tq, d_model), memory (B, Tk, d_model) or None -> (B, Tq, d_model)."""

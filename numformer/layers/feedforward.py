@@ -19,13 +19,13 @@ class FeedForward(Module):
     """Linear(d_model, d_ff) -> ReLU -> [Dropout] -> Linear(d_ff, d_model)."""
 
     def __init__(self, d_model: int, d_ff: int, relu_dropout: float = 0.0, rng=None, dropout_rng=None,
-                 dtype=DEFAULT_DTYPE):
+                 dtype=DEFAULT_DTYPE, init: str = "xavier"):
         super().__init__()
         rng = rng if rng is not None else np.random.default_rng(0)
-        self.w_1 = Linear(d_model, d_ff, rng=rng, dtype=dtype)
+        self.w_1 = Linear(d_model, d_ff, rng=rng, dtype=dtype, init=init)
         self.relu = ReLU()
         self.dropout = Dropout(relu_dropout, dropout_rng)
-        self.w_2 = Linear(d_ff, d_model, rng=rng, dtype=dtype)
+        self.w_2 = Linear(d_ff, d_model, rng=rng, dtype=dtype, init=init)
 
     fresh_output = True  # forward and backward return new arrays (see Residual)
 

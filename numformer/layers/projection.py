@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..backend import DEFAULT_DTYPE
 from ..module import Module, Parameter
+from ..precision import matmul
 from .embedding import vocab_matrix
 
 
@@ -26,7 +27,7 @@ class OutputProjection(Module):
     def forward(self, h):
         """h (..., d_model) -> logits (..., vocab)."""
         lead = h.shape[:-1]
-        logits = h.reshape(-1, self.d_model) @ self.weight.data.T
+        logits = matmul(h.reshape(-1, self.d_model), self.weight.data.T)  # plain @ unless a lower precision is set
         if self.training:
             self._cache_h = h
         return logits.reshape(*lead, self.vocab_size)
@@ -35,6 +36,6 @@ class OutputProjection(Module):
         """dlogits (..., vocab) -> dh (..., d_model); adds dlogits^T h into W."""
         h2 = self._cache_h.reshape(-1, self.d_model)
         d2 = dlogits.reshape(-1, self.vocab_size)
-        self.weight.grad += d2.T @ h2
+        self.weight.grad += matmul(d2.T, h2)
         self._cache_h = None
-        return (d2 @ self.weight.data).reshape(*dlogits.shape[:-1], self.d_model)
+        return matmul(d2, self.weight.data).reshape(*dlogits.shape[:-1], self.d_model)
