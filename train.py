@@ -7,6 +7,11 @@ Examples:
     python train.py --task reverse --preset tiny --max-steps 600
     python train.py --data my_corpus/ --preset small --max-minutes 60 --out runs/mine
     python train.py --out runs/mine --resume                 # continue where it stopped
+    mpirun -n 4 python train.py --corpus bible-en-es --device cuda   # 4 GPUs, one process each
+
+Under mpirun (several processes, mpi4py installed) the processes train one model
+together (data parallelism, numformer.distributed): rank 0 alone reads and writes the
+run folder and prints; every rank exits with the same status.
 
 Exit status: 0 done; 2 bad input or settings (one line on stderr, nothing started); 3 training
 stopped after a run of non-finite steps (the last good checkpoint is kept); 130 interrupted by
@@ -16,9 +21,13 @@ Checkpoints are written atomically: a crash or kill at any moment leaves the pre
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
 import sys
 import time
+import traceback
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -26,9 +35,13 @@ from numformer.backend import resolve_device, xp_for
 from numformer.checkpoint import atomic_write, run_checkpoints
 from numformer.cli_common import (OneLineParser, error_line, nonneg_float, nonneg_int, one_line_errors,
                                   positive_float, positive_int, probability)
+from numformer.data import SubwordVocab
+from numformer.distributed import SINGLE, exit_code_of, init_world, is_collective, launched_rank
 from numformer.model import Transformer
-from numformer.prepare import CORPORA, prepare
-from numformer.presets import PRESETS, get_preset
+from numformer.layers.init import SCHEMES as INIT_SCHEMES
+from numformer.precision import MODES as PRECISIONS
+from numformer.prepare import CORPORA, PreparedData, prepare
+from numformer.presets import PRESETS, ModelConfig, get_preset
 from numformer.trainer import TrainConfig, Trainer
 from numformer.translation import DecodeOptions, score_translations, translate_lines
 
@@ -38,7 +51,12 @@ from numformer.translation import DecodeOptions, score_translations, translate_l
 #    (~2,500 steps), and on a CPU more, smaller updates beat fewer large ones
 #    (DESIGN.md: warmup >= 1000 or 8k-token batches trained visibly worse in 5
 #    minutes), so batches of 3,000 padded tokens, warmup 500 and 0.7x Eq. 3.
-#  * tiny: synthetic smoke runs of a minute: batches of 2,000 tokens, warmup 200.
+#    With the torch.nn.Transformer initialisation (layers/init.py) 0.7x still measured best
+#    (valid perplexity at step 500: 99 at 0.7x, 109 at 1.0x).
+#  * tiny: synthetic smoke runs of minutes: batches of 2,000 tokens, warmup 200, 0.5x Eq. 3:
+#    at 1.0x (a peak of 6.3e-3 for d_model 128) the reverse task's loss jumped around and its
+#    exact-match rate after 3,000 steps spread over 0.87-1.0 across seeds 1-3; at 0.5x it was
+#    0.98 / 0.99 / 0.98.
 TRAIN_PRESETS = {
     "base": dict(max_tokens=25000, accum=2, warmup=4000, lr_factor=1.0, max_minutes=None, max_steps=100000,
                  save_every=0, save_every_minutes=10, eval_every=1000),
@@ -46,7 +64,7 @@ TRAIN_PRESETS = {
                 save_every=0, save_every_minutes=10, eval_every=1000),
     "small": dict(max_tokens=3000, accum=1, warmup=500, lr_factor=0.7, max_minutes=25, max_steps=None,
                   save_every=0, save_every_minutes=1.5, eval_every=500),
-    "tiny": dict(max_tokens=2000, accum=1, warmup=200, lr_factor=1.0, max_minutes=10, max_steps=None,
+    "tiny": dict(max_tokens=2000, accum=1, warmup=200, lr_factor=0.5, max_minutes=10, max_steps=None,
                  save_every=200, save_every_minutes=0, eval_every=200),
 }
 
@@ -56,7 +74,7 @@ RUN_DEFAULTS = dict(clip_norm=0.0, max_len=256, keep_last=5, average_last=5, eva
                     seed=1, log_grads=0)
 TRAIN_FLAGS = ("max_steps", "max_minutes", "max_tokens", "accum", "warmup", "lr_factor", "clip_norm", "max_len",
                "save_every", "save_every_minutes", "keep_last", "average_last", "eval_every", "eval_sentences",
-               "log_every", "seed", "max_nonfinite_in_a_row", "log_grads")
+               "log_every", "seed", "max_nonfinite_in_a_row", "log_grads", "dropout_rng", "precision")
 
 
 def parse_args(argv=None):
@@ -75,6 +93,9 @@ def parse_args(argv=None):
     m.add_argument("--untied", action="store_true", help="separate source, target and output embeddings")
     m.add_argument("--dropout", type=probability, help="dropout probability (default: the preset's)")
     m.add_argument("--label-smoothing", type=probability, help="label smoothing epsilon (default 0.1)")
+    m.add_argument("--init", choices=list(INIT_SCHEMES),
+                   help="initialisation of the linear maps: pytorch (torch.nn.Transformer's, the default) or "
+                        "xavier (Xavier-uniform everywhere); see numformer/layers/init.py")
     t = ap.add_argument_group("training (defaults: the preset's recipe; with --resume, the run's settings)")
     t.add_argument("--max-steps", type=positive_int)
     t.add_argument("--max-minutes", type=positive_float, help="training time budget (evaluation not counted)")
@@ -89,7 +110,14 @@ def parse_args(argv=None):
     t.add_argument("--stop-after-nonfinite", dest="max_nonfinite_in_a_row", type=positive_int, metavar="N",
                    help="non-finite steps are skipped; stop training after N of them in a row (default 10)")
     t.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
+    t.add_argument("--precision", choices=list(PRECISIONS),
+                   help="matmul arithmetic: fp32 (default), tf32 (GPU tensor cores) or fp16 (float32 master "
+                        "weights, dynamic loss scaling; on a CPU emulated and slower); see docs/precision.md")
     t.add_argument("--seed", type=nonneg_int, help="seed of weights, dropout and data order (default 1)")
+    t.add_argument("--dropout-rng", choices=["stream", "batch"],
+                   help="dropout masks from one generator per run (stream, the default with one process) or "
+                        "reseeded per batch from its data position (batch: the same masks with any number of "
+                        "processes and --accum; always so under mpirun)")
     r = ap.add_argument_group("run folder, checkpoints, evaluation")
     r.add_argument("--out", default=None, help="run folder (default: runs/<data>-<preset>)")
     r.add_argument("--resume", action="store_true",
@@ -213,103 +241,231 @@ def _write_json(path: Path, obj) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
+def _settle(args, device: str):
+    """Everything that reads the run folder or the data, done by rank 0 alone: the run's settings, the
+    checks that refuse a bad request, the corpus and the vocabulary -> (out, preset, tcfg, mcfg, data, the
+    previous run's run.json or None)."""
+    out, prev, flags, preset = _settle_run(args, device)
+    tcfg = _train_config(args, preset, prev)
+    if tcfg.precision == "tf32" and device == "cpu":
+        raise ValueError("--precision tf32 needs --device cuda (TF32 runs on NVIDIA tensor cores): on a CPU use fp32")
+    overrides = dict(pre_norm=args.pre_norm, tie_embeddings=not args.untied)
+    if prev is not None and isinstance(prev.get("model_config"), dict):
+        run_cfg = prev["model_config"]
+        overrides = dict(pre_norm=args.pre_norm or run_cfg.get("pre_norm", False),
+                         tie_embeddings=not args.untied and run_cfg.get("tie_embeddings", True),
+                         dropout=run_cfg.get("dropout"), label_smoothing=run_cfg.get("label_smoothing"),
+                         init=run_cfg.get("init"))
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+    if args.dropout is not None:
+        overrides["dropout"] = args.dropout
+    if args.label_smoothing is not None:
+        overrides["label_smoothing"] = args.label_smoothing
+    if args.init is not None:
+        overrides["init"] = args.init
+    table = get_preset(preset).max_len
+    if tcfg.max_len > table:
+        raise ValueError(f"--max-len {tcfg.max_len} exceeds the model's positional table ({table}): "
+                         f"use --max-len {table} or less")
+    if not args.resume and run_checkpoints(out):
+        raise ValueError(f"{out} already holds a run: pass --resume to continue it or choose another --out")
+    if not args.resume and (out / "spm.model").exists():
+        old = _previous_run(out)
+        if old is not None and old.get("data") not in (None, _source_of(flags)):
+            raise ValueError(f"{out} holds the vocabulary of a run on {old['data']}: choose another --out "
+                             "(or delete its spm.model)")
+    try:  # an unwritable folder fails now, not after an hour
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write_test.tmp"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"cannot write to the run folder {out}: {exc.strerror or exc}: choose another --out "
+                         "or fix its permissions") from None
+
+    t0 = time.perf_counter()
+    data = prepare(out, flags["corpus"], flags["data"], flags["task"], args.vocab_size, seed=tcfg.seed)
+    n_train = len(data.ids["train"][0])
+    print(f"data: {data.source}: {n_train} training pairs, vocabulary {data.vocab.size} "
+          f"({time.perf_counter() - t0:.1f} s)")
+    mcfg = get_preset(preset, vocab_size=data.vocab.size, pad_id=data.vocab.pad_id, **overrides)
+    return out, preset, tcfg, mcfg, data, prev
+
+
+def _share(world, settled):
+    """Rank 0's settings, vocabulary and training ids on every rank (the others never read the run folder
+    or the corpus, so several hosts need no shared file system). -> (out, preset, tcfg, mcfg, data, prev)."""
+    if world.size == 1:
+        return settled
+    shared = None
+    if world.is_main:
+        out, preset, tcfg, mcfg, data, prev = settled
+        shared = dict(out=str(out), preset=preset, tcfg=asdict(tcfg), mcfg=mcfg.to_dict(),
+                      vocab=data.vocab.to_bytes(), train=data.ids["train"], source=data.source)
+    shared = world.broadcast_object(shared)
+    if world.is_main:
+        return settled
+    data = PreparedData(SubwordVocab.from_bytes(shared["vocab"]), {}, {"train": shared["train"]}, shared["source"])
+    return (Path(shared["out"]), shared["preset"], TrainConfig(**shared["tcfg"]), ModelConfig.from_dict(shared["mcfg"]),
+            data, None)
+
+
+def _parse_quietly(argv):
+    """parse_args; on ranks other than 0 its messages (a bad flag, --help) are dropped: rank 0 prints them."""
+    if launched_rank() == 0:
+        return parse_args(argv)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            return parse_args(argv)
+    except SystemExit:
+        time.sleep(RANK0_GRACE_S)  # let rank 0 print first: mpirun ends the job at the first failed process
+        raise
+
+
+# Before MPI is running there is nothing to wait on: a rank other than 0 that fails the same way as rank 0
+# waits this long before exiting, so that rank 0's one-line message is out before mpirun ends the job.
+RANK0_GRACE_S = 1.0
+
+
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = _parse_quietly(argv)
+    world = SINGLE
     with one_line_errors("train.py"):
-        device = resolve_device(args.device)
-        xp = xp_for(device)  # fails now, in one line, if cuda is asked for but missing
-        out, prev, flags, preset = _settle_run(args, device)
-        run_file = out / "run.json"
-        tcfg = _train_config(args, preset, prev)
-        overrides = dict(pre_norm=args.pre_norm, tie_embeddings=not args.untied)
-        if prev is not None and isinstance(prev.get("model_config"), dict):
-            run_cfg = prev["model_config"]
-            overrides = dict(pre_norm=args.pre_norm or run_cfg.get("pre_norm", False),
-                             tie_embeddings=not args.untied and run_cfg.get("tie_embeddings", True),
-                             dropout=run_cfg.get("dropout"), label_smoothing=run_cfg.get("label_smoothing"))
-            overrides = {k: v for k, v in overrides.items() if v is not None}
-        if args.dropout is not None:
-            overrides["dropout"] = args.dropout
-        if args.label_smoothing is not None:
-            overrides["label_smoothing"] = args.label_smoothing
-        table = get_preset(preset).max_len
-        if tcfg.max_len > table:
-            raise ValueError(f"--max-len {tcfg.max_len} exceeds the model's positional table ({table}): "
-                             f"use --max-len {table} or less")
-        if not args.resume and run_checkpoints(out):
-            raise ValueError(f"{out} already holds a run: pass --resume to continue it or choose another --out")
-        if not args.resume and (out / "spm.model").exists():
-            old = _previous_run(out)
-            if old is not None and old.get("data") not in (None, _source_of(flags)):
-                raise ValueError(f"{out} holds the vocabulary of a run on {old['data']}: choose another --out "
-                                 "(or delete its spm.model)")
-        try:  # an unwritable folder fails now, not after an hour
-            out.mkdir(parents=True, exist_ok=True)
-            probe = out / ".write_test.tmp"
-            probe.write_text("ok")
-            probe.unlink()
-        except OSError as exc:
-            raise ValueError(f"cannot write to the run folder {out}: {exc.strerror or exc}: choose another --out "
-                             "or fix its permissions") from None
+        try:
+            world = init_world(resolve_device(args.device))
+            if world.size == 1:
+                return _main(args, world)
+            with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull if not world.is_main
+                                                                           else sys.stdout):
+                return _main(args, world)
+        except BaseException as exc:
+            _leave(world, exc)
+            raise
 
-        t0 = time.perf_counter()
-        data = prepare(out, flags["corpus"], flags["data"], flags["task"], args.vocab_size, seed=tcfg.seed)
-        n_train = len(data.ids["train"][0])
-        print(f"data: {data.source}: {n_train} training pairs, vocabulary {data.vocab.size} "
-              f"({time.perf_counter() - t0:.1f} s)")
-        mcfg = get_preset(preset, vocab_size=data.vocab.size, pad_id=data.vocab.pad_id, **overrides)
-        model = Transformer(mcfg, seed=tcfg.seed)
-        model.to(xp)
-        print(f"model: preset {preset}, {model.num_parameters() / 1e6:.1f}M parameters, device {device}; "
-              f"training: {tcfg.max_tokens} tokens x {tcfg.accum} per step, warmup {tcfg.warmup}, "
-              f"lr factor {tcfg.lr_factor}, " + (f"{tcfg.max_minutes} min" if tcfg.max_minutes else f"{tcfg.max_steps} steps"))
-        trainer = Trainer(model, data, tcfg, out, progress=not args.no_progress)
-        if args.resume and not trainer.resume():
-            print("no checkpoint to resume from: starting fresh")
-        _write_json(run_file, {"preset": preset, "device": device, "data": data.source,
-                               "model_config": mcfg.to_dict(), "train_config": asdict(tcfg)})
-        if trainer._done():
-            print(f"already at step {trainer.optimizer.step_count}: nothing left to train "
-                  "(raise --max-steps or --max-minutes to train on)")
-        trainer.train()
-        if trainer.interrupted:
-            return 130
-        final = trainer.evaluate("valid", 0)
-        print(f"trained {trainer.optimizer.step_count} steps in {trainer.elapsed / 60:.1f} min; "
-              f"valid loss {final.get('valid_loss', float('nan')):.3f}, ppl {final.get('valid_ppl', float('nan')):.2f}")
-        averaged = trainer.average()
-        if averaged is not None:
-            from numformer.checkpoint import load_checkpoint  # noqa: PLC0415
 
-            last_state = model.state_dict()
-            model.load_state_dict(load_checkpoint(averaged, with_optimizer=False).model)
-            n_avg = min(tcfg.average_last, len(trainer.checkpoints()))
-            avg_valid = trainer.evaluate("valid", 0) if final else {}
-            if not avg_valid:
-                print(f"averaged the last {n_avg} checkpoints "
-                      "(no validation data to compare with: keeping the average)")
-            else:
-                print(f"averaged the last {n_avg} checkpoints: "
-                      f"valid loss {avg_valid['valid_loss']:.3f}, ppl {avg_valid['valid_ppl']:.2f}")
-                if avg_valid["valid_loss"] > final["valid_loss"]:
-                    print("the average is worse on validation than the last checkpoint: testing the last checkpoint")
-                    model.load_state_dict(last_state)
-                    averaged.unlink()
-        if not args.no_test and data.text.get("test") and data.text["test"][0]:
-            src, ref = data.text["test"]
-            t1 = time.perf_counter()
-            opts = DecodeOptions(beam=args.beam, alpha=args.alpha)
-            hyps = translate_lines(model, data.vocab, src, opts)
-            secs = time.perf_counter() - t1
-            hyp_bytes = "".join(h + "\n" for h in hyps).encode("utf-8")
-            atomic_write(out / "test.hyp", lambda f: f.write(hyp_bytes))
-            scores = score_translations(hyps, ref)
-            scores.update(sentences=len(src), decode_seconds=round(secs, 1), beam=args.beam, alpha=args.alpha,
-                          steps=trainer.optimizer.step_count, train_minutes=round(trainer.elapsed / 60, 2))
-            _write_json(out / "test_scores.json", scores)
-            print(f"test: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(src)} sentences, beam "
-                  f"{args.beam}, {secs:.0f} s)\n{scores['bleu_signature']}")
+def _leave(world, exc: BaseException) -> None:
+    """How a rank ends on an exception, with several processes, without leaving the others waiting.
+
+    An exception every rank raises together (marked collective: rank 0's failed set-up or resume,
+    a run of non-finite steps, mpi4py missing) is printed by rank 0 alone, in one line; every rank
+    then exits with the same status (after a barrier, so the line is out before mpirun ends the
+    job). Anything else happened on this rank alone: report it here, then abort the whole job
+    (MPI_Abort), since the other ranks would wait for this one forever.
+    """
+    rank = world.rank if world.size > 1 else launched_rank()
+    if is_collective(exc):
+        if world.size > 1:
+            code = _report(exc) if world.is_main else exit_code_of(exc)
+            sys.stderr.flush()
+            world.barrier()
+            sys.exit(code)
+        if rank > 0:
+            time.sleep(RANK0_GRACE_S)
+            sys.exit(exit_code_of(exc))
+        return  # one process (or rank 0 before MPI started): one_line_errors prints it
+    if world.size == 1 or isinstance(exc, SystemExit) and exc.code in (0, None):
+        return
+    code = _report(exc)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    world.abort(code)
+
+
+def _report(exc: BaseException) -> int:
+    """Print ``exc`` as train.py does (one line for a user error, else the traceback); its exit status."""
+    try:
+        with one_line_errors("train.py"):
+            raise exc
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 1
+    except BaseException:  # noqa: BLE001  (a bug: show where)
+        traceback.print_exc()
+        return 1
+
+
+def _main(args, world) -> int:
+    device = resolve_device(args.device)
+    # fails now, in one line, if cuda is asked for but missing; several GPU ranks: this rank's own GPU
+    xp = xp_for(world.device if world.size > 1 else device)
+    out, preset, tcfg, mcfg, data, prev = _share(world, world.on_main(_settle, args, device))
+    if world.size > 1:
+        tcfg.dropout_rng = "batch"  # what the trainer does with several processes; run.json says so
+    run_file = out / "run.json"
+    model = Transformer(mcfg, seed=tcfg.seed)
+    model.to(xp)
+    print(f"model: preset {preset}, {model.num_parameters() / 1e6:.1f}M parameters, device "
+          f"{world.device if world.size > 1 else device}; "
+          f"training: {tcfg.max_tokens} tokens x {tcfg.accum} per step, warmup {tcfg.warmup}, "
+          f"lr factor {tcfg.lr_factor}, " + (f"{tcfg.max_minutes} min" if tcfg.max_minutes else f"{tcfg.max_steps} steps"))
+    if world.size > 1:
+        print(f"data parallel: {world.size} processes ({world.transport}), each step {world.size} x {tcfg.accum} "
+              f"batches of up to {tcfg.max_tokens} tokens")
+        if prev is not None and prev.get("processes", 1) != world.size:
+            print(f"note: {out} was trained with {prev.get('processes', 1)} process(es), now {world.size}: each step "
+                  "now takes a different number of batches")
+    trainer = Trainer(model, data, tcfg, out, progress=not args.no_progress, world=world)
+    if args.resume and not trainer.resume():
+        print("no checkpoint to resume from: starting fresh")
+    if world.is_main:
+        run = {"preset": preset, "device": device, "data": data.source, "model_config": mcfg.to_dict(),
+               "train_config": asdict(tcfg)}
+        if world.size > 1:
+            run["processes"] = world.size
+        _write_json(run_file, run)
+    if trainer._done():
+        print(f"already at step {trainer.optimizer.step_count}: nothing left to train "
+              "(raise --max-steps or --max-minutes to train on)")
+    trainer.train()
+    if trainer.interrupted:
+        if world.size > 1:  # mpirun ends the job when the first rank exits 130: rank 0's lines go out first
+            sys.stdout.flush()
+            world.barrier()
+        return 130
+    if not world.is_main:
+        world.barrier()  # wait, without spinning, while rank 0 validates, averages and decodes the test set
+        return 0
+    _finish(args, trainer, model, data, out, tcfg)
+    world.barrier()
     return 0
+
+
+def _finish(args, trainer, model, data, out, tcfg) -> None:
+    """After training (rank 0): validation loss, checkpoint averaging, test translation and scores."""
+    final = trainer.evaluate("valid", 0)
+    print(f"trained {trainer.optimizer.step_count} steps in {trainer.elapsed / 60:.1f} min; "
+          f"valid loss {final.get('valid_loss', float('nan')):.3f}, ppl {final.get('valid_ppl', float('nan')):.2f}")
+    averaged = trainer.average()
+    if averaged is not None:
+        from numformer.checkpoint import load_checkpoint  # noqa: PLC0415
+
+        last_state = model.state_dict()
+        model.load_state_dict(load_checkpoint(averaged, with_optimizer=False).model)
+        n_avg = min(tcfg.average_last, len(trainer.checkpoints()))
+        avg_valid = trainer.evaluate("valid", 0) if final else {}
+        if not avg_valid:
+            print(f"averaged the last {n_avg} checkpoints "
+                  "(no validation data to compare with: keeping the average)")
+        else:
+            print(f"averaged the last {n_avg} checkpoints: "
+                  f"valid loss {avg_valid['valid_loss']:.3f}, ppl {avg_valid['valid_ppl']:.2f}")
+            if avg_valid["valid_loss"] > final["valid_loss"]:
+                print("the average is worse on validation than the last checkpoint: testing the last checkpoint")
+                model.load_state_dict(last_state)
+                averaged.unlink()
+    if not args.no_test and data.text.get("test") and data.text["test"][0]:
+        src, ref = data.text["test"]
+        t1 = time.perf_counter()
+        opts = DecodeOptions(beam=args.beam, alpha=args.alpha)
+        hyps = translate_lines(model, data.vocab, src, opts)
+        secs = time.perf_counter() - t1
+        hyp_bytes = "".join(h + "\n" for h in hyps).encode("utf-8")
+        atomic_write(out / "test.hyp", lambda f: f.write(hyp_bytes))
+        scores = score_translations(hyps, ref)
+        scores.update(sentences=len(src), decode_seconds=round(secs, 1), beam=args.beam, alpha=args.alpha,
+                      steps=trainer.optimizer.step_count, train_minutes=round(trainer.elapsed / 60, 2))
+        _write_json(out / "test_scores.json", scores)
+        print(f"test: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(src)} sentences, beam "
+              f"{args.beam}, {secs:.0f} s)\n{scores['bleu_signature']}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,22 @@ A checkpoint holds the weights, Adam's moments and step, the dropout RNG state,
 the data position (epoch, batch) and the elapsed time, so ``--resume`` continues
 exactly where the run stopped: on the CPU a resumed run is bit-identical to an
 uninterrupted one.
+
+Dropout masks (``dropout_rng``): "stream" (the default with one process) draws every mask
+from the model's one RandomState, whose state checkpoints keep. "batch" (forced with several
+processes) reseeds it before each batch from ``(seed, epoch, position of the batch in the
+epoch)`` (:func:`dropout_seed`), so a batch sees the same masks whichever process computes
+it, with any number of processes and any ``accum``, and after a resume without any RNG
+state (checkpoints still hold one, so the format is the same).
+
+Several processes (``world``, see :mod:`numformer.distributed`): each optimizer step takes
+``world.size * accum`` batches from the epoch's list (the same list on every rank), deals
+``accum`` of them to each rank by token count, normalises the loss by the target tokens
+of all of them, and sums gradients and loss across ranks in one call before the update,
+which is then the update one process would make on all those batches. Rank 0 alone
+writes the run folder, logs and draws the progress bar. After each step the ranks agree
+on rank 0's clock and on whether any of them was asked to stop (SIGINT, SIGTERM, and
+SIGUSR1, which mpirun forwards to every rank), so they stop, save and end together.
 """
 from __future__ import annotations
 
@@ -44,13 +60,18 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .checkpoint import (CHECKPOINT_DIR, CheckpointError, atomic_write, average_checkpoints, load_checkpoint,
                          remove_stale_temporaries, run_checkpoints, save_checkpoint, step_checkpoint_path,
                          vocab_fingerprint)
 from .data import make_batches
+from .distributed import SINGLE, GradientBucket, broadcast_arrays_, mark_collective, shard_batches
 from .grad_stats import GradStats
 from .loss import LabelSmoothedCrossEntropy
 from .optim import Adam, NoamSchedule, clip_grad_norm, grad_norm
+from .precision import MODES as PRECISIONS
+from .precision import DynamicLossScaler, matmul_precision
 from .translation import DecodeOptions, score_translations, translate_lines
 
 
@@ -75,6 +96,8 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 1
     log_grads: int = 0             # record per-layer gradient statistics every N steps (0: off)
+    dropout_rng: str = "stream"    # "stream": one generator per run; "batch": reseeded per batch (see above)
+    precision: str = "fp32"        # matmuls: fp32, tf32 (GPU) or fp16 with loss scaling (numformer/precision.py)
     max_nonfinite_in_a_row: int = 10  # this many skipped (non-finite) steps in a row stop training
 
     def validate(self) -> None:
@@ -93,6 +116,10 @@ class TrainConfig:
         for name in ("save_every", "save_every_minutes", "eval_every", "eval_sentences", "clip_norm", "log_grads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 0, got {getattr(self, name)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.dropout_rng not in ("stream", "batch"):
+            raise ValueError(f"--dropout-rng must be stream or batch, got {self.dropout_rng!r}")
         if not self.lr_factor > 0:
             raise ValueError(f"--lr-factor must be positive, got {self.lr_factor}")
         if self.max_len < 2:
@@ -100,6 +127,21 @@ class TrainConfig:
         if self.average_last > self.keep_last:
             raise ValueError(f"cannot average the last {self.average_last} checkpoints while keeping only "
                              f"{self.keep_last}: raise --keep-last or lower --average-last")
+
+
+def dropout_seed(seed: int, epoch: int, position: int) -> int:
+    """The seed of the dropout masks of batch ``position`` of ``epoch`` in a run seeded ``seed``.
+
+    A function of the batch alone (not of the process that computes it, nor of the step it
+    falls in), so data parallelism and gradient accumulation see the same masks. SeedSequence
+    mixes the three numbers into well-spread bits; 63 of them fit every generator's seed.
+    """
+    # SeedSequence is host integer hashing, not array math: numpy is the right tool on any device.
+    return int(np.random.SeedSequence([seed, epoch, position]).generate_state(1, np.uint64)[0] >> 1)
+
+
+INIT_ONLY_FIELDS = ("init",)  # model config fields that only matter before the first step
+OVERFLOW = "overflow"  # train_step's status for an fp16 step skipped by the loss scaler (not a failure)
 
 
 class StopTraining(RuntimeError):
@@ -110,20 +152,34 @@ class StopTraining(RuntimeError):
 
 
 class Trainer:
-    """Trains ``model`` on ``data`` (a PreparedData) into the run folder ``out``."""
+    """Trains ``model`` on ``data`` (a PreparedData) into the run folder ``out``.
 
-    def __init__(self, model, data, cfg: TrainConfig, out, progress: bool = True, log=print):
+    ``world``: the processes training this model together (default: this one alone). With
+    several, every rank builds a Trainer over the same model config and training ids; only
+    rank 0 needs the run folder, the validation and test data.
+    """
+
+    world = SINGLE  # (class defaults: one process, for instances made without __init__)
+    _bucket = None
+    _stop_requested = False
+    _batch_seeded = False
+
+    def __init__(self, model, data, cfg: TrainConfig, out, progress: bool = True, log=print, world=None):
         cfg.validate()
         self.model, self.data, self.cfg = model, data, cfg
+        self.world = world = SINGLE if world is None else world
         self.out = Path(out)
         self.ckpt_dir = self.out / CHECKPOINT_DIR
-        self.log = log
-        self.progress = progress
+        self.log = log if world.is_main else _quiet
+        self.progress = progress and world.is_main
         self.xp = model.xp
         mcfg = model.cfg
         self.criterion = LabelSmoothedCrossEntropy(mcfg.label_smoothing, mcfg.pad_id)
         self.schedule = NoamSchedule(mcfg.d_model, cfg.warmup, cfg.lr_factor)
         self.optimizer = Adam(model.parameters(), schedule=self.schedule)
+        # fp16 GEMMs: gradients below float16's range would vanish without loss scaling (Micikevicius et al.)
+        self.scaler = DynamicLossScaler() if cfg.precision == "fp16" else None
+        self._device = "cpu" if self.xp is np else "cuda"
         self.vocab = data.vocab
         self._vocab_sha256 = vocab_fingerprint(data.vocab)
         self.epoch, self.batch_pos = 0, 0
@@ -133,8 +189,14 @@ class Trainer:
         self._window = [0, 0.0, 0.0, 0]  # since the last log line: tokens, seconds, loss sum, good steps
         self._epoch_batches = None
         self.metrics_path = self.out / "metrics.jsonl"
-        self.grad_stats = GradStats(model, self.out / "grad_stats.jsonl") if cfg.log_grads else None
+        self.grad_stats = GradStats(model, self.out / "grad_stats.jsonl") if cfg.log_grads and world.is_main else None
         self._interrupted = False
+        self._stop_requested = False  # a signal seen by this rank, acted on once all ranks know (several ranks)
+        # Several ranks: every gradient a view into one buffer (two extra slots carry the loss and the
+        # NLL), summed across ranks with one call per step.
+        self._bucket = GradientBucket(self.optimizer.params, extra=2) if world.parallel else None
+        # several processes: masks must not depend on which rank computes a batch
+        self._batch_seeded = cfg.dropout_rng == "batch" or world.parallel
         if cfg.max_len > mcfg.max_len:
             raise ValueError(f"--max-len {cfg.max_len} exceeds the model's positional table ({mcfg.max_len}): "
                              f"use --max-len {mcfg.max_len} or less")
@@ -160,40 +222,80 @@ class Trainer:
         return batches
 
     def _next_batches(self):
-        out = []
-        while len(out) < self.cfg.accum:
+        """The next optimizer step's batches, ``accum`` per process, and each one's (epoch, position).
+
+        Every rank walks the same epoch lists, so the data position stays the same on all of them.
+        """
+        out, keys = [], []
+        while len(out) < self.cfg.accum * self.world.size:
             if self._epoch_batches is None:
                 self._epoch_batches = self._batches(self.epoch)
             if self.batch_pos >= len(self._epoch_batches):
                 self.epoch, self.batch_pos = self.epoch + 1, 0
                 self._epoch_batches = self._batches(self.epoch)
             out.append(self._epoch_batches[self.batch_pos])
+            keys.append((self.epoch, self.batch_pos))
             self.batch_pos += 1
-        return out
+        return out, keys
 
     # -- one step ----------------------------------------------------------------
-    def train_step(self, batches):
-        """Forward and backward over ``batches``, then one Adam step. Returns (loss, nll_sum, tokens, gnorm)."""
-        xp, model, crit = self.xp, self.model, self.criterion
-        n_tokens = sum(b.n_tgt_tokens for b in batches)
-        loss_total, nll_total = 0.0, 0.0
+    def train_step(self, batches, keys=None):
+        """Forward and backward over this process's share of ``batches``, gradients summed over the
+        processes, then one Adam step. Returns (loss, nll_sum, tokens, gnorm, ok) of the whole step.
+
+        ``batches``: the step's batches for all processes (``world.size * accum``); ``keys``: their
+        (epoch, position), which seed their dropout masks (None: the RNG stream runs on). The loss is
+        divided by the target tokens of all of them, so the summed gradient is that of one big batch.
+        """
+        xp, world = self.xp, self.world
+        n_tokens = sum(b.n_tgt_tokens for b in batches)  # every rank knows every batch: no message needed
+        mine = (range(len(batches)) if world.size == 1
+                else shard_batches([b.n_padded_tokens for b in batches], world.size, world.rank))
         stats = self.grad_stats if self._log_grads_now() else None
-        for i, b in enumerate(batches):
-            if stats is not None and i == len(batches) - 1:
+        if self.scaler is not None and xp is np:
+            # fp16 emulated on the host overflows now and then by design (the scaler backs off): numpy's
+            # warnings about it would only be noise. (Host floating-point flags, not array math.)
+            with np.errstate(over="ignore", invalid="ignore"):
+                return self._step(batches, keys, mine, n_tokens, stats)
+        return self._step(batches, keys, mine, n_tokens, stats)
+
+    def _step(self, batches, keys, mine, n_tokens, stats):
+        """:meth:`train_step` for this process's batches ``mine`` (indices into ``batches``)."""
+        xp, model, crit, world = self.xp, self.model, self.criterion, self.world
+        loss_total, nll_total = 0.0, 0.0
+        last = mine[-1]
+        for i in mine:
+            b = batches[i]
+            if keys is not None:
+                model.rng.set_state({"seed": dropout_seed(self.cfg.seed, *keys[i])})
+            if stats is not None and i == last:
                 stats.start()
             logits = model(xp.asarray(b.src), xp.asarray(b.tgt_in))
-            if stats is not None and i == len(batches) - 1:
+            if stats is not None and i == last:
                 stats.after_forward()
             loss_total = loss_total + crit.forward(logits, xp.asarray(b.tgt_out), normalizer=n_tokens,
                                                    overwrite_logits=True)
             nll_total = nll_total + crit.nll_sum
-            model.backward(crit.backward())
+            dlogits = crit.backward()
+            model.backward(dlogits if self.scaler is None else self.scaler.scale_grad_(dlogits))
+        if self._bucket is not None:  # identical summed gradients (and loss) on every rank from here on
+            loss_total, nll_total = self._bucket.allreduce_(world, loss_total, nll_total)
         params = self.optimizer.params
+        if self.scaler is not None:  # the true gradient, before its norm is taken or clipped
+            self.scaler.unscale_(params)
         if self.cfg.clip_norm > 0:
             gnorm = clip_grad_norm(params, self.cfg.clip_norm)
         else:
             gnorm = grad_norm(params)
-        if not (math.isfinite(float(loss_total)) and math.isfinite(float(gnorm))):
+        loss_ok = math.isfinite(float(loss_total))
+        if self.scaler is not None and loss_ok:
+            if self.scaler.update(found_nonfinite=not math.isfinite(float(gnorm))):
+                self.optimizer.zero_grad()
+                if not self.scaler.exhausted:
+                    # fp16 overflow of the scaled gradient: the scale was halved; a normal event, not a failure
+                    return loss_total, nll_total, n_tokens, gnorm, OVERFLOW
+                return loss_total, nll_total, n_tokens, gnorm, False
+        elif not (loss_ok and math.isfinite(float(gnorm))):
             self.optimizer.zero_grad()  # the step is dropped: no Adam update, no step count
             return loss_total, nll_total, n_tokens, gnorm, False
         if stats is not None:
@@ -244,13 +346,17 @@ class Trainer:
         """Checkpoint files of this run, oldest first."""
         return run_checkpoints(self.ckpt_dir.parent)
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        """Write the checkpoint of the current step (rank 0 only; None on the other ranks)."""
+        if not self.world.is_main:
+            return None
         step = self.optimizer.step_count
         path = step_checkpoint_path(self.ckpt_dir.parent, step)
         meta = {
             "step": step, "epoch": self.epoch, "batch_pos": self.batch_pos, "elapsed": self.elapsed,
             "skipped_steps": self.skipped_steps, "rng": self.model.rng.get_state(), "log_window": self._window,
             "model_config": self.model.cfg.to_dict(), "train_config": asdict(self.cfg),
+            "loss_scaler": None if self.scaler is None else self.scaler.state_dict(),
             "vocab_size": self.vocab.size, "vocab_sha256": self._vocab_sha256, "data": self.data.source,
         }
         try:
@@ -271,6 +377,10 @@ class Trainer:
         """Size of one checkpoint: weights and Adam's two moments, plus room for metadata."""
         weights = sum(int(p.data.size) * p.data.dtype.itemsize for p in self.model.parameters())
         return 3 * weights + (1 << 20)
+
+    def _prepare_folder(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.preflight()
 
     def preflight(self) -> None:
         """Fail now, in one line, if the run folder cannot hold the checkpoints (not after an hour).
@@ -309,7 +419,16 @@ class Trainer:
         Leftover temporary files of a killed write are deleted; an unreadable checkpoint is renamed to
         ``*.corrupt`` (so nothing picks it up again) and the next older one is used. A checkpoint of
         another model config or vocabulary is a one-line CheckpointError.
+
+        Several ranks: rank 0 alone reads the run folder (the others need no copy of it); its
+        weights, Adam state and data position reach them when :meth:`train` starts.
         """
+        if not self.world.parallel:
+            return self._resume_here()
+        return bool(self.world.broadcast_object(self.world.on_main(self._resume_here)))
+
+    def _resume_here(self) -> bool:
+        """:meth:`resume` from this process's view of the run folder."""
         for folder in (self.out, self.ckpt_dir):
             for tmp in remove_stale_temporaries(folder):
                 self.log(f"removed {tmp}, left by an interrupted write")
@@ -332,6 +451,9 @@ class Trainer:
             raise CheckpointError(f"no readable checkpoint in {self.ckpt_dir}: remove the folder or start without "
                                   "--resume")
         saved, now = ck.meta.get("model_config"), self.model.cfg.to_dict()
+        if isinstance(saved, dict):  # how the weights were first drawn does not matter once they are loaded
+            saved = {k: v for k, v in saved.items() if k not in INIT_ONLY_FIELDS}
+            now = {k: v for k, v in now.items() if k not in INIT_ONLY_FIELDS}
         if saved != now:
             if not isinstance(saved, dict):
                 raise CheckpointError(f"{path} has no model config: it is not a numformer training checkpoint")
@@ -356,6 +478,8 @@ class Trainer:
         self.epoch, self.batch_pos = ck.meta["epoch"], ck.meta["batch_pos"]
         self.elapsed = ck.meta["elapsed"]
         self.skipped_steps = ck.meta.get("skipped_steps", 0)
+        if self.scaler is not None and ck.meta.get("loss_scaler"):
+            self.scaler.load_state_dict(ck.meta["loss_scaler"])
         self.nonfinite_in_a_row = 0
         window = ck.meta.get("log_window")  # so the first log line after a resume averages the same steps
         self._window = list(window) if isinstance(window, list) and len(window) == 4 else [0, 0.0, 0.0, 0]
@@ -383,7 +507,41 @@ class Trainer:
         data = "".join(ln + "\n" for ln in kept).encode("utf-8")
         atomic_write(self.metrics_path, lambda f: f.write(data))
 
+    def _sync_replicas(self) -> None:
+        """Every rank takes rank 0's weights, Adam moments and step, data position, clock and counters.
+
+        Called when training starts: the replicas begin identical (also after a resume that only
+        rank 0 read) and identical updates of identical gradients keep them so.
+        """
+        world = self.world
+        if not world.parallel:
+            return
+        opt = self.optimizer
+        for arrays in ([p.data for p in opt.params], opt.m, opt.v):
+            broadcast_arrays_(world, arrays)
+        state = world.broadcast_object({"step_count": opt.step_count, "epoch": self.epoch, "batch_pos": self.batch_pos,
+                                        "elapsed": self.elapsed, "skipped_steps": self.skipped_steps,
+                                        "window": list(self._window),
+                                        "loss_scaler": None if self.scaler is None else self.scaler.state_dict()})
+        if self.scaler is not None:  # fp16: every rank unscales by, and backs off from, the same scale
+            self.scaler.load_state_dict(state["loss_scaler"])
+        opt.step_count = state["step_count"]
+        self.epoch, self.batch_pos, self.elapsed = state["epoch"], state["batch_pos"], state["elapsed"]
+        self.skipped_steps, self._window = state["skipped_steps"], list(state["window"])
+        self._epoch_batches = None
+
+    def _agree(self) -> None:
+        """After each step (several ranks): rank 0's clock becomes every rank's ``elapsed``, and a stop
+        asked of any rank becomes everyone's, so ``--max-minutes``, saving by time and signals end or
+        save the same step everywhere. One small message per step."""
+        main = self.world.is_main
+        summed = self.world.allreduce_scalars([1.0 if self._stop_requested else 0.0, self.elapsed if main else 0.0])
+        self._interrupted = self._interrupted or bool(summed[0] > 0)
+        self.elapsed = float(summed[1])
+
     def _write_metrics(self, record: dict) -> None:
+        if not self.world.is_main:
+            return
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -397,13 +555,19 @@ class Trainer:
     def train(self) -> dict:
         """Run until max_steps or max_minutes (or SIGINT/SIGTERM); returns the last metrics record.
 
+        The GEMMs run in ``cfg.precision`` for the duration (validation during training included),
+        and the previous precision is restored afterwards.
         Raises StopTraining after ``max_nonfinite_in_a_row`` non-finite steps in a row, and
         CheckpointError (before the first step) when the run folder cannot hold the checkpoints.
         """
-        cfg = self.cfg
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.preflight()
-        self._interrupted = False
+        with matmul_precision(self.cfg.precision, self._device):
+            return self._train()
+
+    def _train(self) -> dict:
+        cfg, world = self.cfg, self.world
+        world.on_main(self._prepare_folder)  # rank 0's run folder; a failure there stops every rank
+        self._sync_replicas()
+        self._interrupted = self._stop_requested = False
         self.model.train()
         bar = None
         if self.progress:
@@ -411,7 +575,9 @@ class Trainer:
 
             bar = tqdm(total=cfg.max_steps, initial=self.optimizer.step_count, unit="step", dynamic_ncols=True,
                        mininterval=1.0)
-        handled = (signal.SIGINT, signal.SIGTERM)
+        # mpirun ends the job on SIGINT/SIGTERM (SIGKILL a second later) but forwards SIGUSR1 to every
+        # rank: with several ranks, SIGUSR1 is the graceful stop.
+        handled = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGUSR1,) if world.parallel else ())
         previous = {}
         if threading.current_thread() is threading.main_thread():  # signals can only be caught there
             previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
@@ -421,13 +587,17 @@ class Trainer:
         try:
             while not self._done() and not self._interrupted:
                 t0 = time.perf_counter()
-                batches = self._next_batches()
-                loss, nll, ntok, gnorm, ok = self.train_step(batches)
+                batches, keys = self._next_batches()
+                loss, nll, ntok, gnorm, ok = self.train_step(batches, keys if self._batch_seeded else None)
                 step = self.optimizer.step_count
                 dt = time.perf_counter() - t0
                 self.elapsed += dt
+                if world.parallel:
+                    self._agree()
                 window[0] += ntok
                 window[1] += dt
+                if ok is OVERFLOW:  # the scaler halved its scale; the step is redone with the next batches
+                    continue
                 if not ok:
                     self._skipped(step, loss, gnorm)
                     continue
@@ -440,16 +610,19 @@ class Trainer:
                     record = {"step": step, "train_loss": window[2] / window[3], "lr": self.schedule(step),
                               "grad_norm": float(gnorm), "tokens_per_s": window[0] / max(window[1], 1e-9),
                               "elapsed": round(self.elapsed, 2), "epoch": self.epoch}
+                    if self.scaler is not None:
+                        record["loss_scale"] = self.scaler.scale
+                        record["overflow_steps"] = self.scaler.skipped_steps
                     if self.skipped_steps:
                         record["skipped_steps"] = self.skipped_steps
                     if bar is not None:
                         bar.set_postfix(loss=f"{record['train_loss']:.3f}", lr=f"{record['lr']:.2e}",
                                         tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
                     window[:] = [0, 0.0, 0.0, 0]
-                    if cfg.eval_every and step % cfg.eval_every == 0:
+                    if cfg.eval_every and step % cfg.eval_every == 0 and world.is_main:
                         record.update(self.evaluate("valid", cfg.eval_sentences))
                     self._write_metrics(record)
-                elif cfg.eval_every and step % cfg.eval_every == 0:
+                elif cfg.eval_every and step % cfg.eval_every == 0 and world.is_main:
                     record = {"step": step, "elapsed": round(self.elapsed, 2), **self.evaluate("valid", cfg.eval_sentences)}
                     self._write_metrics(record)
                 by_steps = cfg.save_every and step % cfg.save_every == 0
@@ -457,17 +630,22 @@ class Trainer:
                 if by_steps or by_time:
                     self.save()
                     last_save_time = self.elapsed
+                if world.parallel and (by_steps or by_time or (cfg.eval_every and step % cfg.eval_every == 0)):
+                    world.barrier()  # the others wait (without spinning) while rank 0 validates or saves
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if bar is not None:
                 bar.close()
-        found = self.checkpoints()
-        if not found or found[-1] != step_checkpoint_path(self.ckpt_dir.parent, self.optimizer.step_count):
-            self.save()
-        if self._interrupted:
-            self.log(f"interrupted at step {self.optimizer.step_count}: saved {self.checkpoints()[-1]}; "
-                     "continue with --resume")
+        if world.is_main:
+            found = self.checkpoints()
+            if not found or found[-1] != step_checkpoint_path(self.ckpt_dir.parent, self.optimizer.step_count):
+                self.save()
+            if self._interrupted:
+                self.log(f"interrupted at step {self.optimizer.step_count}: saved {self.checkpoints()[-1]}; "
+                         "continue with --resume")
+        if world.parallel:  # no rank leaves (and no mpirun ends the job) before the last checkpoint is written
+            world.barrier()
         return record
 
     def _skipped(self, step: int, loss, gnorm) -> None:
@@ -484,17 +662,24 @@ class Trainer:
         if self.nonfinite_in_a_row >= limit:
             found = self.checkpoints()
             last = f"the last good checkpoint is {found[-1]}" if found else "no checkpoint was written"
-            raise StopTraining(f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient "
-                               f"({self.skipped_steps} skipped in all): training stopped at step {step}; {last}; "
-                               "lower --lr-factor or set --clip-norm, then continue with --resume")
+            # every rank sees the same summed gradient, so every rank stops here together
+            raise mark_collective(StopTraining(
+                f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient "
+                f"({self.skipped_steps} skipped in all): training stopped at step {step}; {last}; "
+                "lower --lr-factor or set --clip-norm, then continue with --resume"))
 
     def _on_signal(self, signum, frame):
-        if self._interrupted and signum == signal.SIGINT:  # second Ctrl-C: stop now
+        if (self._interrupted or self._stop_requested) and signum == signal.SIGINT:  # second Ctrl-C: stop now
             raise KeyboardInterrupt
-        self._interrupted = True
+        if self.world.parallel:
+            self._stop_requested = True  # acted on after this step, once every rank knows (_agree)
+        else:
+            self._interrupted = True
 
     def average(self) -> Path | None:
-        """Average the last ``average_last`` checkpoints into OUT/averaged.npz (None if fewer than 2)."""
+        """Average the last ``average_last`` checkpoints into OUT/averaged.npz (None if fewer than 2, or not rank 0)."""
+        if not self.world.is_main:
+            return None
         paths = self.checkpoints()[-self.cfg.average_last:]
         if len(paths) < 2:
             return None
@@ -502,3 +687,7 @@ class Trainer:
         path = self.out / "averaged.npz"
         save_checkpoint(path, ck.model, ck.meta)
         return path
+
+
+def _quiet(*args, **kwargs) -> None:
+    """The log of ranks other than 0: rank 0 speaks for all of them."""
