@@ -40,6 +40,7 @@ from numformer.distributed import SINGLE, exit_code_of, init_world, is_collectiv
 from numformer.model import Transformer
 from numformer.layers.init import SCHEMES as INIT_SCHEMES
 from numformer.precision import MODES as PRECISIONS
+from numformer.precision import check_precision
 from numformer.prepare import CORPORA, PreparedData, prepare
 from numformer.presets import PRESETS, ModelConfig, get_preset
 from numformer.trainer import TrainConfig, Trainer
@@ -247,8 +248,7 @@ def _settle(args, device: str):
     previous run's run.json or None)."""
     out, prev, flags, preset = _settle_run(args, device)
     tcfg = _train_config(args, preset, prev)
-    if tcfg.precision == "tf32" and device == "cpu":
-        raise ValueError("--precision tf32 needs --device cuda (TF32 runs on NVIDIA tensor cores): on a CPU use fp32")
+    check_precision(tcfg.precision, device)  # refused now, before the run folder is written
     overrides = dict(pre_norm=args.pre_norm, tie_embeddings=not args.untied)
     if prev is not None and isinstance(prev.get("model_config"), dict):
         run_cfg = prev["model_config"]

@@ -39,6 +39,16 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: Path, suptitle: str = "") -> Path:
+    """Lay out, write (110 dpi) and close a figure; returns ``path``."""
+    if suptitle:
+        fig.suptitle(suptitle)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
 def plot_curves(metrics: list[dict], out: Path, title: str = "") -> Path:
     """Loss, learning rate, validation BLEU and throughput against the step."""
     plt = _pyplot()
@@ -74,13 +84,7 @@ def plot_curves(metrics: list[dict], out: Path, title: str = "") -> Path:
     ax.set_xlabel("step")
     for a in axes.ravel():
         a.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = out / "curves.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "curves.png", title)
 
 
 def _short(name: str) -> str:
@@ -108,11 +112,7 @@ def plot_grad_flow(stats: list[dict], out: Path, title: str = "", key: str = "gr
     ax.set_xlabel("step")
     fig.colorbar(im, ax=ax, label=f"log10 {key.replace('_', ' ')}")
     ax.set_title(title or f"gradient flow: {key.replace('_', ' ')} per tensor")
-    fig.tight_layout()
-    path = out / ("grad_flow.png" if key == "grad_norm" else f"{key}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / ("grad_flow.png" if key == "grad_norm" else f"{key}.png"))
 
 
 def layer_of(name: str) -> str:
@@ -146,11 +146,7 @@ def plot_update_ratio(stats: list[dict], out: Path, title: str = "") -> Path | N
     ax.set_title(title or "update-to-weight ratio of the last Adam step, per layer")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = out / "update_ratio.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "update_ratio.png")
 
 
 def plot_activations(stats: list[dict], out: Path, title: str = "") -> Path | None:
@@ -171,13 +167,7 @@ def plot_activations(stats: list[dict], out: Path, title: str = "") -> Path | No
     for a in axes:
         a.set_xlabel("step")
         a.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = out / "activations.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "activations.png", title)
 
 
 def plot_run(run_dir, out=None) -> list[Path]:
@@ -222,14 +212,9 @@ def plot_compare(runs: list, out, title: str = "") -> Path:
         a.set_xlabel("step")
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out, title)
 
 
 def main(argv=None) -> int:

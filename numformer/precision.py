@@ -132,6 +132,15 @@ def _check_mode(mode) -> str:
     return m
 
 
+def check_precision(mode: str, device: str | None = None) -> str:
+    """The canonical name of ``mode``; PrecisionError (one line) when it cannot run on ``device``."""
+    m = _check_mode(mode)
+    if m == "tf32" and device is not None and resolve_device(device) == "cpu":
+        raise PrecisionError("--precision tf32 needs --device cuda (TF32 runs on NVIDIA tensor cores): "
+                             "on a CPU use fp32")
+    return m
+
+
 def _reset_cupy_fp32_compute_type() -> None:
     """Make an imported cupy re-read CUPY_TF32 at its next float32 GEMM (its choice is cached)."""
     if "cupy" not in sys.modules:
@@ -181,10 +190,7 @@ def set_matmul_precision(mode: str, device: str | None = None) -> str:
     'fp16' works on the CPU too, emulated and slower than fp32 (for tests).
     """
     global _mode, _special
-    m = _check_mode(mode)
-    if m == "tf32" and device is not None and resolve_device(device) == "cpu":
-        raise PrecisionError("matmul precision 'tf32' needs --device cuda (TF32 runs on NVIDIA tensor cores); "
-                             "on the CPU use fp32")
+    m = check_precision(mode, device)
     previous = _mode
     if m != previous:
         _set_cupy_tf32(m == "tf32")

@@ -51,6 +51,7 @@ SIGUSR1, which mpirun forwards to every rank), so they stop, save and end togeth
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -247,22 +248,12 @@ class Trainer:
         (epoch, position), which seed their dropout masks (None: the RNG stream runs on). The loss is
         divided by the target tokens of all of them, so the summed gradient is that of one big batch.
         """
-        xp, world = self.xp, self.world
+        xp, model, crit, world = self.xp, self.model, self.criterion, self.world
         n_tokens = sum(b.n_tgt_tokens for b in batches)  # every rank knows every batch: no message needed
         mine = (range(len(batches)) if world.size == 1
                 else shard_batches([b.n_padded_tokens for b in batches], world.size, world.rank))
-        stats = self.grad_stats if self._log_grads_now() else None
-        if self.scaler is not None and xp is np:
-            # fp16 emulated on the host overflows now and then by design (the scaler backs off): numpy's
-            # warnings about it would only be noise. (Host floating-point flags, not array math.)
-            with np.errstate(over="ignore", invalid="ignore"):
-                return self._step(batches, keys, mine, n_tokens, stats)
-        return self._step(batches, keys, mine, n_tokens, stats)
-
-    def _step(self, batches, keys, mine, n_tokens, stats):
-        """:meth:`train_step` for this process's batches ``mine`` (indices into ``batches``)."""
-        xp, model, crit, world = self.xp, self.model, self.criterion, self.world
         loss_total, nll_total = 0.0, 0.0
+        stats = self.grad_stats if self._log_grads_now() else None
         last = mine[-1]
         for i in mine:
             b = batches[i]
@@ -560,7 +551,10 @@ class Trainer:
         Raises StopTraining after ``max_nonfinite_in_a_row`` non-finite steps in a row, and
         CheckpointError (before the first step) when the run folder cannot hold the checkpoints.
         """
-        with matmul_precision(self.cfg.precision, self._device):
+        # fp16 emulated on the host overflows now and then by design (the scaler backs off): numpy's
+        # warnings about it would only be noise. (Host floating-point flags, not array math.)
+        quiet = np.errstate(over="ignore", invalid="ignore") if self.scaler is not None else contextlib.nullcontext()
+        with matmul_precision(self.cfg.precision, self._device), quiet:
             return self._train()
 
     def _train(self) -> dict:
