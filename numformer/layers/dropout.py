@@ -10,6 +10,8 @@ Shapes: any -> same.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..backend import get_array_module, parallel_rows
 from ..module import Module
 
@@ -63,6 +65,19 @@ class Dropout(Module):
             return x + add
         if self.rng is None:
             raise ValueError("Dropout with p > 0 needs a RandomState (rng=...)")
+        if xp is np and x.flags.c_contiguous and (add is None or add.shape == x.shape):
+            # host: each block of the mask is applied in the thread that drew it, while in cache
+            out = x if inplace else np.empty_like(x)
+            xf, of = x.reshape(-1), out.reshape(-1)
+            af = None if add is None else np.ascontiguousarray(add).reshape(-1)
+
+            def apply(lo, hi, block):
+                np.multiply(xf[lo:hi], block, out=of[lo:hi])
+                if af is not None:
+                    of[lo:hi] += af[lo:hi]
+
+            self._cache_mask = self.rng.dropout_mask(x.shape, self.p, x.dtype, then=apply)
+            return out
         mask = self.rng.dropout_mask(x.shape, self.p, x.dtype)
         self._cache_mask = mask
         if x.flags.c_contiguous and mask.flags.c_contiguous and (add is None or add.shape == x.shape):
