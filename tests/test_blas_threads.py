@@ -1,0 +1,50 @@
+"""numformer.blas_threads: OpenBLAS's thread timeout is set for training, before numpy loads, and only then.
+
+Each case runs in a fresh interpreter, since the point is what happens before numpy is imported.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str, **env_changes) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "NUMFORMER_BLAS_TUNE")}
+    env.update(env_changes)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+REPORT = "import os; print(tuned, os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+
+
+@pytest.mark.parametrize("before, env, expected", [
+    ("", {}, "True 5"),                                              # fresh process: set
+    ("import numpy; ", {}, "False None"),                            # numpy already loaded: too late, left alone
+    ("", {"NUMFORMER_BLAS_TUNE": "0"}, "False None"),                # opted out
+    ("", {"OPENBLAS_THREAD_TIMEOUT": "12"}, "False 12"),             # the user's value is kept
+])
+def test_tune_blas_threads_only_before_numpy_and_never_over_the_user(before, env, expected):
+    code = before + "from numformer.blas_threads import tune_blas_threads; tuned = tune_blas_threads(); " + REPORT
+    assert run_python(code, **env) == expected
+
+
+def test_train_py_sets_the_timeout_before_numpy_loads_and_translate_py_does_not():
+    """train.py tunes before its numformer imports pull in numpy; translate.py (decoding) keeps the spin."""
+    template = ("import os, runpy, sys\n"
+                "sys.argv = [{script!r}, '--help']\n"
+                "try:\n    runpy.run_path({script!r}, run_name='__main__')\n"
+                "except SystemExit:\n    pass\n"
+                "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'), 'numpy' in sys.modules)\n")
+    out_train = run_python(template.format(script=str(ROOT / "train.py")))
+    out_translate = run_python(template.format(script=str(ROOT / "translate.py")))
+    assert out_train.splitlines()[-1] == "5 True"
+    assert out_translate.splitlines()[-1] == "None True"
