@@ -195,7 +195,10 @@ class RandomState:
         (four uint16 per 64-bit word), but the host threads draw them in parallel, each
         from a copy of the generator advanced to its share (``PCG64.advance``): the mask
         is the same for any thread count, and the generator ends where that one call
-        would leave it. ``then(lo, hi, block)``, if given, is called with consecutive
+        would leave it. These are the bits the earlier ``integers(0, 65536, dtype=uint16)``
+        draw gave (numpy splits each 64-bit word into the same four, low half first), so
+        masks, and runs, are bit for bit those of before for shapes with a multiple of 4
+        elements. ``then(lo, hi, block)``, if given, is called with consecutive
         flat ranges ``[lo, hi)`` of the mask (about ``DROPOUT_BLOCK`` elements) in the
         thread that made them, while they are in cache: Dropout applies the mask there.
         Measured (2,560 x 256, 2 threads): 0.54 ms against 0.75 ms for one

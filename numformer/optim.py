@@ -90,7 +90,7 @@ class Adam:
 
         ``zero_grad=True`` also zeroes each gradient block right after its update has read
         it, while it is still in cache: the same result as ``step(); zero_grad()`` without
-        a second pass over every gradient (measured on base: 28 ms saved of 2.1 s a step).
+        a second pass over every gradient (base, 2 threads: 116 -> 99 ms for update and zeroing).
         """
         self.step_count += 1
         t = self.step_count
