@@ -16,20 +16,17 @@ from ..backend import get_array_module, parallel_rows
 from ..module import Module
 
 
-def _scale_rows(x, mask, out, add=None):
-    """``out = x * mask (+ add)``, blocked over rows in host threads (out may be x)."""
-    xp = get_array_module(x)
+def _multiply_add(xb, mb, ob, ab=None):
+    """``ob = xb * mb (+ ab)`` on one block (ob may be xb)."""
+    get_array_module(xb).multiply(xb, mb, out=ob)
+    if ab is not None:
+        ob += ab
+
+
+def _scale_rows(x, mask, out):
+    """``out = x * mask``, blocked over rows in host threads (out may be x)."""
     lead = (-1, x.shape[-1]) if x.ndim > 1 else (-1, 1)
-    arrays = [x.reshape(lead), mask.reshape(lead), out.reshape(lead)]
-    if add is not None:
-        arrays.append(add.reshape(lead))
-
-    def block(xb, mb, ob, ab=None):
-        xp.multiply(xb, mb, out=ob)
-        if ab is not None:
-            ob += ab
-
-    parallel_rows(block, *arrays, chunk_elements=1 << 15)
+    parallel_rows(_multiply_add, x.reshape(lead), mask.reshape(lead), out.reshape(lead), chunk_elements=1 << 15)
     return out
 
 
@@ -72,17 +69,13 @@ class Dropout(Module):
             af = None if add is None else np.ascontiguousarray(add).reshape(-1)
 
             def apply(lo, hi, block):
-                np.multiply(xf[lo:hi], block, out=of[lo:hi])
-                if af is not None:
-                    of[lo:hi] += af[lo:hi]
+                _multiply_add(xf[lo:hi], block, of[lo:hi], None if af is None else af[lo:hi])
 
             self._cache_mask = self.rng.dropout_mask(x.shape, self.p, x.dtype, then=apply)
             return out
+        # the GPU (its own kernels, one per op) and strided or broadcast operands on the host
         mask = self.rng.dropout_mask(x.shape, self.p, x.dtype)
         self._cache_mask = mask
-        if x.flags.c_contiguous and mask.flags.c_contiguous and (add is None or add.shape == x.shape):
-            return _scale_rows(x, mask, x if inplace else xp.empty_like(x),
-                               None if add is None else xp.ascontiguousarray(add))
         out = x.__imul__(mask) if inplace else x * mask
         if add is not None:
             out += add
