@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from numformer.gradcheck import run_case
+from numformer.kernels import MODES, get_kernels, use_kernels
 
 from .cases import BUILDERS, build_cases, checkpoint_cases
 
@@ -27,10 +28,14 @@ def main(argv=None) -> int:
     ap.add_argument("--step", type=float, default=1e-5, help="finite-difference step h (default 1e-5)")
     ap.add_argument("--tolerance", type=float, default=1e-6, help="largest relative error that passes")
     ap.add_argument("--list", action="store_true", help="list the layer names and exit")
+    ap.add_argument("--kernels", choices=MODES, default=None,
+                    help="check the fast kernels (default, unless NUMFORMER_KERNELS says otherwise) or the plain math")
     ap.add_argument("--checkpoint", metavar="RUN", help="check on a trained model's weights (a run folder or a "
                     "checkpoint) instead of random ones")
     args = ap.parse_args(argv)
 
+    if args.kernels:
+        use_kernels(args.kernels)
     if args.list:
         print("\n".join(BUILDERS))
         return 0
@@ -63,6 +68,8 @@ def main(argv=None) -> int:
             "tolerance": args.tolerance,
             "step": args.step,
             "layers": sorted({r.layer for r in results}),
+            "kernels": get_kernels(),
+            "kinks_skipped": sum(r.kinks for r in results),
             "seconds": round(elapsed, 2),
             "results": [
                 {"layer": r.layer, "case": r.case, "tensor": r.tensor, "shape": list(r.shape), "probes": r.probes,
@@ -74,14 +81,15 @@ def main(argv=None) -> int:
 
     w_layer = max(len(r.layer) for r in results)
     w_tensor = max(len(r.tensor) for r in results)
-    print(f"{'layer':<{w_layer}}  {'tensor':<{w_tensor}}  {'probes':>6}  {'worst rel err':>13}  result   case")
+    print(f"{'layer':<{w_layer}}  {'tensor':<{w_tensor}}  {'probes':>6}  {'kinks':>5}  {'worst rel err':>13}  result   case")
     for r in results:
-        print(f"{r.layer:<{w_layer}}  {r.tensor:<{w_tensor}}  {r.probes:>6}  {r.max_rel_error:>13.2e}  "
+        print(f"{r.layer:<{w_layer}}  {r.tensor:<{w_tensor}}  {r.probes:>6}  {r.kinks:>5}  {r.max_rel_error:>13.2e}  "
               f"{'pass' if r.passed else 'FAIL':<7}  {r.case}")
         for probe, a, n, e in r.samples:
             print(f"{'':<{w_layer}}    {probe:<24} analytic {a:+.10e}  numerical {n:+.10e}  rel err {e:.1e}")
-    print(f"\n{len(results)} tensors checked in {elapsed:.1f} s, {len(failed)} failed, "
-          f"worst relative error {worst:.2e} (tolerance {args.tolerance:.0e}, step {args.step:.0e})")
+    print(f"\n{len(results)} tensors checked in {elapsed:.1f} s ({get_kernels()} kernels), {len(failed)} failed, "
+          f"worst relative error {worst:.2e} (tolerance {args.tolerance:.0e}, step {args.step:.0e}); "
+          f"{sum(r.kinks for r in results)} probes dropped at ReLU kinks (replaced where the tensor was sampled)")
     return 1 if failed else 0
 
 

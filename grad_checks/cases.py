@@ -1,8 +1,10 @@
 """The gradient checks: every layer of numformer and the whole model plus loss, in float64.
 
 Each builder returns GradCases with padding in the batch, source and target of
-different lengths, and random inputs; dropout is either off or replayed with a
-fixed mask (the model's RandomState is restored before every forward).
+different lengths, a source row that is all padding under a target row of real
+tokens (fully masked attention rows, whose scores must get no gradient),
+four heads, and random inputs; dropout is either off or replayed with a fixed mask
+(the model's RandomState is restored before every forward).
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import numpy as np
 from numformer.backend import RandomState
 from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, Linear, MultiHeadAttention,
                               OutputProjection, PositionalEncoding, ReLU, Residual,
-                              ScaledDotProductAttention, Softmax)
+                              ScaledDotProductAttention)
+from numformer.layers.softmax import softmax as softmax_fn, softmax_backward
 from numformer.gradcheck import GradCase
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer, causal_mask, padding_mask
@@ -19,7 +22,7 @@ from numformer.module import Module
 from numformer.presets import ModelConfig
 
 F64 = np.float64
-B, S, T, D, HEADS, DFF, V = 3, 6, 5, 8, 2, 16, 13
+B, S, T, D, HEADS, DFF, V = 3, 6, 5, 8, 4, 16, 13
 PAD = 0
 
 
@@ -32,8 +35,13 @@ def padded_ids(rng, batch, length, lengths):
 
 
 def padded_batch(rng):
-    """Source (B, S) and target (B, T) ids with padding, and the model's masks for them."""
-    src = padded_ids(rng, B, S, [S, 4, 2])
+    """Source (B, S) and target (B, T) ids with padding, and the model's masks for them.
+
+    Source row 2 is all padding: every key of it is masked, so its self-attention rows and
+    the cross-attention rows of target row 2 (which has real tokens, so the loss sees them)
+    are fully masked.
+    """
+    src = padded_ids(rng, B, S, [S, 4, 0])
     tgt = padded_ids(rng, B, T, [T, 3, 4])
     return src, tgt, padding_mask(src, PAD), causal_mask(T) & padding_mask(tgt, PAD)
 
@@ -115,8 +123,20 @@ def layernorm(rng):
                      lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
 
 
+class SoftmaxFunction(Module):
+    """Presents the functions softmax / softmax_backward (what attention runs) to the checker."""
+
+    def forward(self, x):
+        self._cache_y = softmax_fn(x)
+        return self._cache_y
+
+    def backward(self, dy):
+        y, self._cache_y = self._cache_y, None
+        return softmax_backward(dy, y)
+
+
 def softmax(rng):
-    m = Softmax()
+    m = SoftmaxFunction()
     x = 2.0 * rng.standard_normal((B, HEADS, T, S))
     return [GradCase("Softmax", "last axis", m, {"x": x},
                      lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]

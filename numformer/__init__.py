@@ -1,0 +1,6 @@
+"""numformer: the Transformer of "Attention Is All You Need" in NumPy/CuPy, every backward pass by hand.
+
+The math is in ``numformer.layers``, ``numformer.loss`` and ``numformer.optim``; the fast
+versions of its pieces are in ``numformer.kernels`` (``NUMFORMER_KERNELS=plain`` turns them off).
+"""
+from .kernels import allocator as _allocator  # noqa: F401  (tunes glibc's allocator once, see the module)

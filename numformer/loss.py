@@ -14,9 +14,35 @@ Shapes: logits (B, T, V) or (N, V); target (B, T) or (N,) ids.
 """
 from __future__ import annotations
 
-from .backend import get_array_module, parallel_rows
+from .backend import get_array_module
+from .kernels import kernel
 
-LOSS_BLOCK = 1 << 17  # elements per block of the blocked passes over the logits (about L2-sized)
+
+def smoothed_cross_entropy(z, y, eps: float, keep_probs: bool = True, overwrite: bool = False):
+    """z (N, V) logits, y (N,) ids -> (loss (N,), nll (N,), p (N, V) or None), per token.
+
+    ``lse = log sum_k exp z_k`` (computed as ``max z + log sum exp(z - max z)``);
+    ``nll = lse - z_y``; ``loss = (1 - eps) * nll + eps * (lse - mean_k z_k)``;
+    ``p = softmax(z)``, kept for backward when ``keep_probs``. ``overwrite``: the caller
+    allows z's buffer to be reused for p (a fast kernel does; the plain math need not).
+    """
+    xp = get_array_module(z)
+    zmax = z.max(axis=1, keepdims=True)
+    e = xp.exp(z - zmax)
+    sumexp = e.sum(axis=1)
+    lse = zmax[:, 0] + xp.log(sumexp)
+    nll = lse - xp.take_along_axis(z, y[:, None], axis=1)[:, 0]
+    loss = (1.0 - eps) * nll + eps * (lse - z.mean(axis=1))
+    p = e / sumexp[:, None] if keep_probs else None
+    return loss, nll, p
+
+
+def smoothed_cross_entropy_backward(p, y, eps: float, weight):
+    """dL/dz = (p - q) * weight, with q = (1 - eps) onehot(y) + eps / V; weight (N,) per token."""
+    xp = get_array_module(p)
+    dz = p - eps / p.shape[1]
+    dz[xp.arange(p.shape[0]), y] -= 1.0 - eps
+    return dz * weight[:, None]
 
 
 class LabelSmoothedCrossEntropy:
@@ -33,84 +59,27 @@ class LabelSmoothedCrossEntropy:
 
     def forward(self, logits, target, normalizer=None, keep_for_backward: bool = True,
                 overwrite_logits: bool = False):
-        """logits (..., V), target (...) -> mean smoothed loss over non-pad tokens (0-d array).
+        """logits (..., V), target (...) -> sum of the smoothed loss over non-pad tokens / normalizer (0-d array).
 
-        ``normalizer``: divide the summed loss by this instead of this batch's token count.
-        ``overwrite_logits``: reuse the logits buffer for the softmax that backward needs
-        (saves one (tokens, V) array; the caller's logits are garbage afterwards).
-
-        One blocked pass over the logits: per block of rows (cache-sized, spread over
-        the host threads of :func:`~numformer.backend.parallel_rows`) the row max, the
-        row sum, ``exp(z - max)`` and its row sum.
+        ``normalizer``: divide by this instead of this batch's non-pad token count.
+        ``overwrite_logits``: the logits buffer may be reused for the softmax that backward
+        needs (saves one (tokens, V) array; the caller's logits are garbage afterwards).
         """
         xp = get_array_module(logits)
-        v = logits.shape[-1]
-        z = logits.reshape(-1, v)
+        z = logits.reshape(-1, logits.shape[-1])
         y = xp.asarray(target).reshape(-1)  # host ids with device logits are moved (no-op otherwise)
-        n = z.shape[0]
-        keep = y != self.pad_id
-        n_tokens = keep.sum()
-        z_y = xp.take_along_axis(z, y[:, None], axis=1)[:, 0]
-        zmax = xp.empty(n, dtype=z.dtype)
-        zsum = xp.empty(n, dtype=z.dtype)
-        sumexp = xp.empty(n, dtype=z.dtype)
-        if keep_for_backward:
-            e = z if overwrite_logits else xp.empty_like(z)
-
-            def block(zb, eb, mb, sb, seb):
-                xp.max(zb, axis=1, out=mb)
-                xp.sum(zb, axis=1, out=sb)
-                xp.subtract(zb, mb[:, None], out=eb)
-                xp.exp(eb, out=eb)
-                xp.sum(eb, axis=1, out=seb)
-
-            parallel_rows(block, z, e, zmax, zsum, sumexp, chunk_elements=LOSS_BLOCK)
-        else:
-            e = None
-
-            def block(zb, mb, sb, seb):
-                xp.max(zb, axis=1, out=mb)
-                xp.sum(zb, axis=1, out=sb)
-                eb = zb - mb[:, None]
-                xp.exp(eb, out=eb)
-                xp.sum(eb, axis=1, out=seb)
-
-            parallel_rows(block, z, zmax, zsum, sumexp, chunk_elements=LOSS_BLOCK)
-        lse = zmax + xp.log(sumexp)
-        nll = lse - z_y
-        smooth = lse - zsum / v
-        per_token = (1.0 - self.eps) * nll + self.eps * smooth
-        keep_f = keep.astype(z.dtype)
-        norm = n_tokens if normalizer is None else normalizer
-        norm_arr = xp.maximum(xp.asarray(norm, dtype=z.dtype), 1)
-        loss = (per_token * keep_f).sum() / norm_arr
-        self.nll_sum = (nll * keep_f).sum()
+        loss, nll, p = kernel(smoothed_cross_entropy)(z, y, self.eps, keep_for_backward, overwrite_logits)
+        keep = (y != self.pad_id).astype(z.dtype)
+        n_tokens = (y != self.pad_id).sum()
+        norm = xp.maximum(xp.asarray(n_tokens if normalizer is None else normalizer, dtype=z.dtype), 1)
+        self.nll_sum = (nll * keep).sum()
         self.n_tokens = n_tokens
         if keep_for_backward:
-            self._cache = (e, sumexp, y, keep_f, norm_arr, logits.shape)
-        return loss
+            self._cache = (p, y, keep / norm, logits.shape)
+        return (loss * keep).sum() / norm
 
     def backward(self):
-        """-> dL/dlogits with the logits' shape: (softmax(z) - q) * [not pad] / normalizer.
-
-        Turns the cached ``exp(z - max)`` buffer into the gradient in place (one
-        blocked pass: scale by ``1/(sumexp * normalizer)``, shift by ``eps/V``), then
-        subtracts ``1 - eps`` at the targets: no extra (N, V) array.
-        """
-        e, sumexp, y, keep_f, norm_arr, shape = self._cache
-        xp = get_array_module(e)
+        """-> dL/dlogits with the logits' shape: (softmax(z) - q) * [not pad] / normalizer."""
+        p, y, weight, shape = self._cache
         self._cache = None
-        v = e.shape[1]
-        c = keep_f / norm_arr             # per-row weight: 1/normalizer, 0 at padding
-        scale = c / sumexp
-        shift = c * (self.eps / v)
-
-        def block(pb, scb, shb):
-            pb *= scb[:, None]
-            if self.eps:
-                pb -= shb[:, None]
-
-        parallel_rows(block, e, scale, shift, chunk_elements=LOSS_BLOCK)
-        rows = xp.arange(e.shape[0])
-        e[rows, y] -= (1.0 - self.eps) * c
-        return e.reshape(shape)
+        return kernel(smoothed_cross_entropy_backward)(p, y, self.eps, weight).reshape(shape)

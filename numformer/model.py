@@ -177,7 +177,7 @@ class Transformer(Module):
         """src (B, S) ids -> (memory (B, S, d_model), src_mask (B, 1, 1, S))."""
         src = self.xp.asarray(src)  # host ids for a device model are moved (no-op otherwise)
         src_mask = padding_mask(src, self.cfg.pad_id)
-        x = self.src_dropout(self.src_pos(self.src_embed(src)), inplace=True)
+        x = self.src_dropout(self.src_pos(self.src_embed(src)))
         return self.encoder(x, src_mask), src_mask
 
     def forward(self, src, tgt_in):
@@ -186,7 +186,7 @@ class Transformer(Module):
         tgt_in = xp.asarray(tgt_in)
         memory, src_mask = self.encode(src)
         tgt_mask = causal_mask(tgt_in.shape[1], xp) & padding_mask(tgt_in, self.cfg.pad_id)
-        y = self.tgt_dropout(self.tgt_pos(self.tgt_embed(tgt_in)), inplace=True)
+        y = self.tgt_dropout(self.tgt_pos(self.tgt_embed(tgt_in)))
         h = self.decoder(y, memory, tgt_mask, src_mask)
         return self.generator(h)
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from grad_checks.cases import BUILDERS, build_cases
-from numformer.gradcheck import rel_error, run_case
-from numformer.layers import LayerNorm, ScaledDotProductAttention
+from numformer.gradcheck import GradCase, rel_error, run_case
+from numformer.kernels import kernel_mode
+from numformer.layers import ReLU, attention, layernorm
 
 CASES = build_cases(seed=0)
 
@@ -44,18 +45,22 @@ def _layernorm_case():
     return [c for c in build_cases(["LayerNorm"])][0]
 
 
+def _failures(layers, rng_seed=0):
+    """(tensors checked, tensors failed) of the named layers' cases."""
+    results = [r for c in build_cases(layers) for r in run_case(c, np.random.default_rng(rng_seed))]
+    return len(results), sum(not r.passed for r in results)
+
+
 def test_checker_catches_a_wrong_layernorm_backward(monkeypatch):
     """Drop the xhat * mean(dxhat * xhat) term of LayerNorm's backward: the input check must fail."""
 
-    def wrong_backward(self, dy):
-        xhat, rstd = self._cache_xhat, self._cache_rstd
-        self.weight.grad += (dy * xhat).sum(axis=tuple(range(dy.ndim - 1)))
-        self.bias.grad += dy.sum(axis=tuple(range(dy.ndim - 1)))
-        dxhat = dy * self.weight.data
-        return (dxhat - dxhat.mean(axis=-1, keepdims=True)) * rstd
+    def wrong_backward(dy, xhat, r, gamma):
+        dxhat = dy * gamma
+        return r * (dxhat - dxhat.mean(axis=-1, keepdims=True)), (dy * xhat).sum(axis=0), dy.sum(axis=0)
 
-    monkeypatch.setattr(LayerNorm, "backward", wrong_backward)
-    results = {r.tensor: r for r in run_case(_layernorm_case(), np.random.default_rng(0))}
+    monkeypatch.setattr(layernorm, "layernorm_backward", wrong_backward)
+    with kernel_mode("plain"):
+        results = {r.tensor: r for r in run_case(_layernorm_case(), np.random.default_rng(0))}
     assert results["weight"].passed and results["bias"].passed
     assert not results["input:x"].passed
     assert results["input:x"].max_rel_error > 1e-3
@@ -63,18 +68,62 @@ def test_checker_catches_a_wrong_layernorm_backward(monkeypatch):
 
 def test_checker_catches_a_missing_attention_scale(monkeypatch):
     """Forget the 1/sqrt(d_k) in the backward of Eq. 1: dq and dk must fail, dv must pass."""
-    original = ScaledDotProductAttention.backward
+    original = attention.attention_backward
 
-    def unscaled(self, dout):
-        scale = self._cache[-1]
-        dq, dk, dv = original(self, dout)
+    def unscaled(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
+        dq, dk, dv = original(dout, q, k, v, p, p_used, masked, scale, dropout_backward)
         return dq / scale, dk / scale, dv
 
-    monkeypatch.setattr(ScaledDotProductAttention, "backward", unscaled)
+    monkeypatch.setattr(attention, "attention_backward", unscaled)
     case = build_cases(["ScaledDotProductAttention"])[0]
-    results = {r.tensor: r for r in run_case(case, np.random.default_rng(0))}
+    with kernel_mode("plain"):
+        results = {r.tensor: r for r in run_case(case, np.random.default_rng(0))}
     assert not results["input:q"].passed and not results["input:k"].passed
     assert results["input:v"].passed
+
+
+def test_checker_catches_masked_scores_getting_gradient(monkeypatch):
+    """Delete ``dS[masked] = 0`` from the attention backward: a query whose keys are all masked
+    has uniform weights that do not depend on q or k, yet its dS would then be non-zero.
+    The cases hold such rows (an all-padding source row, a target row starting with padding),
+    so the checks of every layer that runs attention must fail."""
+
+    original = attention.attention_backward
+
+    def no_zeroing(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
+        return original(dout, q, k, v, p, p_used, None, scale, dropout_backward)
+
+    with kernel_mode("plain"):
+        assert _failures(["ScaledDotProductAttention", "MultiHeadAttention", "DecoderLayer", "Transformer"])[1] == 0
+        monkeypatch.setattr(attention, "attention_backward", no_zeroing)
+        for layer in ["ScaledDotProductAttention", "MultiHeadAttention", "EncoderLayer", "DecoderLayer",
+                      "Encoder", "Decoder", "Transformer"]:
+            checked, failed = _failures([layer])
+            assert failed > 0, f"{layer}: {checked} tensors checked, none failed"
+
+
+def test_a_tensor_whose_probes_all_hit_kinks_fails():
+    """ReLU at exactly 0: every probe straddles the kink and is dropped; with no probe left the
+    tensor must fail (no evidence is not a pass) and the dropped probes are counted."""
+    m = ReLU()
+    case = GradCase("ReLU", "all at the kink", m, {"x": np.zeros((2, 3))},
+                    lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})
+    (result,) = run_case(case, np.random.default_rng(0))
+    assert result.probes == 0 and result.kinks == 6
+    assert not result.passed
+
+
+def test_sampled_entries_at_kinks_are_replaced():
+    """A large tensor with some entries at the kink: the dropped probes are replaced by other entries,
+    so the tensor still gets its full sample of measured probes."""
+    m = ReLU()
+    x = np.random.default_rng(3).standard_normal((10, 20))
+    x[::2] = 0.0  # half of the entries sit on the kink
+    case = GradCase("ReLU", "half at the kink", m, {"x": x},
+                    lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})
+    (result,) = run_case(case, np.random.default_rng(0), sample=8, directions=0)
+    assert result.probes == 8 and result.kinks > 0
+    assert result.passed
 
 
 def test_cli_json_and_layer_filter():

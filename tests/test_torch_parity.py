@@ -32,13 +32,14 @@ except ImportError:  # tests/ imported as a package (rootdir on sys.path instead
     from tests import torch_mirror as tm
 from numformer.backend import RandomState
 from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, Linear, MultiHeadAttention,
-                              OutputProjection, PositionalEncoding, ReLU, Residual, ScaledDotProductAttention,
-                              Softmax)
+                              OutputProjection, PositionalEncoding, ReLU, Residual, ScaledDotProductAttention)
+from numformer.kernels import kernel_mode
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer
 from numformer.module import Module
 from numformer.optim import Adam, NoamSchedule, clip_grad_norm
-from grad_checks.cases import B, D, DFF, HEADS, PAD, S, T, V, Holder, padded_batch, padded_ids, small_config
+from grad_checks.cases import (B, D, DFF, HEADS, PAD, S, T, V, Holder, SoftmaxFunction, padded_batch, padded_ids,
+                               small_config)
 
 
 # The issue's tolerances: norm(a - b) / norm(b) per tensor.
@@ -217,7 +218,7 @@ def case_layernorm(rng, dt):
 
 
 def case_softmax(rng, dt):
-    m = Softmax()
+    m = SoftmaxFunction()
     return Case(m, {"x": 2.0 * rng.standard_normal((B, HEADS, T, S))},
                 lambda m, i: {"y": m(i["x"])}, lambda m, g: {"x": m.backward(g["y"])},
                 lambda P, i, d: {"y": torch.softmax(i["x"], dim=-1)})
@@ -445,12 +446,20 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("kernels", ["fast", "plain"])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("case_id", list(CASES))
-def test_parity(case_id, dtype):
+def test_parity(case_id, dtype, kernels):
+    """numformer (its fast kernels, or the plain math) against the PyTorch mirror."""
+    with kernel_mode(kernels):
+        run_parity(CASES[case_id], case_id, dtype)
+
+
+def run_parity(build, case_id: str, dtype: str) -> None:
+    """Build the case, run numformer and the mirror, assert every tensor within TOL[dtype]."""
     dt = DTYPES[dtype]
     rng = np.random.default_rng(zlib.crc32(case_id.encode()))  # same data for both dtypes
-    case = CASES[case_id](rng, dt)
+    case = build(rng, dt)
     m = case.module
     m.train()
     m.zero_grad()
@@ -615,8 +624,12 @@ def test_mirror_matches_torch_builtins():
     q, k, v = (torch.tensor(rng.standard_normal((B, HEADS, T, 4))),
                torch.tensor(rng.standard_normal((B, HEADS, S, 4))),
                torch.tensor(rng.standard_normal((B, HEADS, S, 3))))
+    # Batch row 2 is all padding: torch's builtins return zeros (SDPA) or NaN (MultiheadAttention)
+    # for a query that sees no key, numformer and the mirror a uniform average (the module
+    # docstring of numformer.layers.attention says why); the builtins are compared on rows 0-1.
+    seen = slice(0, 2)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=_t(src_mask))
-    assert rel(tm.attention(q, k, v, _t(src_mask)).numpy(), ref.numpy()) <= 1e-12
+    assert rel(tm.attention(q, k, v, _t(src_mask))[seen].numpy(), ref[seen].numpy()) <= 1e-12
 
     # nn.MultiheadAttention (d_k = d_v = d_model / heads), self-attention with causal + padding mask.
     mha = torch.nn.MultiheadAttention(D, HEADS, batch_first=True, dtype=f64)
@@ -630,7 +643,7 @@ def test_mirror_matches_torch_builtins():
     blocked = ~_t(np.broadcast_to(tgt_mask, (B, HEADS, T, T)).reshape(B * HEADS, T, T).copy())
     ref, _ = mha(x, x, x, attn_mask=blocked, need_weights=False)
     got = tm.multi_head(P, "", x, mask=_t(tgt_mask), heads=HEADS, d_k=D // HEADS, d_v=D // HEADS)
-    assert rel(got.detach().numpy(), ref.detach().numpy()) <= 1e-12
+    assert rel(got[seen].detach().numpy(), ref[seen].detach().numpy()) <= 1e-12
 
     # Section 3.5 written out entry by entry.
     table = tm.sinusoid_table(11, 6).numpy()

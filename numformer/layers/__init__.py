@@ -8,10 +8,9 @@ from .linear import Linear
 from .positional import PositionalEncoding
 from .projection import OutputProjection
 from .relu import ReLU
-from .softmax import Softmax
 from .sublayer import Residual
 
 __all__ = [
     "Dropout", "Embedding", "FeedForward", "LayerNorm", "Linear", "MultiHeadAttention",
-    "OutputProjection", "PositionalEncoding", "ReLU", "Residual", "ScaledDotProductAttention", "Softmax",
+    "OutputProjection", "PositionalEncoding", "ReLU", "Residual", "ScaledDotProductAttention",
 ]

@@ -1,33 +1,58 @@
 """Dropout (Section 5.4: on every sub-layer output and on embeddings + positions).
 
-Inverted dropout: in training, each element is kept with probability 1 - p and
-scaled by 1/(1 - p), so evaluation is the identity. (On the CPU the drop
-probability is p rounded to a multiple of 2**-16 and the scale uses that value:
-see :meth:`~numformer.backend.RandomState.dropout_mask`.) Masks come from the model's
-single :class:`~numformer.backend.RandomState`, so a seed reproduces a run and
-a gradient check can replay the same mask by restoring the generator state.
-Shapes: any -> same.
+Inverted dropout: in training each element is kept with probability ``1 - p`` and
+scaled by ``1 / (1 - p)``, so evaluation is the identity:
+``y = x * m``, ``m_i = [u_i >= p] / (1 - p)``, ``u_i`` uniform in [0, 1);
+backward ``dx = dy * m``.
+
+Masks come from the model's single :class:`~numformer.backend.RandomState`, so a seed
+reproduces a run and a gradient check can replay the same mask by restoring the
+generator's state. Shapes: any -> same.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..backend import get_array_module, parallel_rows
+from ..kernels import kernel
 from ..module import Module
 
 
-def _multiply_add(xb, mb, ob, ab=None):
-    """``ob = xb * mb (+ ab)`` on one block (ob may be xb)."""
-    get_array_module(xb).multiply(xb, mb, out=ob)
-    if ab is not None:
-        ob += ab
+def dropout_mask(rng, shape, p: float, dtype):
+    """The mask ``m``: ``1/(1 - p')`` where kept, 0 where dropped.
+
+    On the CPU ``u_i`` is 16 random bits: an element is dropped when its bits are below
+    ``round(p * 2^16)``, so ``p' = round(p * 2^16) / 2^16`` (0.1 -> 0.100006) and the scale
+    uses ``p'``: the expectation is exact. The bits are those of one
+    ``random_raw(ceil(n / 4))`` call, four 16-bit elements per 64-bit word, low half first.
+    On the GPU: uniform floats compared with ``p``.
+    """
+    if rng.xp is np:
+        n = int(np.prod(shape, dtype=np.int64))
+        threshold = int(round(p * 65536))
+        bits = rng.generator.bit_generator.random_raw(-(-n // 4)).view(np.uint16)[:n]
+        keep = bits >= threshold
+        return (keep * np.asarray(65536.0 / (65536 - threshold), dtype=dtype)).reshape(shape)
+    xp = rng.xp
+    keep = rng.generator.random(shape, dtype=dtype) >= p
+    return keep.astype(dtype) * xp.asarray(1.0 / (1.0 - p), dtype=dtype)
 
 
-def _scale_rows(x, mask, out):
-    """``out = x * mask``, blocked over rows in host threads (out may be x)."""
-    lead = (-1, x.shape[-1]) if x.ndim > 1 else (-1, 1)
-    parallel_rows(_multiply_add, x.reshape(lead), mask.reshape(lead), out.reshape(lead), chunk_elements=1 << 15)
-    return out
+def dropout_forward(x, rng, p: float, add=None):
+    """-> (y, m): y = x * m (+ add), with m = dropout_mask(...).
+
+    ``add`` (x's shape) is the residual connection of Section 3.1 when dropout is the last
+    step of a sub-layer: ``x + Dropout(Sublayer(x))`` (a fast kernel does both in one pass).
+    """
+    mask = dropout_mask(rng, x.shape, p, x.dtype)
+    y = x * mask
+    if add is not None:
+        y = y + add
+    return y, mask
+
+
+def dropout_backward(dy, mask):
+    """dx = dy * m."""
+    return dy * mask
 
 
 class Dropout(Module):
@@ -44,49 +69,16 @@ class Dropout(Module):
     def active(self) -> bool:
         return self.training and self.p > 0.0
 
-    def forward(self, x, inplace: bool = False, add=None):
-        """x (any shape) -> dropout(x) (+ ``add``).
-
-        ``inplace``: write the result into x (only for an x nobody else holds, such as a
-        sub-layer's fresh output). ``add``: an array of x's shape added to the result in
-        the same pass (the residual connection); it is not modified.
-        """
-        xp = get_array_module(x)
+    def forward(self, x, add=None):
+        """x (any shape) -> dropout(x) (+ ``add``, an array of x's shape: the residual path)."""
         if not self.active():
             self._cache_mask = None
-            if add is None:
-                return x
-            if inplace:
-                x += add
-                return x
-            return x + add
+            return x if add is None else x + add
         if self.rng is None:
             raise ValueError("Dropout with p > 0 needs a RandomState (rng=...)")
-        if xp is np and x.flags.c_contiguous and (add is None or add.shape == x.shape):
-            # host: each block of the mask is applied in the thread that drew it, while in cache
-            out = x if inplace else np.empty_like(x)
-            xf, of = x.reshape(-1), out.reshape(-1)
-            af = None if add is None else np.ascontiguousarray(add).reshape(-1)
-
-            def apply(lo, hi, block):
-                _multiply_add(xf[lo:hi], block, of[lo:hi], None if af is None else af[lo:hi])
-
-            self._cache_mask = self.rng.dropout_mask(x.shape, self.p, x.dtype, then=apply)
-            return out
-        # the GPU (its own kernels, one per op) and strided or broadcast operands on the host
-        mask = self.rng.dropout_mask(x.shape, self.p, x.dtype)
-        self._cache_mask = mask
-        out = x.__imul__(mask) if inplace else x * mask
-        if add is not None:
-            out += add
-        return out
+        y, self._cache_mask = kernel(dropout_forward)(x, self.rng, self.p, add)
+        return y
 
     def backward(self, dy):
-        mask = self._cache_mask
-        self._cache_mask = None
-        if mask is None:
-            return dy
-        xp = get_array_module(dy)
-        if dy.flags.c_contiguous:
-            return _scale_rows(dy, mask, xp.empty_like(dy))
-        return dy * mask
+        mask, self._cache_mask = self._cache_mask, None
+        return dy if mask is None else kernel(dropout_backward)(dy, mask)

@@ -3,7 +3,8 @@
 Shapes: ids (batch, time) int -> (batch, time, d_model). The weight (vocab, d_model)
 may be a Parameter shared with another Embedding and with the pre-softmax
 projection (weight tying, Section 3.4 and Press & Wolf 2017); backward therefore
-*adds* into it. Backward is a scatter-add over token ids: no dense one-hot.
+*adds* into it. Backward is a scatter-add over token ids, ``dW[id] += scale * dy``
+summed over every position holding that id: no dense one-hot.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import math
 
 import numpy as np
 
-from ..backend import DEFAULT_DTYPE, get_array_module, scatter_add_rows
+from ..backend import DEFAULT_DTYPE, get_array_module, scatter_add
+from ..kernels import kernel
 from ..module import Module, Parameter
 
 
@@ -29,6 +31,11 @@ def vocab_matrix(vocab_size: int, d_model: int, weight: Parameter | None, rng, d
     return weight
 
 
+def embedding_backward(grad, ids, dy, scale: float):
+    """grad (V, d) += scatter of dy (n, d) * scale to the rows ids (n,) (repeated ids sum); returns grad."""
+    return scatter_add(grad, ids, dy * scale)
+
+
 class Embedding(Module):
     """Lookup ``W[ids] * scale``; weights ~ N(0, d_model^-1/2) so scaled rows have unit variance."""
 
@@ -43,17 +50,13 @@ class Embedding(Module):
     def forward(self, ids):
         """ids (...,) int -> (..., d_model)."""
         ids = get_array_module(self.weight.data).asarray(ids)  # host ids for a device weight are moved
-        out = self.weight.data[ids]
-        if self.scale != 1.0:
-            out *= self.scale
+        out = self.weight.data[ids] * self.scale
         if self.training:
             self._cache_ids = ids
         return out
 
     def backward(self, dy):
         """dy (..., d_model) -> None (ids have no gradient); scatter-adds dy * scale into W."""
-        ids = self._cache_ids
-        rows = dy.reshape(-1, self.d_model)
-        scatter_add_rows(self.weight.grad, ids.reshape(-1), rows, None if self.scale == 1.0 else self.scale)
-        self._cache_ids = None
+        ids, self._cache_ids = self._cache_ids, None
+        kernel(embedding_backward)(self.weight.grad, ids.reshape(-1), dy.reshape(-1, self.d_model), self.scale)
         return None

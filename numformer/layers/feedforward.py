@@ -12,7 +12,7 @@ from ..backend import DEFAULT_DTYPE
 from ..module import Module
 from .dropout import Dropout
 from .linear import Linear
-from .relu import ReLU, relu_, relu_backward_
+from .relu import ReLU
 
 
 class FeedForward(Module):
@@ -27,16 +27,9 @@ class FeedForward(Module):
         self.dropout = Dropout(relu_dropout, dropout_rng)
         self.w_2 = Linear(d_ff, d_model, rng=rng, dtype=dtype, init=init)
 
-    fresh_output = True  # forward and backward return new arrays (see Residual)
-
     def forward(self, x):
-        # The ReLU runs in place on the w_1 output (a fresh array nothing else holds);
-        # ``self.relu`` keeps its active set for backward (and the gradient checker's kink test).
-        h = relu_(self.w_1(x), self.relu if self.training else None)
-        return self.w_2(self.dropout(h, inplace=True))
+        """x (..., d_model) -> (..., d_model)."""
+        return self.w_2(self.dropout(self.relu(self.w_1(x))))
 
     def backward(self, dy):
-        dh = self.dropout.backward(self.w_2.backward(dy))
-        positive = self.relu._cache_positive
-        self.relu._cache_positive = None
-        return self.w_1.backward(relu_backward_(dh, positive))
+        return self.w_1.backward(self.relu.backward(self.dropout.backward(self.w_2.backward(dy))))

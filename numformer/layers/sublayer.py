@@ -6,11 +6,10 @@ a pre-LN stack then ends with one more LayerNorm (see Encoder and Decoder).
 
 The Residual owns the LayerNorm and the Dropout, not the sub-layer: the sub-layer
 (attention or feed-forward) is passed to ``forward`` and ``backward`` so its
-parameters keep their paper names (``self_attn.w_q``, ``ffn.w_1``). A sub-layer whose
-class sets ``fresh_output = True`` (attention, feed-forward) returns a new array from
-forward and from backward that nothing else holds: dropout and the residual sum are
-then done in place on it, in one blocked pass. Shapes:
-x (batch, time, d_model) -> same.
+parameters keep their paper names (``self_attn.w_q``, ``ffn.w_1``). The residual sum
+is given to the dropout (``add=``), which a fast kernel does in the same pass as the
+mask. Backward, post-LN: ``dz = LN'(dy)``; ``dx = dz + Sublayer'(Dropout'(dz))``.
+Shapes: x (batch, time, d_model) -> same.
 """
 from __future__ import annotations
 
@@ -34,11 +33,10 @@ class Residual(Module):
 
     def forward(self, x, sublayer, *args, **kwargs):
         """x (B, T, d_model); ``sublayer(x_in, *args, **kwargs)`` returns (B, T, d_model)."""
-        fresh = getattr(sublayer, "fresh_output", False)
         if self.pre_norm:
-            y = self.dropout(sublayer(self.norm(x), *args, **kwargs), inplace=fresh, add=x)
+            y = self.dropout(sublayer(self.norm(x), *args, **kwargs), add=x)          # x + Dropout(Sublayer(LN(x)))
         else:
-            y = self.norm(self.dropout(sublayer(x, *args, **kwargs), inplace=fresh, add=x))
+            y = self.norm(self.dropout(sublayer(x, *args, **kwargs), add=x))          # LN(x + Dropout(Sublayer(x)))
         if self.record_stats:  # two reductions, only on logged steps; kept on the device
             self.output_stats = (y.mean(), y.std())
         return y
@@ -46,19 +44,8 @@ class Residual(Module):
     def backward(self, dy, sublayer):
         """dy (B, T, d_model) -> dx, or (dx, *extra) when the sub-layer's backward returns extras
         (encoder-decoder attention returns the memory gradient as well)."""
-        fresh = getattr(sublayer, "fresh_output", False)
-        if self.pre_norm:
-            got = sublayer.backward(self.dropout.backward(dy))
-            d_sub, extra = (got[0], got[1:]) if isinstance(got, tuple) else (got, ())
-            dx = self.norm.backward(d_sub)  # a fresh array: add the residual path into it
-            dx += dy
-        else:
-            dz = self.norm.backward(dy)
-            got = sublayer.backward(self.dropout.backward(dz))
-            d_sub, extra = (got[0], got[1:]) if isinstance(got, tuple) else (got, ())
-            if fresh:  # the sub-layer's input gradient is its own new array
-                d_sub += dz
-                dx = d_sub
-            else:
-                dx = dz + d_sub
+        dz = dy if self.pre_norm else self.norm.backward(dy)
+        got = sublayer.backward(self.dropout.backward(dz))
+        d_sub, extra = (got[0], got[1:]) if isinstance(got, tuple) else (got, ())
+        dx = dz + (self.norm.backward(d_sub) if self.pre_norm else d_sub)
         return (dx, *extra) if extra else dx

@@ -4,7 +4,7 @@ OpenBLAS (the BLAS inside numpy's wheels) keeps each worker thread spinning
 (``sched_yield`` in a loop) for ``2**28`` cycles, about a tenth of a second,
 after every threaded call, waiting for the next one. A training step alternates
 GEMMs with elementwise work (softmax, LayerNorm, dropout, the loss, Adam) that
-:func:`numformer.backend.parallel_rows` splits over its own threads: while the
+:func:`numformer.kernels.threads.parallel_rows` splits over its own threads: while the
 BLAS threads spin they take half of every core those threads run on.
 ``OPENBLAS_THREAD_TIMEOUT=n`` shortens the spin to ``2**n`` cycles before the
 thread sleeps; waking it for the next GEMM costs tens of microseconds
@@ -37,7 +37,8 @@ BLAS_THREAD_TIMEOUT = "5"  # OpenBLAS clamps to 4..30: spin 2**5 = 32 cycles, th
 
 def tune_blas_threads() -> bool:
     """Set ``OPENBLAS_THREAD_TIMEOUT`` unless numpy is already loaded or the user chose; True if set here."""
-    if os.environ.get("NUMFORMER_BLAS_TUNE", "1") == "0" or "numpy" in sys.modules:
+    if (os.environ.get("NUMFORMER_BLAS_TUNE", "1") == "0" or "numpy" in sys.modules
+            or os.environ.get("NUMFORMER_KERNELS", "fast").strip().lower() == "plain"):
         return False
     if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
         return False

@@ -1,0 +1,107 @@
+"""The machinery: fast versions of pieces of the math, and the one switch that turns them off.
+
+``numformer/layers/``, ``loss.py`` and ``optim.py`` hold the plain math: each piece of
+a forward or backward pass is a function written as the paper's equations (for example
+:func:`numformer.layers.attention.attention_backward`). This package holds faster
+versions of some of those functions: the same inputs, the same outputs (equal to the
+plain ones up to float rounding; tested at real training sizes in
+``tests/test_kernels.py``), computed with host threads, cache-sized blocks, ``out=``
+buffers and fused passes. A layer calls a piece of math through :func:`kernel`::
+
+    dq, dk, dv = kernel(attention_backward)(dout, q, k, v, p, masked, scale)
+
+which returns the fast version registered for ``attention_backward`` when kernels are
+on, the plain function itself when they are off. Fast versions run on host (numpy)
+arrays; given cupy arrays each one hands the call to the plain math (the GPU runs its
+own kernels for every array operation).
+
+The switch: ``NUMFORMER_KERNELS=plain`` in the environment, or
+``numformer.kernels.use_kernels("plain")`` (``"fast"`` is the default), runs the whole
+model on the plain math, on CPU and GPU; the process-wide tunings made at start-up
+(glibc's allocator, :mod:`~numformer.kernels.allocator`; OpenBLAS's thread spin,
+:mod:`~numformer.kernels.blas_threads`) are skipped too when the environment says
+``plain``. What each piece buys is measured in the README ("Speed").
+
+Files: ``threads`` (the host thread pool and the row/range/task splitters),
+``allocator``, ``blas_threads``, and one file per piece of math: ``attention``,
+``layernorm``, ``dropout``, ``relu``, ``linear``, ``embedding``, ``loss``, ``adam``.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+
+MODES = ("fast", "plain")
+_FAST_MODULES = ("attention", "layernorm", "dropout", "relu", "linear", "embedding", "loss", "adam")
+
+
+class KernelModeError(ValueError):
+    """An unknown kernel mode; the message lists the choices."""
+
+
+def _check(mode: str) -> str:
+    if mode not in MODES:
+        raise KernelModeError(f"unknown kernel mode {mode!r}: use {' or '.join(MODES)} "
+                              "(NUMFORMER_KERNELS or numformer.kernels.use_kernels)")
+    return mode
+
+
+_mode = _check(os.environ.get("NUMFORMER_KERNELS", "fast").strip().lower() or "fast")
+_fast = {}      # plain function -> its fast version
+_loaded = False
+
+
+def replaces(plain):
+    """Decorator: register the decorated function as the fast version of ``plain``."""
+    def register(fast):
+        _fast[plain] = fast
+        fast.plain = plain
+        return fast
+    return register
+
+
+def _load() -> None:
+    """Import the kernel modules once (they register themselves with :func:`replaces`)."""
+    global _loaded
+    if not _loaded:
+        for name in _FAST_MODULES:
+            importlib.import_module(f"{__name__}.{name}")
+        _loaded = True
+
+
+def kernel(plain):
+    """The function to run for the piece of math ``plain``: its fast version, or ``plain`` itself."""
+    if _mode == "plain":
+        return plain
+    if not _loaded:
+        _load()
+    return _fast.get(plain, plain)
+
+
+def registered() -> dict:
+    """{plain function: fast function} for every kernel (loads them)."""
+    _load()
+    return dict(_fast)
+
+
+def get_kernels() -> str:
+    """The current mode: 'fast' or 'plain'."""
+    return _mode
+
+
+def use_kernels(mode: str) -> str:
+    """Set the mode ('fast' or 'plain') for the whole process; returns the previous one."""
+    global _mode
+    previous, _mode = _mode, _check(mode)
+    return previous
+
+
+@contextlib.contextmanager
+def kernel_mode(mode: str):
+    """``with kernel_mode("plain"): ...`` runs the block on the plain math, then restores the mode."""
+    previous = use_kernels(mode)
+    try:
+        yield
+    finally:
+        use_kernels(previous)
