@@ -81,3 +81,50 @@ def test_tied_gradient_is_the_sum_of_three_uses():
     untied.backward(g)
     total = untied.src_embed.weight.grad + untied.tgt_embed.weight.grad + untied.generator.weight.grad
     np.testing.assert_allclose(tied.src_embed.weight.grad, total, rtol=1e-10, atol=1e-12)
+
+
+def test_fully_masked_attention_row_is_uniform_and_finite():
+    """Masked scores are replaced by -1e9: a query whose keys are all masked averages the values
+    uniformly (no NaN), and its scores get no gradient."""
+    from numformer.layers import ScaledDotProductAttention
+
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, 3, 4, 5)) for _ in range(3))
+    mask = np.ones((2, 1, 4, 4), dtype=bool)
+    mask[0, 0, 1, 2:] = False
+    mask[1, 0, 3, :] = False  # a row with every key masked
+    attn = ScaledDotProductAttention()
+    attn.record_weights = True
+    out = attn(q, k, v, mask)
+    scores = np.where(mask, q @ k.swapaxes(-1, -2) / np.sqrt(5), -1e9)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(attn.weights, p, rtol=1e-12)
+    np.testing.assert_allclose(attn.weights[1, :, 3], 0.25)
+    np.testing.assert_allclose(out, p @ v, rtol=1e-12)
+    dq, dk, dv = attn.backward(rng.standard_normal(out.shape))
+    assert np.isfinite(dq).all() and np.isfinite(dk).all()
+    np.testing.assert_array_equal(dq[1, :, 3], 0.0)  # the fully masked query: no gradient
+
+
+def test_growing_decoder_cache_and_reorder():
+    """Cached decoding past the first buffer doubling (16 positions), with a beam-style reorder, equals
+    full forwards of the reordered prefixes."""
+    from numformer.presets import get_preset
+
+    m = Transformer(get_preset("tiny", vocab_size=30, d_model=16, d_ff=32, heads=2, max_len=64), seed=0,
+                    dtype=np.float64).eval()
+    rng = np.random.default_rng(10)
+    src = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3], [4, 4, 5, 3, 0]])
+    tgt = np.concatenate([np.full((3, 1), 2), rng.integers(4, 30, (3, 39))], axis=1)
+    memory, src_mask = m.encode(src)
+    caches = m.new_decoder_caches()
+    prefix_rows = np.arange(3)
+    for t in range(tgt.shape[1]):
+        if t == 25:  # reorder: rows (2, 0) continue (the batch shrinks, as when beams are dropped)
+            index = np.array([2, 0])
+            m.reorder_caches(caches, index)
+            memory, src_mask, prefix_rows = memory[index], src_mask[index], prefix_rows[index]
+        step = m.decode_step(tgt[prefix_rows, t], memory, src_mask, caches, position=t)
+    full = m(src[prefix_rows], tgt[prefix_rows])[:, -1]
+    np.testing.assert_allclose(step, full, rtol=1e-10, atol=1e-10)

@@ -29,10 +29,13 @@ def embedding_backward_fast(grad, ids, dy, scale: float):
     np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=first[1:])
     rows = dy[order]  # a gathered copy: scaling it in place touches nothing else
     rows *= np.asarray(scale, dtype=rows.dtype)
-    if first.all():
-        grad[sorted_ids] += rows
-        return grad
-    grad[sorted_ids[first]] += rows[first]
-    rest = ~first
-    np.add.at(grad, sorted_ids[rest], rows[rest])
+    grad[sorted_ids[first]] += rows[first]   # unique indices: a plain fancy-indexed += loses nothing
+    if not first.all():
+        rest = ~first
+        _add_duplicates(grad, sorted_ids[rest], rows[rest])
     return grad
+
+
+def _add_duplicates(grad, ids, rows):
+    """The rows whose id came earlier in the sorted order: ``np.add.at`` sums repeats correctly."""
+    np.add.at(grad, ids, rows)
