@@ -2,7 +2,7 @@
 
 The big GEMMs of the model, those of :class:`~numformer.layers.linear.Linear` (forward,
 dW, dX), :class:`~numformer.layers.projection.OutputProjection` (logits, dW, dH) and the
-fused projections of :class:`~numformer.layers.attention.MultiHeadAttention`, call
+projections of :class:`~numformer.layers.attention.MultiHeadAttention` (its Linear children), call
 :func:`matmul` instead of ``@``. A process-wide mode decides what it computes:
 
 * ``"fp32"`` (the default): plain ``a @ b``. The only cost over ``@`` is one function

@@ -450,6 +450,19 @@ def test_switch_runs_the_plain_math():
         kernels.use_kernels("turbo")
 
 
+def test_one_kernel_can_be_left_out():
+    """set_disabled({'layernorm'}): LayerNorm runs its plain math, the other kernels stay fast."""
+    previous = kernels.set_disabled({"layernorm"})
+    try:
+        with kernels.kernel_mode("fast"):
+            assert kernels.kernel(layernorm_forward) is layernorm_forward
+            assert kernels.kernel(relu_forward) is kernels.registered()[relu_forward]
+    finally:
+        kernels.set_disabled(previous)
+    with pytest.raises(kernels.KernelModeError, match="unknown kernel"):
+        kernels.set_disabled({"softmax_turbo"})
+
+
 def test_environment_switch_reaches_a_fresh_process():
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415

@@ -49,6 +49,7 @@ def _check(mode: str) -> str:
 
 _mode = _check(os.environ.get("NUMFORMER_KERNELS", "fast").strip().lower() or "fast")
 _fast = {}      # plain function -> its fast version
+_off = frozenset()  # kernel files left out (measurements of what each one buys)
 _loaded = False
 
 
@@ -76,7 +77,28 @@ def kernel(plain):
         return plain
     if not _loaded:
         _load()
-    return _fast.get(plain, plain)
+    fast = _fast.get(plain, plain)
+    if _off and fast.__module__.rsplit(".", 1)[-1] in _off:
+        return plain
+    return fast
+
+
+def set_disabled(names) -> frozenset:
+    """Leave out the kernels of these files (e.g. ``{"attention"}``: its plain math runs instead)
+    while the others stay on; returns the previous set. For measuring what each kernel buys
+    (``bench/kernel_ablation.py``); ``NUMFORMER_KERNELS_OFF=attention,loss`` does the same."""
+    global _off
+    names = frozenset(names)
+    unknown = names - set(_FAST_MODULES)
+    if unknown:
+        raise KernelModeError(f"unknown kernel {sorted(unknown)[0]!r}: choose from {', '.join(_FAST_MODULES)}")
+    previous, _off = _off, names
+    return previous
+
+
+def kernel_names() -> tuple:
+    """The kernel files, one per piece of math: what :func:`set_disabled` takes."""
+    return _FAST_MODULES
 
 
 def registered() -> dict:
@@ -105,3 +127,7 @@ def kernel_mode(mode: str):
         yield
     finally:
         use_kernels(previous)
+
+
+if os.environ.get("NUMFORMER_KERNELS_OFF"):
+    set_disabled(n.strip() for n in os.environ["NUMFORMER_KERNELS_OFF"].split(",") if n.strip())
