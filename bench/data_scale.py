@@ -4,7 +4,8 @@ For each N a synthetic parallel corpus (bench/synthetic_corpus.py: made-up Zipfi
 sentence lengths, from ``--seed``; written to a temporary folder and deleted, never committed) is
 
 1. prepared by ``python -m numformer.prepare`` in its own process: wall time and that process's peak
-   resident memory (``ru_maxrss`` from ``wait4``);
+   resident memory (``ru_maxrss`` from ``wait4``; the bench itself stays small, since a child's
+   figure starts from the RSS of the process it was forked from);
 2. trained on by ``train.py --preset tiny --max-steps 3`` in another process, from the prepared
    dataset: peak resident memory, and the time from the process's start to its first step's line in
    ``metrics.jsonl`` (imports, opening the map, planning epoch 0, gathering and computing step 1).
@@ -29,9 +30,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from synthetic_corpus import write_corpus  # noqa: E402
 
 BASELINE_PAIRS = 20_000
 
@@ -67,8 +65,12 @@ def run_measured(cmd, watch: Path | None = None, timeout: float = 3600) -> dict:
 
 def measure(n: int, work: Path, args) -> dict:
     corpus, run = work / f"corpus-{n}", work / f"run-{n}"
+    # The corpus is written by another process: this one stays small (no numpy), because a child's
+    # ru_maxrss starts from the RSS of the process it was forked from.
     t0 = time.perf_counter()
-    write_corpus(corpus, n, seed=args.seed)
+    subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from synthetic_corpus import "
+                    "write_corpus; write_corpus(sys.argv[2], int(sys.argv[3]), seed=int(sys.argv[4]))",
+                    str(ROOT / "bench"), str(corpus), str(n), str(args.seed)], check=True)
     made = time.perf_counter() - t0
     size_mb = sum(f.stat().st_size for f in corpus.iterdir()) / 2 ** 20
     common = ["--data", str(corpus), "--out", str(run), "--vocab-size", str(args.vocab_size)]
