@@ -39,13 +39,16 @@ from numformer.backend import resolve_device, xp_for
 from numformer.checkpoint import atomic_write, run_checkpoints
 from numformer.cli_common import (OneLineParser, error_line, nonneg_float, nonneg_int, one_line_errors,
                                   positive_float, positive_int, probability)
-from numformer.data import SubwordVocab
+import numpy as np
+
+from numformer.data import SubwordVocab, TokenPairs
 from numformer.distributed import SINGLE, exit_code_of, init_world, is_collective, launched_rank
 from numformer.model import Transformer
 from numformer.layers.init import SCHEMES as INIT_SCHEMES
 from numformer.precision import MODES as PRECISIONS
 from numformer.precision import check_precision
-from numformer.prepare import CORPORA, PreparedData, prepare
+from numformer.prepare import (CORPORA, DEFAULT_VOCAB_SAMPLE, PreparedData, manifest_digest, open_shared_train,
+                               prepare)
 from numformer.presets import PRESETS, ModelConfig, get_preset
 from numformer.trainer import TrainConfig, Trainer
 from numformer.translation import DecodeOptions, score_translations, translate_lines
@@ -91,6 +94,12 @@ def parse_args(argv=None):
     src.add_argument("--task", choices=["copy", "reverse"], help="a synthetic task")
     src.add_argument("--vocab-size", type=positive_int,
                      help="shared subword vocabulary size (default: from corpus size)")
+    src.add_argument("--vocab-sample", type=positive_int, default=DEFAULT_VOCAB_SAMPLE,
+                     help=f"sentences (both sides) the vocabulary is trained on, at most, drawn at random from the "
+                          f"training pairs (default {DEFAULT_VOCAB_SAMPLE:,}); see numformer/prepare.py")
+    src.add_argument("--prepare-only", action="store_true",
+                     help="prepare the corpus into OUT (vocabulary, memory-mapped dataset) and stop; the same as "
+                          "python -m numformer.prepare")
     m = ap.add_argument_group("model")
     m.add_argument("--preset", choices=list(PRESETS),
                    help="model size (default: the run's with --resume, else small on cpu, base on cuda)")
@@ -287,11 +296,12 @@ def _settle(args, device: str):
         raise ValueError(f"cannot write to the run folder {out}: {exc.strerror or exc}: choose another --out "
                          "or fix its permissions") from None
 
-    t0 = time.perf_counter()
-    data = prepare(out, flags["corpus"], flags["data"], flags["task"], args.vocab_size, seed=tcfg.seed)
-    n_train = len(data.ids["train"][0])
-    print(f"data: {data.source}: {n_train} training pairs, vocabulary {data.vocab.size} "
-          f"({time.perf_counter() - t0:.1f} s)")
+    data = prepare(out, flags["corpus"], flags["data"], flags["task"], args.vocab_size, seed=tcfg.seed,
+                   vocab_sample=args.vocab_sample, log=lambda line: print(f"data: {line}"))
+    n_train = len(data.ids["train"])
+    how = f"memory-mapped from {data.folder}, prepared before" if data.reused else f"prepared into {data.folder}"
+    print(f"data: {data.source}: {n_train} training pairs, vocabulary {data.vocab.size} ({how}; "
+          f"{data.seconds:.1f} s)")
     mcfg = get_preset(preset, vocab_size=data.vocab.size, pad_id=data.vocab.pad_id, **overrides)
     return out, preset, tcfg, mcfg, data, prev
 
@@ -304,12 +314,23 @@ def _share(world, settled):
     shared = None
     if world.is_main:
         out, preset, tcfg, mcfg, data, prev = settled
+        folder = data.folder.resolve() if data.folder is not None else None
         shared = dict(out=str(out), preset=preset, tcfg=asdict(tcfg), mcfg=mcfg.to_dict(),
-                      vocab=data.vocab.to_bytes(), train=data.ids["train"], source=data.source)
+                      vocab=data.vocab.to_bytes(), source=data.source, folder=folder and str(folder),
+                      manifest=manifest_digest(folder) if folder is not None else None)
     shared = world.broadcast_object(shared)
+    # Every rank memory-maps the dataset rank 0 prepared (one copy of its pages per host). A rank that
+    # cannot see the same files (another host without a shared file system) gets the arrays from rank 0.
+    pairs = None if world.is_main else open_shared_train(shared["folder"], shared["manifest"])
+    if world.allreduce_scalars([0.0 if world.is_main or pairs is not None else 1.0])[0] > 0:
+        train = settled[4].ids["train"] if world.is_main else None
+        arrays = world.broadcast_object(None if train is None else tuple(
+            np.asarray(a) for a in (train.src_ids, train.src_offsets, train.tgt_ids, train.tgt_offsets)))
+        if pairs is None and not world.is_main:
+            pairs = TokenPairs(*arrays)
     if world.is_main:
         return settled
-    data = PreparedData(SubwordVocab.from_bytes(shared["vocab"]), {}, {"train": shared["train"]}, shared["source"])
+    data = PreparedData(SubwordVocab.from_bytes(shared["vocab"]), {}, {"train": pairs}, shared["source"])
     return (Path(shared["out"]), shared["preset"], TrainConfig(**shared["tcfg"]), ModelConfig.from_dict(shared["mcfg"]),
             data, None)
 
@@ -392,6 +413,8 @@ def _main(args, world) -> int:
     # fails now, in one line, if cuda is asked for but missing; several GPU ranks: this rank's own GPU
     xp = xp_for(world.device if world.size > 1 else device)
     out, preset, tcfg, mcfg, data, prev = _share(world, world.on_main(_settle, args, device))
+    if args.prepare_only:
+        return 0
     if world.size > 1:
         tcfg.dropout_rng = "batch"  # what the trainer does with several processes; run.json says so
     run_file = out / "run.json"

@@ -66,7 +66,7 @@ import numpy as np
 from .checkpoint import (CHECKPOINT_DIR, CheckpointError, atomic_write, average_checkpoints, load_checkpoint,
                          remove_stale_temporaries, run_checkpoints, save_checkpoint, step_checkpoint_path,
                          vocab_fingerprint)
-from .data import make_batches
+from .data import plan_batches
 from .distributed import SINGLE, GradientBucket, broadcast_arrays_, mark_collective, shard_batches
 from .grad_stats import GradStats
 from .loss import LabelSmoothedCrossEntropy
@@ -209,32 +209,34 @@ class Trainer:
 
     # -- data ------------------------------------------------------------------
     def _batches(self, epoch: int):
-        src, tgt = self.data.ids["train"]
-        v = self.vocab
-        batches = make_batches(src, tgt, self.cfg.max_tokens, v.pad_id, v.bos_id, v.eos_id,
-                               shuffle_seed=self.cfg.seed, epoch=epoch, max_len=self.cfg.max_len)
-        if not batches:
-            raise ValueError(f"all {batches.n_filtered} training pairs are longer than --max-len {self.cfg.max_len} "
+        """The epoch's :class:`~numformer.data.batching.BatchPlan`: pair indices per batch, planned from the
+        sentence lengths alone (the batches themselves are gathered from the map when trained on)."""
+        plan = plan_batches(*self.data.ids["train"].lengths, self.cfg.max_tokens, shuffle_seed=self.cfg.seed,
+                            epoch=epoch, max_len=self.cfg.max_len)
+        if not len(plan):
+            raise ValueError(f"all {plan.n_filtered} training pairs are longer than --max-len {self.cfg.max_len} "
                              f"subwords: raise --max-len (at most {self.model.cfg.max_len})")
         if epoch == 0 or self._epoch_batches is None:
-            self.log(f"epoch {epoch}: {batches.n_pairs} pairs in {len(batches)} batches"
-                     + (f", {batches.n_filtered} longer than --max-len {self.cfg.max_len} left out"
-                        if batches.n_filtered else ""))
-        return batches
+            self.log(f"epoch {epoch}: {plan.n_pairs} pairs in {len(plan)} batches"
+                     + (f", {plan.n_filtered} longer than --max-len {self.cfg.max_len} left out"
+                        if plan.n_filtered else ""))
+        return plan
 
     def _next_batches(self):
         """The next optimizer step's batches, ``accum`` per process, and each one's (epoch, position).
 
-        Every rank walks the same epoch lists, so the data position stays the same on all of them.
+        Every rank walks the same epoch plans, so the data position stays the same on all of them;
+        each rank gathers every batch of the step (the dealing needs their sizes) from the shared map.
         """
         out, keys = [], []
+        v, pairs = self.vocab, self.data.ids["train"]
         while len(out) < self.cfg.accum * self.world.size:
             if self._epoch_batches is None:
                 self._epoch_batches = self._batches(self.epoch)
             if self.batch_pos >= len(self._epoch_batches):
                 self.epoch, self.batch_pos = self.epoch + 1, 0
                 self._epoch_batches = self._batches(self.epoch)
-            out.append(self._epoch_batches[self.batch_pos])
+            out.append(pairs.batch(self._epoch_batches[self.batch_pos], v.pad_id, v.bos_id, v.eos_id))
             keys.append((self.epoch, self.batch_pos))
             self.batch_pos += 1
         return out, keys
@@ -304,17 +306,18 @@ class Trainer:
     # -- evaluation ----------------------------------------------------------------
     def evaluate(self, split: str = "valid", bleu_sentences: int | None = None, opts: DecodeOptions | None = None):
         """Loss and perplexity over the whole split; BLEU of the first ``bleu_sentences`` (0: none)."""
-        if split not in self.data.ids or not self.data.ids[split][0]:
+        pairs = self.data.ids.get(split)
+        if pairs is None or not len(pairs):
             return {}
         model, xp, v = self.model, self.xp, self.vocab
-        src, tgt = self.data.ids[split]
         crit = LabelSmoothedCrossEntropy(self.model.cfg.label_smoothing, self.model.cfg.pad_id)
         was_training = model.training
         model.eval()
         loss_sum = nll_sum = n = 0.0
         try:
-            for b in make_batches(src, tgt, max(self.cfg.max_tokens, 2000), v.pad_id, v.bos_id, v.eos_id,
-                                  max_len=self.model.cfg.max_len - 2):
+            plan = plan_batches(*pairs.lengths, max(self.cfg.max_tokens, 2000), max_len=self.model.cfg.max_len - 2)
+            for i in range(len(plan)):
+                b = pairs.batch(plan[i], v.pad_id, v.bos_id, v.eos_id)
                 logits = model(xp.asarray(b.src), xp.asarray(b.tgt_in))
                 loss_sum += float(crit.forward(logits, xp.asarray(b.tgt_out), normalizer=1,
                                                keep_for_backward=False))

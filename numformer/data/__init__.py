@@ -16,7 +16,8 @@ Every user-facing problem raises :class:`DataError` (a ValueError) with a
 one-line message saying what is wrong and what to do.
 """
 
-from .batching import Batch, BatchList, filter_long_pairs, make_batches, pad_sequences
+from .batching import Batch, BatchList, BatchPlan, filter_long_pairs, make_batches, pad_sequences, plan_batches
+from .binary import TokenPairs
 from .errors import DataError
 from .parallel import CORPUS_FILES, SPLITS, load_parallel_dir, normalize_line, read_lines, write_parallel_dir
 from .synthetic import TASKS as SYNTHETIC_TASKS
@@ -24,7 +25,8 @@ from .synthetic import make_synthetic
 from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SubwordVocab, default_vocab_size
 
 __all__ = [
-    "Batch", "BatchList", "filter_long_pairs", "make_batches", "pad_sequences",
+    "Batch", "BatchList", "BatchPlan", "filter_long_pairs", "make_batches", "pad_sequences", "plan_batches",
+    "TokenPairs",
     "DataError",
     "CORPUS_FILES", "SPLITS", "load_parallel_dir", "normalize_line", "read_lines", "write_parallel_dir",
     "SYNTHETIC_TASKS", "make_synthetic",

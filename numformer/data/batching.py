@@ -101,23 +101,147 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, prefix: int | None
     return out
 
 
+def pad_rows(flat: np.ndarray, lengths: np.ndarray, pad_id: int, prefix: int | None = None,
+             suffix: int | None = None) -> np.ndarray:
+    """Rows given as one concatenation -> a right-padded (N, L) int64 array.
+
+    ``flat``: the N rows' ids concatenated; ``lengths``: (N,) their lengths. ``prefix``/``suffix``
+    (e.g. bos/eos) are added to every row; L is the longest resulting length (at least 1). One
+    masked assignment, no loop.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = lengths.size
+    offset = 1 if prefix is not None else 0
+    width = max(int(lengths.max()) + offset + (1 if suffix is not None else 0) if n else 0, 1)
+    out = np.full((n, width), pad_id, dtype=np.int64)
+    if n == 0:
+        return out
+    if prefix is not None:
+        out[:, 0] = prefix
+    if flat.size:
+        cols = np.arange(width)[None, :]
+        # Row-major order of the mask matches the concatenation order.
+        out[(cols >= offset) & (cols < offset + lengths[:, None])] = flat
+    if suffix is not None:
+        out[np.arange(n), offset + lengths] = suffix
+    return out
+
+
 def filter_long_pairs(src_ids, tgt_ids, max_len: int | None) -> tuple[np.ndarray, int]:
     """Indices of the pairs that fit ``max_len``, and how many do not.
 
-    A pair fits when ``len(src) + 1 <= max_len`` and ``len(tgt) + 1 <=
-    max_len``: the +1 is the eos (or bos) that batching adds, so max_len
-    bounds the array lengths S and T (and hence the positions the model
-    must support). ``max_len=None`` keeps everything.
+    A pair fits when ``len(src) + 1 <= max_len`` and ``len(tgt) + 1 <= max_len``: the +1 is the eos
+    (or bos) that batching adds, so max_len bounds the array lengths S and T (and hence the positions
+    the model must support). ``max_len=None`` keeps everything. See :func:`keep_short` for lengths.
     """
     n = len(src_ids)
+    src_len = np.fromiter((len(s) for s in src_ids), dtype=np.int64, count=n)
+    tgt_len = np.fromiter((len(t) for t in tgt_ids), dtype=np.int64, count=len(tgt_ids))
+    return keep_short(src_len, tgt_len, max_len)
+
+
+def keep_short(src_len: np.ndarray, tgt_len: np.ndarray, max_len: int | None) -> tuple[np.ndarray, int]:
+    """:func:`filter_long_pairs` on (N,) token counts (without bos/eos): (kept indices int64, dropped count)."""
+    n = len(src_len)
     if max_len is None:
         return np.arange(n, dtype=np.int64), 0
     if max_len < 1:
         raise DataError(f"max_len must be at least 1 (it counts the eos token), got {max_len}")
-    src_len = np.fromiter((len(s) for s in src_ids), dtype=np.int64, count=n)
-    tgt_len = np.fromiter((len(t) for t in tgt_ids), dtype=np.int64, count=n)
-    keep = np.flatnonzero((src_len + 1 <= max_len) & (tgt_len + 1 <= max_len))
+    keep = np.flatnonzero((src_len < max_len) & (tgt_len < max_len))
     return keep.astype(np.int64), int(n - keep.size)
+
+
+class BatchPlan:
+    """An epoch's batches as pair indices, not arrays: batch i holds pairs ``order[starts[i]:starts[i+1]]``.
+
+    8 bytes per pair plus 8 per batch, whatever the sentence lengths; a :class:`Batch` is built
+    from the pairs (``TokenPairs.batch``) only when it is trained on.
+
+    Attributes:
+        order: (n_pairs,) int64 pair indices, batch after batch.
+        starts: (n_batches + 1,) int64 bounds into ``order``.
+        n_filtered: pairs dropped by ``max_len`` (training must log it).
+        n_pairs: pairs that made it into the batches.
+    """
+
+    def __init__(self, order: np.ndarray, starts: np.ndarray, n_filtered: int = 0):
+        self.order, self.starts = order, starts
+        self.n_filtered, self.n_pairs = int(n_filtered), int(order.size)
+
+    def __len__(self) -> int:
+        return int(self.starts.size - 1)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """The pair indices of batch ``i``."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"batch {i} of {len(self)}")
+        return self.order[self.starts[i]:self.starts[i + 1]]
+
+
+def plan_batches(src_len, tgt_len, max_tokens: int, shuffle_seed: int | None = None, epoch: int = 0,
+                 max_len: int | None = None) -> BatchPlan:
+    """Cut N pairs, given by their token counts, into token-bounded batches (see :func:`make_batches`).
+
+    Args:
+        src_len, tgt_len: (N,) token counts per pair, without bos/eos.
+        max_tokens, shuffle_seed, epoch, max_len: as in :func:`make_batches`.
+    Returns:
+        A :class:`BatchPlan`; the batches, and their order, are those of :func:`make_batches`.
+
+    Vectorised over pairs: one sort per epoch, and the greedy cut takes one window of numpy work
+    per batch (not a Python step per sentence), so millions of pairs are planned in seconds.
+    """
+    if len(src_len) != len(tgt_len):
+        raise DataError(f"{len(src_len)} source sequences but {len(tgt_len)} target sequences: "
+                        "pass the two sides of the same pairs")
+    if max_tokens < 1:
+        raise DataError(f"max_tokens must be positive, got {max_tokens}")
+    src_len = np.asarray(src_len)
+    tgt_len = np.asarray(tgt_len)
+    keep, n_filtered = keep_short(src_len, tgt_len, max_len)
+    if keep.size == 0:
+        return BatchPlan(keep, np.zeros(1, dtype=np.int64), n_filtered)
+    # Array lengths including the eos/bos that batching adds.
+    s_len = src_len[keep].astype(np.int64) + 1
+    t_len = tgt_len[keep].astype(np.int64) + 1
+    rng = np.random.default_rng([shuffle_seed, epoch]) if shuffle_seed is not None else None
+    # lexsort is stable: after a random permutation, equal (src, tgt) lengths come out in a random
+    # order, so batch contents change between epochs; without a seed, ties stay in input order.
+    perm = rng.permutation(keep.size) if rng is not None else np.arange(keep.size)
+    order = perm[np.lexsort((t_len[perm], s_len[perm]))]
+    s_sorted, t_sorted = s_len[order], t_len[order]
+    starts = _greedy_cut(s_sorted, t_sorted, max_tokens)
+    if rng is not None:  # shuffle the batch order: move whole segments of ``order``
+        sizes = np.diff(starts)
+        pick = rng.permutation(sizes.size)
+        new_sizes = sizes[pick]
+        new_starts = np.zeros(sizes.size + 1, dtype=np.int64)
+        np.cumsum(new_sizes, out=new_starts[1:])
+        gather = np.repeat(starts[:-1][pick] - new_starts[:-1], new_sizes) + np.arange(order.size)
+        order, starts = order[gather], new_starts
+    return BatchPlan(keep[order], starts, n_filtered)
+
+
+def _greedy_cut(s_len: np.ndarray, t_len: np.ndarray, max_tokens: int) -> np.ndarray:
+    """Bounds of the greedy cut of sorted pairs: a batch grows while ``count * (max S + max T)`` fits.
+
+    A pair that alone exceeds ``max_tokens`` still gets a batch. A batch starting with lengths
+    (s, t) holds at most ``max_tokens // (s + t)`` pairs (the maxima only grow), so the first
+    over-full position is found in a window of that many pairs with running maxima: one short
+    numpy pass per batch, the same cut as a pair-by-pair loop.
+    """
+    n = s_len.size
+    bounds = [0]
+    start = 0
+    while start < n:
+        window = max_tokens // int(s_len[start] + t_len[start]) + 1
+        stop = min(n, start + window + 1)
+        width = np.maximum.accumulate(s_len[start:stop]) + np.maximum.accumulate(t_len[start:stop])
+        over = np.flatnonzero(np.arange(1, stop - start + 1) * width > max_tokens)
+        over = over[over > 0]  # the first pair always goes in
+        start = start + int(over[0]) if over.size else stop
+        bounds.append(start)
+    return np.asarray(bounds, dtype=np.int64)
 
 
 def make_batches(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], max_tokens: int,
@@ -127,7 +251,8 @@ def make_batches(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[in
 
     Args:
         src_ids, tgt_ids: N id sequences each (no bos/eos), pair i =
-            (src_ids[i], tgt_ids[i]).
+            (src_ids[i], tgt_ids[i]); or ``src_ids`` a :class:`~numformer.data.binary.TokenPairs`
+            and ``tgt_ids`` None.
         max_tokens: bound on ``B * (S + T)``, padding and the added
             bos/eos included. A single pair larger than that still gets a
             batch of its own (every kept pair is in exactly one batch).
@@ -140,60 +265,19 @@ def make_batches(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[in
         max_len: drop pairs whose S or T would exceed it (see
             :func:`filter_long_pairs`); the count is in ``.n_filtered``.
     Returns:
-        A :class:`BatchList` of :class:`Batch`.
+        A :class:`BatchList` of :class:`Batch`, every batch built (for data that fits in memory;
+        training plans with :func:`plan_batches` and builds one batch at a time).
     """
-    if len(src_ids) != len(tgt_ids):
-        raise DataError(f"{len(src_ids)} source sequences but {len(tgt_ids)} target sequences: "
-                        "pass the two sides of the same pairs")
-    if max_tokens < 1:
-        raise DataError(f"max_tokens must be positive, got {max_tokens}")
-    keep, n_filtered = filter_long_pairs(src_ids, tgt_ids, max_len)
-    result = BatchList()
-    result.n_filtered = n_filtered
-    result.n_pairs = int(keep.size)
-    if keep.size == 0:
-        return result
+    from .binary import TokenPairs  # noqa: PLC0415  (binary builds on this module)
 
-    # Array lengths including the eos/bos that batching adds.
-    src_len = np.fromiter((len(src_ids[i]) + 1 for i in keep), dtype=np.int64, count=keep.size)
-    tgt_len = np.fromiter((len(tgt_ids[i]) + 1 for i in keep), dtype=np.int64, count=keep.size)
-    rng = np.random.default_rng([shuffle_seed, epoch]) if shuffle_seed is not None else None
-    # lexsort is stable: after a random permutation, equal (src, tgt)
-    # lengths come out in a random order, so batch contents change between
-    # epochs; without a seed, ties stay in input order.
-    perm = rng.permutation(keep.size) if rng is not None else np.arange(keep.size)
-    order = perm[np.lexsort((tgt_len[perm], src_len[perm]))]
-
-    # Greedy cut of the sorted list. A Python loop over sentences (not
-    # tokens): ~30k iterations, a few milliseconds, once per epoch.
-    groups, start = [], 0
-    max_s = max_t = 0
-    for pos, k in enumerate(order):
-        s, t = int(src_len[k]), int(tgt_len[k])
-        new_s, new_t = max(max_s, s), max(max_t, t)
-        count = pos - start
-        if count > 0 and (count + 1) * (new_s + new_t) > max_tokens:
-            groups.append(order[start:pos])
-            start, max_s, max_t = pos, s, t
-        else:
-            max_s, max_t = new_s, new_t
-    groups.append(order[start:])
-
-    if rng is not None:
-        groups = [groups[g] for g in rng.permutation(len(groups))]
-    for group in groups:
-        index = keep[group]
-        src_seqs = [src_ids[i] for i in index]
-        tgt_seqs = [tgt_ids[i] for i in index]
-        src = pad_sequences(src_seqs, pad_id, suffix=eos_id)
-        tgt_in = pad_sequences(tgt_seqs, pad_id, prefix=bos_id)
-        tgt_out = pad_sequences(tgt_seqs, pad_id, suffix=eos_id)
-        result.append(Batch(
-            src=src,
-            tgt_in=tgt_in,
-            tgt_out=tgt_out,
-            n_src_tokens=int(src_len[group].sum()),
-            n_tgt_tokens=int(tgt_len[group].sum()),
-            index=index.astype(np.int64),
-        ))
+    if isinstance(src_ids, TokenPairs):
+        pairs = src_ids
+    else:
+        if len(src_ids) != len(tgt_ids):
+            raise DataError(f"{len(src_ids)} source sequences but {len(tgt_ids)} target sequences: "
+                            "pass the two sides of the same pairs")
+        pairs = TokenPairs.from_lists(src_ids, tgt_ids)
+    plan = plan_batches(*pairs.lengths, max_tokens, shuffle_seed, epoch, max_len)
+    result = BatchList(pairs.batch(plan[i], pad_id, bos_id, eos_id) for i in range(len(plan)))
+    result.n_filtered, result.n_pairs = plan.n_filtered, plan.n_pairs
     return result

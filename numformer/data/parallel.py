@@ -65,11 +65,15 @@ def read_lines(path) -> list[str]:
     return split_lines(data, str(path))
 
 
-def split_lines(data: bytes, name: str) -> list[str]:
+def split_lines(data: bytes, name: str, first_line: int = 1, normalize: bool = True,
+                strip_bom: bool = True) -> list[str]:
     """UTF-8 bytes -> normalised lines, as :func:`read_lines` does for a file (``name`` is for messages).
 
     Splits on ``\\n`` only; a final newline does not add an empty line; a leading BOM is dropped.
-    Raises DataError naming ``name`` and the 1-based line when the bytes are not UTF-8.
+    Raises DataError naming ``name`` and the 1-based line when the bytes are not UTF-8;
+    ``first_line`` is the line number of the first line of ``data`` (a block of a longer file).
+    ``normalize=False`` returns the lines as they are (for a caller that normalises only some);
+    ``strip_bom=False`` keeps a leading U+FEFF (a block that does not start the file).
     """
     try:
         text = data.decode("utf-8")
@@ -77,7 +81,7 @@ def split_lines(data: bytes, name: str) -> list[str]:
         # Locate the bad byte by counting newlines before it: cheaper than
         # decoding line by line, and exact because b"\n" never occurs inside
         # a multi-byte UTF-8 sequence.
-        line_no = data.count(b"\n", 0, e.start) + 1
+        line_no = data.count(b"\n", 0, e.start) + first_line
         line_start = data.rfind(b"\n", 0, e.start) + 1
         column = e.start - line_start + 1
         bad = data[e.start:e.end].hex()
@@ -86,7 +90,7 @@ def split_lines(data: bytes, name: str) -> list[str]:
             f"{name} line {line_no} is not valid UTF-8 (byte 0x{bad} at byte column {column}): "
             f"re-encode it as UTF-8, e.g. `iconv -f latin1 -t utf-8 {fname} > {fname}.utf8`"
         ) from None
-    if text.startswith("\ufeff"):
+    if strip_bom and text.startswith("\ufeff"):
         text = text[1:]
     if not text:
         return []
@@ -95,7 +99,78 @@ def split_lines(data: bytes, name: str) -> list[str]:
         # The data ends with a newline: that terminates the last line, it
         # does not start a new, empty one.
         lines.pop()
-    return [normalize_line(line) for line in lines]
+    return [normalize_line(line) for line in lines] if normalize else lines
+
+
+#: Bytes read at a time by :func:`iter_line_blocks` and :func:`count_lines`.
+BLOCK_BYTES = 1 << 23
+
+
+def iter_line_blocks(path, block_bytes: int = BLOCK_BYTES, normalize: bool = True):
+    """Stream a UTF-8 text file as blocks of lines: yields (number of lines before the block, lines).
+
+    The same lines, split and normalised the same way, as :func:`read_lines` (whose errors it
+    raises too, with the file's own line numbers), holding one block of about ``block_bytes`` at
+    a time instead of the whole file.
+    """
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise DataError(f"file not found: {path}: check the path") from None
+    except IsADirectoryError:
+        raise DataError(f"{path} is a folder, expected a text file with one sentence per line") from None
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}: check the file's permissions") from None
+    with f:
+        done, rest, first = 0, b"", True
+        while True:
+            block = f.read(block_bytes)
+            data = rest + block
+            if not block:
+                if data:  # a last line without its newline
+                    lines = split_lines(data, str(path), done + 1, normalize, strip_bom=first)
+                    yield done, lines
+                return
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:  # no newline yet: a line longer than a block, keep reading
+                rest = data
+                continue
+            data, rest = data[:cut], data[cut:]
+            lines = split_lines(data, str(path), done + 1, normalize, strip_bom=first)
+            first = False
+            yield done, lines
+            done += len(lines)
+
+
+def count_lines(path, block_bytes: int = BLOCK_BYTES) -> int:
+    """How many lines :func:`read_lines` would return for ``path``, from the bytes alone (fast)."""
+    n, last, size = 0, b"\n", 0
+    with open(path, "rb") as f:
+        head = f.read(3)
+        if head != b"\xef\xbb\xbf":  # a BOM is not part of the first line
+            n, last, size = head.count(b"\n"), head[-1:] or b"\n", len(head)
+        while block := f.read(block_bytes):
+            n += block.count(b"\n")
+            last, size = block[-1:], size + len(block)
+    return n + (1 if size and last != b"\n" else 0)
+
+
+def check_corpus_dir(path) -> Path:
+    """``path`` as a Path if it is a folder holding the six corpus files; else DataError (one line)."""
+    folder = Path(path)
+    expected = " ".join(CORPUS_FILES)
+    if not folder.exists():
+        raise DataError(f"corpus folder {folder} does not exist: create it with the files {expected}")
+    if not folder.is_dir():
+        raise DataError(f"{folder} is not a folder: give the folder that holds {expected}")
+    missing = [name for name in CORPUS_FILES if not (folder / name).is_file()]
+    if missing:
+        raise DataError(
+            f"corpus folder {folder} lacks {', '.join(missing)}: "
+            f"a corpus folder needs {expected} (one sentence per line, UTF-8)"
+        )
+    return folder
 
 
 def load_parallel_dir(path) -> dict[str, tuple[list[str], list[str]]]:
@@ -113,18 +188,7 @@ def load_parallel_dir(path) -> dict[str, tuple[list[str], list[str]]]:
             its ``.tgt`` have different line counts, ``train.*`` is empty, or
             a file is not UTF-8.
     """
-    folder = Path(path)
-    expected = " ".join(CORPUS_FILES)
-    if not folder.exists():
-        raise DataError(f"corpus folder {folder} does not exist: create it with the files {expected}")
-    if not folder.is_dir():
-        raise DataError(f"{folder} is not a folder: give the folder that holds {expected}")
-    missing = [name for name in CORPUS_FILES if not (folder / name).is_file()]
-    if missing:
-        raise DataError(
-            f"corpus folder {folder} lacks {', '.join(missing)}: "
-            f"a corpus folder needs {expected} (one sentence per line, UTF-8)"
-        )
+    folder = check_corpus_dir(path)
     out = {}
     for split in SPLITS:
         src_path, tgt_path = folder / f"{split}.src", folder / f"{split}.tgt"

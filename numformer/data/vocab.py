@@ -205,11 +205,16 @@ class SubwordVocab:
     def __len__(self) -> int:
         return self.size
 
-    def encode(self, lines: Sequence[str]) -> list[list[int]]:
-        """Lines -> lists of piece ids; no bos/eos added (batching adds them)."""
+    def encode(self, lines: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        """Lines -> lists of piece ids; no bos/eos added (batching adds them).
+
+        ``num_threads``: sentencepiece's own threads over the lines (None: its default).
+        """
         if isinstance(lines, str):
             raise TypeError("encode takes a list of lines, not one string")
-        return [list(ids) for ids in self._sp.encode(list(lines), out_type=int)]
+        if num_threads is None:
+            return [list(ids) for ids in self._sp.encode(list(lines), out_type=int)]
+        return self._sp.encode(list(lines), out_type=int, num_threads=int(num_threads))
 
     def decode(self, ids) -> list[str]:
         """Id sequences -> text, one string per sequence.
