@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .backend import get_array_module, to_host
+from .kernels.decoding import beam_candidates, greedy_pick
 
 
 def length_penalty(length, alpha: float):
@@ -79,12 +80,8 @@ def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = 1.0, 
             logits = model.decode_step(tokens[:, -1], memory, src_mask, caches, position=t)
         else:
             logits = model.forward(src, tokens)[:, -1, :]
-        logp = ban_special(log_softmax(logits), pad, bos_id)
-        force_eos = limits_dev == t + 1
-        logp[force_eos, :] = -xp.inf
-        logp[force_eos, eos_id] = 0.0
-        nxt = logp.argmax(axis=1)
-        gained = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
+        # the most probable token (padding and BOS banned, EOS forced at the budget) and its log-probability
+        nxt, gained = greedy_pick(logits, pad, bos_id, eos_id, force_eos=limits_dev == t + 1)
         logprob += xp.where(done, 0.0, gained)
         nxt = xp.where(done, pad, nxt)
         tokens = xp.concatenate([tokens, nxt[:, None].astype(tokens.dtype)], axis=1)
@@ -133,17 +130,12 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
     t = 0
     while active:
         m = len(active)
-        logp = log_softmax(model.decode_step(last, memory, src_mask, caches, position=t)).reshape(m, k, -1)
-        ban_special(logp, pad, bos_id)
-        vocab = logp.shape[-1]
+        logits = model.decode_step(last, memory, src_mask, caches, position=t)
+        vocab = logits.shape[-1]
         force_eos = limits_act == t + 1
-        logp[force_eos] = -xp.inf
-        logp[force_eos, :, eos_id] = 0.0
-        cand = (scores[:, :, None] + logp).reshape(m, k * vocab)
-        top = xp.argpartition(-cand, 2 * k, axis=1)[:, : 2 * k]
-        top_scores = xp.take_along_axis(cand, top, axis=1)
-        order = xp.argsort(-top_scores, axis=1)
-        top, top_scores = xp.take_along_axis(top, order, axis=1), xp.take_along_axis(top_scores, order, axis=1)
+        # the 2k best of scores + log_softmax(logits) over each sentence's k*V extensions, best first
+        # (padding and BOS banned, EOS the only extension where the budget is spent)
+        top, top_scores = beam_candidates(logits, scores, 2 * k, pad, bos_id, eos_id, force_eos)
         origin, token = top // vocab, top % vocab
         # an EOS candidate ends a hypothesis only if it ranks among the best k (fairseq's rule):
         # EOS among the 2k is otherwise a poor ending that would fill the finished list early
@@ -182,13 +174,17 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
             stay_dev = xp.asarray(stay, dtype=xp.int64)
             beam_rows = beam_rows.reshape(m, k)[stay_dev].reshape(-1)
             new_scores, new_token = new_scores[stay_dev], new_token[stay_dev]
-            memory = memory.reshape(m, k, *memory.shape[1:])[stay_dev].reshape(-1, *memory.shape[1:])
-            src_mask = src_mask.reshape(m, k, *src_mask.shape[1:])[stay_dev].reshape(-1, *src_mask.shape[1:])
+            # the encoder side (memory, its mask, the encoder-decoder keys/values) keeps the staying sentences
+            sentence_rows = (stay_dev[:, None] * k + xp.arange(k)[None, :]).reshape(-1)
+            memory, src_mask = memory[sentence_rows], src_mask[sentence_rows]
+            if stay:
+                model.reorder_caches(caches, sentence_rows, parts=("cross",))
             limits_act = limits_act[stay_dev]
             active = [active[i] for i in stay]
         if not active:
             break
-        model.reorder_caches(caches, beam_rows)
+        # each new beam continues its parent's prefix: the self-attention keys/values follow it
+        model.reorder_caches(caches, beam_rows, parts=("self",))
         history = xp.concatenate([history[beam_rows], new_token.reshape(-1, 1).astype(history.dtype)], axis=1)
         last = new_token.reshape(-1).astype(history.dtype)
         scores = new_scores

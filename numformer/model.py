@@ -220,14 +220,30 @@ class Transformer(Module):
         return self.generator(h)[:, 0, :]
 
     @staticmethod
-    def reorder_caches(caches, index) -> None:
-        """Select batch rows ``index`` (B',) of every cached key/value (beam search reordering)."""
+    def reorder_caches(caches, index, parts=("self", "cross")) -> None:
+        """Select batch rows ``index`` (B',) of the cached keys/values of ``parts`` (beam search reordering).
+
+        Beam search reorders the self-attention caches every step but the encoder-decoder ones only
+        when finished sentences leave (a beam permutation stays inside its sentence, whose memory
+        rows are all equal). A permutation that keeps the row count is applied in place, copying
+        only the rows whose parent changed, and only their first T positions.
+        """
+        from .kernels.decoding import take_rows_  # noqa: PLC0415
+
+        if not hasattr(index, "shape"):
+            index = np.asarray(index)
         for cache in caches:
-            for part in cache.values():
-                if "kbuf" in part:  # a growable self-attention cache: reorder the buffers, re-take the views
+            for name, part in cache.items():
+                if name not in parts:
+                    continue
+                if "kbuf" in part:  # a growable self-attention cache: buffers (B, h, capacity, d), views (B, h, T, d)
+                    if index.shape[0] == part["kbuf"].shape[0]:
+                        take_rows_(part["k"], index)  # in place, through the views
+                        take_rows_(part["v"], index)
+                        continue
                     n = part["k"].shape[2]
                     part["kbuf"], part["vbuf"] = part["kbuf"][index], part["vbuf"][index]
                     part["k"], part["v"] = part["kbuf"][:, :, :n], part["vbuf"][:, :, :n]
                     continue
-                for name in list(part):
-                    part[name] = part[name][index]
+                for key in list(part):
+                    part[key] = part[key][index]
