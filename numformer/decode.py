@@ -115,10 +115,8 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
     pad = model.cfg.pad_id
     n, k = src.shape[0], beam
     limits = max_lengths(src, pad, max_len_a, max_len_b, model.cfg.max_len)
+    # one encoder output per sentence, shared by its k beams (decoder rows are sentence-major: s*k + j)
     memory, src_mask = model.encode(src)
-    # every sentence's encoder output repeated for its k beams: rows are sentence-major (s*k + j)
-    rep = xp.repeat(xp.arange(n), k)
-    memory, src_mask = memory[rep], src_mask[rep]
     caches = model.new_decoder_caches()
     active = list(range(n))                 # original index of each sentence still searching
     limits_act = xp.asarray(limits)         # their length budgets
@@ -130,7 +128,7 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
     t = 0
     while active:
         m = len(active)
-        logits = model.decode_step(last, memory, src_mask, caches, position=t)
+        logits = model.decode_step(last, memory, src_mask, caches, position=t, beam=k)
         vocab = logits.shape[-1]
         force_eos = limits_act == t + 1
         # the 2k best of scores + log_softmax(logits) over each sentence's k*V extensions, best first
@@ -175,10 +173,9 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
             beam_rows = beam_rows.reshape(m, k)[stay_dev].reshape(-1)
             new_scores, new_token = new_scores[stay_dev], new_token[stay_dev]
             # the encoder side (memory, its mask, the encoder-decoder keys/values) keeps the staying sentences
-            sentence_rows = (stay_dev[:, None] * k + xp.arange(k)[None, :]).reshape(-1)
-            memory, src_mask = memory[sentence_rows], src_mask[sentence_rows]
+            memory, src_mask = memory[stay_dev], src_mask[stay_dev]
             if stay:
-                model.reorder_caches(caches, sentence_rows, parts=("cross",))
+                model.reorder_caches(caches, stay_dev, parts=("cross",))
             limits_act = limits_act[stay_dev]
             active = [active[i] for i in stay]
         if not active:

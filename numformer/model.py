@@ -203,21 +203,38 @@ class Transformer(Module):
         """One empty key/value cache per decoder layer, for :meth:`decode_step`."""
         return [{} for _ in self.decoder.layers]
 
-    def decode_step(self, tokens, memory, src_mask, caches, position: int):
+    def decode_step(self, tokens, memory, src_mask, caches, position: int, beam: int = 1):
         """Logits for the next token given the newest input token.
 
-        tokens (B,) ids at ``position`` (0 for BOS); memory (B, S, d_model);
-        caches from :meth:`new_decoder_caches`, updated in place -> logits (B, vocab).
+        tokens (B*beam,) ids at ``position`` (0 for BOS); memory (B, S, d_model);
+        caches from :meth:`new_decoder_caches`, updated in place -> logits (B*beam, vocab).
         Costs one position per call: earlier keys and values come from the cache.
+
+        ``beam`` > 1: the rows are sentence-major groups of ``beam`` hypotheses (row s*beam + j)
+        that share their sentence's memory row, which is not repeated: the encoder-decoder
+        attention runs with the group's ``beam`` queries against one cached key/value set per
+        sentence (a (beam, S) GEMM per head instead of ``beam`` GEMVs, and caches ``beam`` times
+        smaller). Each layer then runs its three sub-layers as :meth:`DecoderLayer.forward` does.
         """
         if self.training:
             raise RuntimeError("decode_step runs in eval mode: call model.eval() first")
         xp = self.xp
         tokens = xp.asarray(tokens)
         src_mask = None if src_mask is None else xp.asarray(src_mask)
+        memory = xp.asarray(memory)
         y = self.tgt_pos(self.tgt_embed(tokens[:, None]), offset=position)
-        h = self.decoder(y, xp.asarray(memory), None, src_mask, caches)
-        return self.generator(h)[:, 0, :]
+        if beam == 1:
+            h = self.decoder(y, memory, None, src_mask, caches)
+            return self.generator(h)[:, 0, :]
+        n, d = memory.shape[0], y.shape[-1]
+        for layer, cache in zip(self.decoder.layers, caches):
+            y = layer.self_attn_residual(y, layer.self_attn, mask=None, cache=cache.setdefault("self", {}))
+            y = layer.cross_attn_residual(y.reshape(n, beam, d), layer.cross_attn, memory, mask=src_mask,
+                                          cache=cache.setdefault("cross", {})).reshape(n * beam, 1, d)
+            y = layer.ffn_residual(y, layer.ffn)
+        if self.decoder.final_norm is not None:
+            y = self.decoder.final_norm(y)
+        return self.generator(y)[:, 0, :]
 
     @staticmethod
     def reorder_caches(caches, index, parts=("self", "cross")) -> None:

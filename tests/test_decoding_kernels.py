@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from numformer.decode import ban_special, log_softmax
-from numformer.kernels.decoding import beam_candidates, greedy_pick, take_rows_
+from numformer.kernels.decoding import beam_candidates, greedy_pick, take_rows_, top_n
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -59,3 +59,49 @@ def test_take_rows_in_place_permutation_and_shrink():
     np.testing.assert_array_equal(buf[:, :, :4], expected)  # written through to the buffer
     shrunk = take_rows_(buf, np.array([4, 1]))
     np.testing.assert_array_equal(shrunk, buf[[4, 1]])
+
+
+def test_top_n_finds_the_largest_entries_of_each_row():
+    rng = np.random.default_rng(3)
+    for width in (32000, 4 * 37, 97):  # grouped (16 | 32000), a smaller divisor (4), prime: whole-row fallback
+        a = rng.standard_normal((7, width)).astype(np.float32)
+        a[0, :] = -np.inf        # a row of -inf (all beams dead) still yields n entries
+        a[1, ::3] = 5.0          # ties at the top
+        idx, vals = top_n(a, 8)
+        np.testing.assert_array_equal(np.take_along_axis(a, idx, axis=1), vals)
+        np.testing.assert_array_equal(np.sort(vals, axis=1), np.sort(a, axis=1)[:, -8:])
+        assert all(len(set(row)) == 8 for row in idx.tolist())  # 8 distinct columns
+
+
+def test_grouped_beam_step_equals_the_step_on_repeated_memory():
+    """decode_step(beam=k) (one memory row per sentence) equals the plain step on memory repeated k times,
+    across a beam permutation of the self-attention caches and a sentence leaving the batch."""
+    from numformer.model import Transformer
+    from numformer.presets import get_preset
+
+    for pre_norm in (False, True):
+        m = Transformer(get_preset("tiny", vocab_size=30, d_model=16, d_ff=32, heads=2, max_len=64,
+                                   pre_norm=pre_norm), seed=1, dtype=np.float64).eval()
+        k = 3
+        src = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3]])
+        memory, mask = m.encode(src)
+        rep = np.repeat(np.arange(2), k)
+        grouped, plain = m.new_decoder_caches(), m.new_decoder_caches()
+        mem_p, mask_p = memory[rep], mask[rep]
+        rng = np.random.default_rng(4)
+        for t in range(6):
+            rows = mem_p.shape[0]
+            tokens = rng.integers(3, 30, rows)
+            a = m.decode_step(tokens, memory, mask, grouped, position=t, beam=k)
+            b = m.decode_step(tokens, mem_p, mask_p, plain, position=t)
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+            if t == 2:  # beams swap parents inside each sentence
+                perm = np.array([1, 1, 0, 5, 3, 4])
+                m.reorder_caches(grouped, perm, parts=("self",))
+                m.reorder_caches(plain, perm)
+            if t == 4:  # sentence 0 is done: only sentence 1's beams go on
+                stay = np.array([1])
+                m.reorder_caches(grouped, np.arange(3, 6), parts=("self",))
+                m.reorder_caches(grouped, stay, parts=("cross",))
+                m.reorder_caches(plain, np.arange(3, 6))
+                memory, mask, mem_p, mask_p = memory[stay], mask[stay], mem_p[3:], mask_p[3:]
