@@ -15,7 +15,7 @@ decoder written the way a PyTorch user would write one for inference:
 The searches follow :mod:`numformer.decode` rule for rule (Section 6.1: beam 4, GNMT length
 penalty with alpha 0.6, output at most a * source length + b tokens, EOS forced at the budget,
 fairseq's rule that an EOS ends a hypothesis only among the best ``beam`` candidates, a sentence
-done once ``beam`` hypotheses ended, finished sentences leave the batch) and use the same
+done once ``beam`` hypotheses ended, finished sentences leave the batch, in greedy search too) and use the same
 length-sorted batches (:func:`numformer.translation._batches_by_length`), so that in float64 both
 systems find the same hypotheses: a check of the search that is independent of numformer's code.
 Nothing here runs numformer's layers or searches.
@@ -201,34 +201,37 @@ def _log_probs(logits, pad: int, bos: int):
 
 
 def greedy(dec: TorchDecoder, src, bos: int, eos: int, a: float = 1.0, b: int = 50) -> list:
-    """The most probable token at every step; src (B, S) -> B TorchHypothesis (score = logprob)."""
+    """The most probable token at every step; src (B, S) -> B TorchHypothesis (score = logprob).
+    Sentences that ended leave the batch (their rows of every cache are dropped)."""
     pad = dec.arch.pad_id
     n = src.shape[0]
     limits = torch.as_tensor(_limits(src, pad, a, b, dec.max_len))
     memory, mask = dec.encode(src)
     state = dec.start(memory, mask)
-    last = torch.full((n,), bos, dtype=torch.long)
+    active = list(range(n))
+    history = torch.full((n, 1), bos, dtype=torch.long)
     logprob = torch.zeros(n, dtype=dec.dtype)
-    done = torch.zeros(n, dtype=torch.bool)
-    out = []
+    hyps = [None] * n
     for t in range(int(limits.max())):
-        logp = _log_probs(dec.step(last, t, state), pad, bos)
+        logp = _log_probs(dec.step(history[:, -1], t, state), pad, bos)
         force = limits == t + 1
         logp[force] = -math.inf
         logp[force, eos] = 0.0
         gained, nxt = logp.max(dim=1)
-        logprob += torch.where(done, torch.zeros_like(gained), gained)
-        nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
-        out.append(nxt)
-        done |= nxt == eos
-        last = nxt
-        if bool(done.all()):
+        logprob += gained
+        history = torch.cat([history, nxt[:, None]], dim=1)
+        ended = nxt == eos
+        if not bool(ended.any()):
+            continue
+        for r in ended.nonzero()[:, 0].tolist():
+            lp = float(logprob[r])
+            hyps[active[r]] = TorchHypothesis(history[r, 1:-1].tolist(), lp, lp)
+        if bool(ended.all()):
             break
-    rows = torch.stack(out, dim=1).tolist()
-    hyps = []
-    for row, lp in zip(rows, logprob.tolist()):
-        ids = row[: row.index(eos)] if eos in row else [x for x in row if x != pad]
-        hyps.append(TorchHypothesis(ids, lp, lp))
+        stay = (~ended).nonzero()[:, 0]
+        active = [active[i] for i in stay.tolist()]
+        history, logprob, limits = history[stay], logprob[stay], limits[stay]
+        dec.reorder(state, stay, stay)
     return hyps
 
 

@@ -71,29 +71,35 @@ def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = 1.0, 
     limits = max_lengths(src, pad, max_len_a, max_len_b, model.cfg.max_len)
     memory, src_mask = model.encode(src)
     caches = model.new_decoder_caches()
+    active = list(range(n))                  # original index of each sentence still searching
     tokens = xp.full((n, 1), bos_id, dtype=src.dtype)
     logprob = xp.zeros(n, dtype=memory.dtype)
-    done = xp.zeros(n, dtype=bool)
-    limits_dev = xp.asarray(limits)
+    limits_act = xp.asarray(limits)
+    out = [None] * n
     for t in range(int(limits.max())):
         if use_cache:
             logits = model.decode_step(tokens[:, -1], memory, src_mask, caches, position=t)
         else:
             logits = model.forward(src, tokens)[:, -1, :]
         # the most probable token (padding and BOS banned, EOS forced at the budget) and its log-probability
-        nxt, gained = greedy_pick(logits, pad, bos_id, eos_id, force_eos=limits_dev == t + 1)
-        logprob += xp.where(done, 0.0, gained)
-        nxt = xp.where(done, pad, nxt)
+        nxt, gained = greedy_pick(logits, pad, bos_id, eos_id, force_eos=limits_act == t + 1)
+        logprob += gained
         tokens = xp.concatenate([tokens, nxt[:, None].astype(tokens.dtype)], axis=1)
-        done |= nxt == eos_id
-        if bool(done.all()):
+        ended = to_host(nxt == eos_id)
+        if not ended.any():
+            continue
+        # sentences that ended are set aside; the others go on in a smaller batch
+        host_tokens, host_logprob = to_host(tokens[ended, 1:-1]), to_host(logprob[ended])
+        for i, row, lp in zip([a for a, e in zip(active, ended) if e], host_tokens, host_logprob):
+            out[i] = Hypothesis([int(x) for x in row], float(lp), float(lp))
+        if ended.all():
             break
-    out = []
-    host_tokens, host_logprob = to_host(tokens[:, 1:]), to_host(logprob)
-    for row, lp in zip(host_tokens, host_logprob):
-        ids = [int(x) for x in row]
-        ids = ids[: ids.index(eos_id)] if eos_id in ids else [x for x in ids if x != pad]
-        out.append(Hypothesis(ids, float(lp), float(lp)))
+        stay = xp.asarray([i for i, e in enumerate(ended) if not e], dtype=xp.int64)
+        active = [a for a, e in zip(active, ended) if not e]
+        tokens, logprob, limits_act = tokens[stay], logprob[stay], limits_act[stay]
+        memory, src_mask, src = memory[stay], src_mask[stay], src[stay]
+        if use_cache:
+            model.reorder_caches(caches, stay)
     return out
 
 
