@@ -89,7 +89,8 @@ def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = 1.0, 
         if not ended.any():
             continue
         # sentences that ended are set aside; the others go on in a smaller batch
-        host_tokens, host_logprob = to_host(tokens[ended, 1:-1]), to_host(logprob[ended])
+        ended_dev = xp.asarray(ended)
+        host_tokens, host_logprob = to_host(tokens[ended_dev, 1:-1]), to_host(logprob[ended_dev])
         for i, row, lp in zip([a for a, e in zip(active, ended) if e], host_tokens, host_logprob):
             out[i] = Hypothesis([int(x) for x in row], float(lp), float(lp))
         if ended.all():
