@@ -20,8 +20,6 @@ Shapes: logits (m*k, V) for m sentences of k beams, or (B, V); scores (m, k); in
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..backend import get_array_module, is_cupy_array
 
 
@@ -96,18 +94,19 @@ def top_n(a, n: int, rows_per_group: int = 16):
     ``rows_per_group``; the group maxima (one pass, an elementwise maximum of L slices) pick the n
     groups to search. Falls back to one partition of the whole row where w has no such divisor.
     """
+    xp = get_array_module(a)
     m, w = a.shape
     groups_len = next((d for d in range(min(rows_per_group, w), 1, -1) if w % d == 0), 1)
     g = w // groups_len
     if groups_len < 2 or g <= n:
-        top = np.argpartition(a, w - n, axis=1)[:, -n:]
-        return top, np.take_along_axis(a, top, axis=1)
+        top = xp.argpartition(a, w - n, axis=1)[:, -n:]
+        return top, xp.take_along_axis(a, top, axis=1)
     a3 = a.reshape(m, groups_len, g)                       # a3[r, l, j] = a[r, l * g + j]
-    best_groups = np.argpartition(a3.max(axis=1), g - n, axis=1)[:, -n:]          # (m, n)
-    vals = np.take_along_axis(a3, best_groups[:, None, :], axis=2).reshape(m, -1)  # (m, L * n)
-    cols = (np.arange(groups_len)[None, :, None] * g + best_groups[:, None, :]).reshape(m, -1)
-    pick = np.argpartition(vals, vals.shape[1] - n, axis=1)[:, -n:]
-    return np.take_along_axis(cols, pick, axis=1), np.take_along_axis(vals, pick, axis=1)
+    best_groups = xp.argpartition(a3.max(axis=1), g - n, axis=1)[:, -n:]          # (m, n)
+    vals = xp.take_along_axis(a3, best_groups[:, None, :], axis=2).reshape(m, -1)  # (m, L * n)
+    cols = (xp.arange(groups_len)[None, :, None] * g + best_groups[:, None, :]).reshape(m, -1)
+    pick = xp.argpartition(vals, vals.shape[1] - n, axis=1)[:, -n:]
+    return xp.take_along_axis(cols, pick, axis=1), xp.take_along_axis(vals, pick, axis=1)
 
 
 def take_rows_(buf, index):
