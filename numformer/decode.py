@@ -9,7 +9,9 @@ cost one position rather than a re-run of the prefix.
 
 Hypothesis length |Y| counts the output tokens including the final EOS.
 Sentences whose search is over are dropped from the batch (the caches are
-compacted), so long sentences do not keep short ones computing.
+compacted), so long sentences do not keep short ones computing. The k beams of a
+sentence share its one encoder output (``decode_step(..., beam=k)``). The per-step
+arithmetic over the (rows, vocab) scores lives in :mod:`numformer.kernels.decoding`.
 
 Shapes: src (B, S) ids, right-padded with the model's pad id. Results are lists,
 one per sentence, of token-id lists without BOS and EOS.
