@@ -7,6 +7,7 @@ Examples:
     python translate.py --model runs/x/checkpoints/step_0002000.npz --input test.en --reference test.es
     python translate.py --model runs/x --greedy --input test.en
     python translate.py --model runs/x --nbest 4 --input test.en     # 4 tab-separated candidates per line
+    python translate.py --model runs/x                               # at a terminal: each line as it is typed
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ table) is translated whole, with at most min(a * tokens + b, max_len) output tok
 split into pieces of at most max_len - 1 tokens at word boundaries, the pieces are translated
 separately and their outputs concatenated. Errors are one line on stderr with exit status 2
 (130 after Ctrl-C); the output file is written atomically, only when everything is translated.
+Interactive: when standard input is a terminal and neither --input, --output nor --reference is
+given, each line is translated and printed as soon as Enter is pressed (the model is loaded
+first); a line that is not UTF-8 gets an error on stderr and an empty output line; Ctrl-D ends.
+From a pipe or a file, all input is read first and translated in length-sorted batches.
 """
 
 
@@ -103,6 +108,26 @@ class _Output:
             self.tmp.unlink()
 
 
+def _interactive(args) -> bool:
+    """Translate line by line: a person types at a terminal and nothing needs the whole input first."""
+    return not (args.input or args.output or args.reference) and sys.stdin.isatty()
+
+
+def _translate_as_typed(model, vocab, opts: DecodeOptions, nbest: int) -> None:
+    """fairseq-interactive's habit: read a line, print its translation at once, until end of input."""
+    print("translate.py: type a sentence and press Enter; Ctrl-D ends", file=sys.stderr, flush=True)
+    stdin = sys.stdin.buffer
+    for raw in iter(stdin.readline, b""):
+        try:
+            line = split_lines(raw, "standard input")[:1] or [""]
+        except ValueError as exc:  # a line that is not UTF-8: say so, answer with an empty line, go on
+            print(f"translate.py: error: {exc}", file=sys.stderr, flush=True)
+            line = [""]
+        hyp = translate_lines(model, vocab, line, opts)[0]
+        sys.stdout.buffer.write((("\t".join(hyp) if nbest > 1 else hyp) + "\n").encode("utf-8"))
+        sys.stdout.buffer.flush()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     output = None
@@ -110,7 +135,10 @@ def main(argv=None) -> int:
         with one_line_errors("translate.py"):
             xp_for(resolve_device(args.device))  # cuda without cupy or a GPU fails now, in one line
             output = _Output(args.output)
-            if args.input:
+            interactive = _interactive(args)
+            if interactive:
+                lines = None  # read after the model is loaded, one at a time
+            elif args.input:
                 lines = read_lines(args.input)
             else:
                 lines = split_lines(sys.stdin.buffer.read(), "standard input")
@@ -121,6 +149,9 @@ def main(argv=None) -> int:
             model, vocab, path = load_model(args.model, args.vocab, args.device)
             opts = DecodeOptions(beam=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
                                  max_len_b=args.max_len_b, nbest=args.nbest, max_tokens=args.max_tokens)
+            if interactive:
+                _translate_as_typed(model, vocab, opts, args.nbest)
+                return 0
             start = time.perf_counter()
             hyps = translate_lines(model, vocab, lines, opts)
             secs = time.perf_counter() - start

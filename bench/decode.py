@@ -1,10 +1,18 @@
-"""Decoding speed of a trained model: beam and greedy search, and the cost of one step by position.
+"""Decoding speed of a trained model against PyTorch on the same weights: beam and greedy search,
+and the cost of one step by position.
 
 1. Translation throughput: the first ``--sentences`` lines of ``--input`` (default: the
    bible-en-es test source) are encoded with the run's vocabulary and decoded the way
    ``translate.py`` does (length-sorted batches of ``--max-tokens`` source tokens), once
    with beam ``--beam`` (default 4, alpha 0.6) and once greedily. Reported: sentences/s
    and output tokens/s (subword pieces of the best hypothesis, EOS not counted).
+   The same weights are loaded into a PyTorch eager decoder (``bench/torch_decode.py``:
+   fused Q/K/V, ``F.scaled_dot_product_attention``, a key/value cache, the same search rules,
+   the same batches) that runs the same searches right after numformer's; reported beside
+   numformer's: its sentences/s and tokens/s, the ratio numformer/PyTorch of sentences/s,
+   and the share of sentences where both found the same best hypothesis (with ``--dtype
+   float64`` at least 99% is expected: a check of the search; in float32 rounding may
+   tip near-ties).
 2. Cost of one decoder step by position: a batch of ``--step-batch`` sentences is encoded,
    then :meth:`Transformer.decode_step` is fed 101 steps (the greedy token each time);
    ms/step at position 1 and at position 100 (median over ``--step-repeat`` runs) and their
@@ -14,9 +22,10 @@
     python bench/decode.py --model runs/bible-en-es-small
     python bench/decode.py --model runs/bible-en-es-small/averaged.npz --sentences 500 --json
     python bench/decode.py --model /tmp/run --input my.src --beam 5 --max-tokens 2000
+    python bench/decode.py --model /tmp/run --dtype float64 --sentences 200 --no-uncached
 
-Threads: ``--threads N`` sets OMP/OPENBLAS/MKL_NUM_THREADS before numpy is imported
-(default: leave the environment as it is).
+Threads: ``--threads N`` (default 2) sets OMP/OPENBLAS/MKL_NUM_THREADS and numformer's host
+threads before numpy is imported, and ``torch.set_num_threads(N)``; 0 leaves the environment.
 """
 from __future__ import annotations
 
@@ -49,7 +58,10 @@ def parse_args(argv=None):
     ap.add_argument("--no-uncached", dest="uncached", action="store_false",
                     help="skip the uncached (full prefix re-run) baseline")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
-    ap.add_argument("--threads", type=int, default=None, help="BLAS/OpenMP and numformer host threads")
+    ap.add_argument("--threads", type=int, default=2, help="BLAS/OpenMP, numformer and torch threads (default 2)")
+    ap.add_argument("--no-torch", dest="torch", action="store_false", help="skip the PyTorch side")
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                    help="both sides compute in this dtype (default float32; float64 checks the search)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     return ap.parse_args(argv)
 
@@ -66,7 +78,16 @@ def make_sync(xp):
     return (lambda: None) if xp is np else (lambda: xp.cuda.Stream.null.synchronize())
 
 
+def _speed(best, ids, seconds, beam):
+    out_tokens = sum(len(b) for b in best)
+    src_tokens = sum(len(s) for s in ids)
+    return {"beam": beam, "sentences": len(ids), "seconds": seconds,
+            "sentences_per_s": len(ids) / seconds, "output_tokens": out_tokens,
+            "output_tokens_per_s": out_tokens / seconds, "source_tokens_per_s": src_tokens / seconds}
+
+
 def time_search(model, vocab, ids, opts, sync):
+    """numformer's search (translate_ids, as translate.py runs it) -> (speed dict, best token lists)."""
     from numformer.translation import translate_ids  # noqa: PLC0415
 
     sync()
@@ -74,11 +95,20 @@ def time_search(model, vocab, ids, opts, sync):
     found = translate_ids(model, ids, vocab.bos_id, vocab.eos_id, opts)
     sync()
     seconds = time.perf_counter() - t0
-    out_tokens = sum(len(hyps[0][0]) for hyps in found)
-    src_tokens = sum(len(s) for s in ids)
-    return {"beam": opts.beam, "sentences": len(ids), "seconds": seconds,
-            "sentences_per_s": len(ids) / seconds, "output_tokens": out_tokens,
-            "output_tokens_per_s": out_tokens / seconds, "source_tokens_per_s": src_tokens / seconds}
+    best = [hyps[0][0] if hyps else [] for hyps in found]
+    return _speed(best, ids, seconds, opts.beam), best
+
+
+def time_torch_search(dec, vocab, ids, opts):
+    """The same search in PyTorch (bench/torch_decode.py) -> (speed dict, best token lists)."""
+    import torch_decode  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    found = torch_decode.translate_ids(dec, ids, vocab.bos_id, vocab.eos_id, opts.beam, opts.alpha,
+                                       opts.max_len_a, opts.max_len_b, opts.max_tokens)
+    seconds = time.perf_counter() - t0
+    best = [h.tokens for h in found]
+    return _speed(best, ids, seconds, opts.beam), best
 
 
 def step_times(model, src, bos_id: int, positions: int, cached: bool, sync):
@@ -123,12 +153,24 @@ def main(argv=None):
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMFORMER_NUM_THREADS"):
             os.environ[var] = str(args.threads)
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "bench"))
     from numformer.backend import describe  # noqa: PLC0415
     from numformer.cli_common import load_model  # noqa: PLC0415
     from numformer.translation import DecodeOptions, source_batch  # noqa: PLC0415
 
     model, vocab, path = load_model(args.model, args.vocab, args.device)
     xp = model.xp
+    if args.dtype == "float64":
+        model.to(xp, xp.float64)
+    dec = None
+    if args.torch:
+        import torch  # noqa: PLC0415
+
+        from torch_decode import TorchDecoder  # noqa: PLC0415
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        dec = TorchDecoder.from_numformer(model, getattr(torch, args.dtype))
     sync = make_sync(xp)
     src_path = Path(args.input) if args.input else default_input()
     lines = [ln for ln in src_path.read_text(encoding="utf-8").splitlines() if ln.strip()]
@@ -136,17 +178,25 @@ def main(argv=None):
         lines = lines[: args.sentences]
     ids = vocab.encode(lines)
     cfg = model.cfg
-    result = {"model": str(path), "input": str(src_path), "backend": describe(xp),
+    result = {"model": str(path), "input": str(src_path), "backend": describe(xp), "dtype": args.dtype,
               "config": {"d_model": cfg.d_model, "heads": cfg.heads, "layers": cfg.layers, "d_ff": cfg.d_ff,
                          "vocab": cfg.vocab_size},
               "threads": os.environ.get("OMP_NUM_THREADS"), "max_tokens": args.max_tokens, "search": []}
     # a short warm-up (allocator, BLAS threads), not counted
     warm = DecodeOptions(beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens)
     time_search(model, vocab, ids[:8], warm, sync)
-    result["search"].append(time_search(model, vocab, ids, warm, sync))
-    if args.greedy:
-        result["search"].append(time_search(model, vocab, ids, DecodeOptions(beam=1, max_tokens=args.max_tokens),
-                                            sync))
+    if dec is not None:
+        time_torch_search(dec, vocab, ids[:8], warm)
+        result["torch_backend"] = f"torch {torch.__version__}, {torch.get_num_threads()} threads, eager"
+    searches = [warm] + ([DecodeOptions(beam=1, max_tokens=args.max_tokens)] if args.greedy else [])
+    for opts in searches:
+        ours, best = time_search(model, vocab, ids, opts, sync)
+        if dec is not None:  # right after numformer's run, on the same weights and batches
+            theirs, their_best = time_torch_search(dec, vocab, ids, opts)
+            ours["torch"] = theirs
+            ours["ratio_sentences_per_s"] = ours["sentences_per_s"] / theirs["sentences_per_s"]
+            ours["same_hypotheses"] = sum(a == b for a, b in zip(best, their_best)) / max(len(ids), 1)
+        result["search"].append(ours)
 
     limit = cfg.max_len - 1
     positions = min(args.step_positions, limit)
@@ -164,11 +214,17 @@ def main(argv=None):
         return
     print(f"model {result['model']} (d={cfg.d_model} h={cfg.heads} N={cfg.layers} d_ff={cfg.d_ff} "
           f"V={cfg.vocab_size}), {result['backend']}, threads {result['threads'] or 'default'}")
-    print(f"input {src_path}: {len(ids)} sentences, batches of {args.max_tokens} source tokens")
+    print(f"input {src_path}: {len(ids)} sentences, batches of {args.max_tokens} source tokens, {args.dtype}"
+          + (f"; PyTorch: {result['torch_backend']}" if dec is not None else ""))
     for r in result["search"]:
         name = f"beam {r['beam']}" if r["beam"] > 1 else "greedy"
-        print(f"  {name:8s} {r['seconds']:7.2f} s  {r['sentences_per_s']:7.1f} sentences/s  "
-              f"{r['output_tokens_per_s']:8.0f} output tokens/s  ({r['output_tokens']} tokens)")
+        rows = [("numformer", r)] + ([("pytorch", r["torch"])] if "torch" in r else [])
+        for side, x in rows:
+            print(f"  {name:8s} {side:9s} {x['seconds']:7.2f} s  {x['sentences_per_s']:7.1f} sentences/s  "
+                  f"{x['output_tokens_per_s']:8.0f} target tokens/s  ({x['output_tokens']} tokens)")
+        if "torch" in r:
+            print(f"  {name:8s} ratio numformer/pytorch {r['ratio_sentences_per_s']:.2f}x sentences/s; "
+                  f"same best hypothesis on {100 * r['same_hypotheses']:.1f}% of the lines")
     print(f"decode_step, batch {step['batch']}, median of {step['repeat']} runs:")
     for kind in ("cached", "uncached"):
         if kind in step:

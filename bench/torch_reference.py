@@ -6,6 +6,15 @@ into one (vocab, d_model) matrix, dropout 0.1 on embeddings and sub-layer output
 masked attention scores replaced by -1e9 (``masked_fill``), label-smoothed
 cross-entropy (``F.cross_entropy(label_smoothing=eps)``), Adam(betas=(0.9, 0.98),
 eps=1e-9). Nothing here imports numformer. Used by ``bench/train_step.py``.
+
+Two attention variants, picked by ``make(..., variant=)``:
+
+* ``plain``: separate Q/K/V ``nn.Linear`` maps, scores, ``masked_fill`` and ``torch.softmax`` written
+  out, default ``torch.optim.Adam`` (the for-loop implementation);
+* ``best``: what a PyTorch user would run for speed in eager mode: the Q/K/V maps fused into one
+  (3d, d) in-projection as ``nn.MultiheadAttention`` does (Q and a fused (2d, d) K/V map for
+  encoder-decoder attention), ``F.scaled_dot_product_attention`` with the boolean masks, and
+  ``torch.optim.Adam(fused=True)`` (``foreach=True`` where the fused kernel is not available).
 """
 from __future__ import annotations
 
@@ -45,6 +54,31 @@ class MHA(nn.Module):
         return self.w_o(out.transpose(1, 2).reshape(b, tq, d))
 
 
+class FusedMHA(nn.Module):
+    """Multi-head attention with one in-projection and ``F.scaled_dot_product_attention``."""
+
+    def __init__(self, d, h):
+        super().__init__()
+        self.h, self.dk = h, d // h
+        self.in_proj = nn.Linear(d, 3 * d)  # [W_Q; W_K; W_V] stacked, as nn.MultiheadAttention
+        self.w_o = nn.Linear(d, d)
+
+    def forward(self, x, kv, mask):
+        b, tq, d = x.shape
+        if kv is x:  # self-attention: one GEMM for Q, K and V
+            q, k, v = self.in_proj(x).chunk(3, dim=-1)
+        else:  # encoder-decoder attention: Q from x, K and V from the memory in one GEMM
+            w, bias = self.in_proj.weight, self.in_proj.bias
+            q = F.linear(x, w[:d], bias[:d])
+            k, v = F.linear(kv, w[d:], bias[d:]).chunk(2, dim=-1)
+        tk = k.shape[1]
+        q = q.view(b, tq, self.h, self.dk).transpose(1, 2)
+        k = k.view(b, tk, self.h, self.dk).transpose(1, 2)
+        v = v.view(b, tk, self.h, self.dk).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.w_o(out.transpose(1, 2).reshape(b, tq, d))
+
+
 class FFN(nn.Module):
     def __init__(self, d, d_ff):
         super().__init__()
@@ -55,9 +89,9 @@ class FFN(nn.Module):
 
 
 class EncLayer(nn.Module):
-    def __init__(self, d, h, d_ff, p):
+    def __init__(self, d, h, d_ff, p, attn=MHA):
         super().__init__()
-        self.attn, self.ffn = MHA(d, h), FFN(d, d_ff)
+        self.attn, self.ffn = attn(d, h), FFN(d, d_ff)
         self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.p = p
 
@@ -67,9 +101,9 @@ class EncLayer(nn.Module):
 
 
 class DecLayer(nn.Module):
-    def __init__(self, d, h, d_ff, p):
+    def __init__(self, d, h, d_ff, p, attn=MHA):
         super().__init__()
-        self.self_attn, self.cross_attn, self.ffn = MHA(d, h), MHA(d, h), FFN(d, d_ff)
+        self.self_attn, self.cross_attn, self.ffn = attn(d, h), attn(d, h), FFN(d, d_ff)
         self.n1, self.n2, self.n3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
         self.p = p
 
@@ -82,13 +116,13 @@ class DecLayer(nn.Module):
 class TorchTransformer(nn.Module):
     """Same architecture as numformer.model.Transformer (post-LN, tied embeddings)."""
 
-    def __init__(self, vocab, d, h, layers, d_ff, dropout=0.1, max_len=1024, pad_id=0):
+    def __init__(self, vocab, d, h, layers, d_ff, dropout=0.1, max_len=1024, pad_id=0, attn=MHA):
         super().__init__()
         self.d, self.p, self.pad_id = d, dropout, pad_id
         self.embed = nn.Parameter(torch.randn(vocab, d) * d ** -0.5)
         self.register_buffer("pe", sinusoid_table(max_len, d))
-        self.enc = nn.ModuleList(EncLayer(d, h, d_ff, dropout) for _ in range(layers))
-        self.dec = nn.ModuleList(DecLayer(d, h, d_ff, dropout) for _ in range(layers))
+        self.enc = nn.ModuleList(EncLayer(d, h, d_ff, dropout, attn) for _ in range(layers))
+        self.dec = nn.ModuleList(DecLayer(d, h, d_ff, dropout, attn) for _ in range(layers))
 
     def _embed(self, ids):
         x = F.embedding(ids, self.embed) * math.sqrt(self.d) + self.pe[: ids.shape[1]]
@@ -108,12 +142,34 @@ class TorchTransformer(nn.Module):
         return y @ self.embed.t()
 
 
-def make(vocab, d, h, layers, d_ff, dropout=0.1, lr=1e-4, seed=0):
-    """(model, optimizer, loss_fn) for a training step; loss_fn(logits, target) -> scalar."""
+def fast_adam(params, **kw):
+    """``Adam(fused=True)``, else ``Adam(foreach=True)`` where this build has no fused kernel for the
+    parameters' device; returns (optimizer, "fused" or "foreach")."""
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, fused=True, **kw), "fused"
+    except (RuntimeError, ValueError):
+        return torch.optim.Adam(params, foreach=True, **kw), "foreach"
+
+
+def make(vocab, d, h, layers, d_ff, dropout=0.1, lr=1e-4, seed=0, variant="plain", device="cpu"):
+    """(model, optimizer, loss_fn) for a training step; loss_fn(logits, target) -> scalar.
+
+    ``variant``: "plain" (separate Q/K/V, written-out softmax, default Adam) or "best" (fused
+    in-projection, ``F.scaled_dot_product_attention``, fused Adam); see the module docstring.
+    The model is moved to ``device`` before the optimizer is built (the fused Adam checks it).
+    """
+    if variant not in ("plain", "best"):
+        raise ValueError(f"unknown variant {variant!r}: plain or best")
     torch.manual_seed(seed)
-    model = TorchTransformer(vocab, d, h, layers, d_ff, dropout)
+    model = TorchTransformer(vocab, d, h, layers, d_ff, dropout, attn=MHA if variant == "plain" else FusedMHA)
+    model.to(device)
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
+    kw = dict(lr=lr, betas=(0.9, 0.98), eps=1e-9)
+    if variant == "plain":
+        opt = torch.optim.Adam(model.parameters(), **kw)
+    else:
+        opt, _ = fast_adam(model.parameters(), **kw)
 
     def loss_fn(logits, target):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),

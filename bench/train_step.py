@@ -1,5 +1,15 @@
 """Time full training steps (forward, backward, Adam) of numformer against PyTorch.
 
+PyTorch columns (``bench/torch_reference.py``, same architecture and recipe):
+
+* ``pytorch``: plain eager code: separate Q/K/V maps, a written-out softmax, default Adam;
+* ``best eager``: Q/K/V fused into one in-projection (as ``nn.MultiheadAttention``),
+  ``F.scaled_dot_product_attention`` with the boolean masks, ``Adam(fused=True)`` (``foreach``
+  where the fused kernel is missing);
+* ``compiled``: the best-eager model under ``torch.compile`` (``--no-compile`` skips it); the
+  compile time (the first step's extra time over the median) is reported apart. When compiling
+  fails on this machine the column says why (the exception's first line) instead of timing.
+
 Random token batches of fixed length (no padding), float32, post-LN, tied
 embeddings, dropout 0.1, label smoothing 0.1. Each side runs in its own child
 process (so peak RSS is per process), pinned to the same thread count
@@ -55,8 +65,13 @@ def parse_args(argv=None):
     ap.add_argument("--compare", dest="compare", action="store_true", default=True,
                     help="also run the PyTorch reference (default)")
     ap.add_argument("--no-torch", dest="compare", action="store_false", help="skip the PyTorch side")
+    ap.add_argument("--no-best", dest="best", action="store_false", help="skip the best-eager PyTorch column")
+    ap.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile column")
+    ap.add_argument("--compile-repeat", type=int, default=1,
+                    help="runs of the compiled column per preset (default 1: each run compiles anew)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--worker", choices=["numformer", "torch", "peak"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["numformer", "torch", "torch-best", "torch-compile", "peak"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--shape", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -167,7 +182,7 @@ def worker_numformer(args, s):
     return out
 
 
-def worker_torch(args, s):
+def worker_torch(args, s, variant="plain", compiled=False):
     sys.path.insert(0, str(ROOT / "bench"))
     import torch  # noqa: PLC0415
 
@@ -175,8 +190,9 @@ def worker_torch(args, s):
 
     torch.set_num_threads(args.threads)
     dev = torch.device("cuda" if args.device.startswith("cuda") else "cpu")
-    model, opt, loss_fn = make(s["vocab"], s["d_model"], s["heads"], s["layers"], s["d_ff"], seed=args.seed)
-    model.to(dev)
+    model, opt, loss_fn = make(s["vocab"], s["d_model"], s["heads"], s["layers"], s["d_ff"], seed=args.seed,
+                               variant=variant, device=dev)
+    step_model = torch.compile(model) if compiled else model
     g = torch.Generator().manual_seed(args.seed)
     batches = [tuple(torch.randint(1, s["vocab"], (s["batch"], n), generator=g).to(dev)
                      for n in (s["src_len"], s["tgt_len"], s["tgt_len"])) for _ in range(4)]
@@ -185,17 +201,32 @@ def worker_torch(args, s):
     for i in range(args.warmup + args.steps):
         src, tgt_in, tgt_out = batches[i % len(batches)]
         c0, t0 = time.process_time(), time.perf_counter()
-        loss = loss_fn(model(src, tgt_in), tgt_out)
+        loss = loss_fn(step_model(src, tgt_in), tgt_out)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         sync()
+        if i == 0:
+            first = time.perf_counter() - t0
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
     out = summarize(times, s, cpu)
-    out.update(final_loss=float(loss), backend=f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    adam = "fused" if opt.defaults.get("fused") else "foreach" if opt.defaults.get("foreach") else "default"
+    out.update(final_loss=float(loss), backend=f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+               f"{variant} attention, {adam} Adam" + (", torch.compile" if compiled else ""))
+    if compiled:  # the first step compiles forward and backward: its time over a steady step
+        out["compile_s"] = first - statistics.median(times)
     return out
+
+
+def worker_torch_compile(args, s):
+    """The best-eager model under torch.compile; where compiling fails, the reason instead of times."""
+    try:
+        return worker_torch(args, s, "best", compiled=True)
+    except Exception as exc:  # noqa: BLE001  (any compiler failure is reported, not raised)
+        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return {"error": f"{type(exc).__name__}: {line[:300]}"}
 
 
 # -- parent -------------------------------------------------------------------------
@@ -229,18 +260,25 @@ def main(argv=None):
             result = worker_peak(args)
         else:
             s = json.loads(args.shape)
-            result = worker_numformer(args, s) if args.worker == "numformer" else worker_torch(args, s)
+            result = {"numformer": lambda: worker_numformer(args, s), "torch": lambda: worker_torch(args, s),
+                      "torch-best": lambda: worker_torch(args, s, "best"),
+                      "torch-compile": lambda: worker_torch_compile(args, s)}[args.worker]()
         print(json.dumps(result))
         return
     peak = run_child(args, "peak")["gemm_peak_gflops"] if args.device == "cpu" else None
     results = []
     for s in configs(args):
         flops = matmul_flops(s)
-        nf_runs, pt_runs = [], []
+        nf_runs, pt_runs, best_runs, compiled_runs = [], [], [], []
         for _ in range(max(args.repeat, 1)):
             nf_runs.append(run_child(args, "numformer", s))
             if args.compare:
                 pt_runs.append(run_child(args, "torch", s))
+                if args.best:
+                    best_runs.append(run_child(args, "torch-best", s))
+                if (args.compile and len(compiled_runs) < args.compile_repeat
+                        and not any("error" in r for r in compiled_runs)):
+                    compiled_runs.append(run_child(args, "torch-compile", s))
         nf = median_of(nf_runs)
         r = {"config": s["name"], "shape": {k: s[k] for k in SHAPE_KEYS}, "threads": args.threads,
              "device": args.device, **{k: nf[k] for k in ("median_step_ms", "median_cpu_ms", "min_step_ms", "tokens_per_s",
@@ -255,6 +293,19 @@ def main(argv=None):
             r["ratio_step_time"] = nf["median_step_ms"] / pt["median_step_ms"]
             r["ratio_cpu_time"] = nf["median_cpu_ms"] / pt["median_cpu_ms"]
             r["ratio_peak_rss"] = nf["peak_rss_mb"] / pt["peak_rss_mb"]
+            for key, runs in (("torch_best", best_runs), ("torch_compiled", compiled_runs)):
+                if not runs:
+                    continue
+                if any("error" in x for x in runs):
+                    r[key] = {"error": next(x["error"] for x in runs if "error" in x)}
+                    continue
+                col = median_of(runs)
+                r[key] = {k: col[k] for k in ("median_step_ms", "median_cpu_ms", "min_step_ms", "tokens_per_s",
+                                              "peak_rss_mb", "runs_median_step_ms", "backend")}
+                r[key]["mfu"] = (flops / (col["median_step_ms"] / 1e3) / (peak * 1e9)) if peak else None
+                if "compile_s" in col:
+                    r[key]["compile_s"] = statistics.median(x["compile_s"] for x in runs)
+                r[f"ratio_step_time_{key.split('_')[1]}"] = nf["median_step_ms"] / col["median_step_ms"]
         results.append(r)
         if not args.json:
             report(r)
@@ -269,14 +320,22 @@ def report(r):
           f"{r['matmul_gflop_per_step']:.2f} GFLOP/step (matmul), GEMM peak "
           f"{r['gemm_peak_gflops'] or float('nan'):.0f} GFLOP/s")
     rows = [("numformer", r)] + ([("pytorch", r["torch"])] if "torch" in r else [])
+    rows += [(name, r[key]) for name, key in (("best eager", "torch_best"), ("compiled", "torch_compiled"))
+             if key in r and "error" not in r[key]]
     for name, x in rows:
         mfu = x.get("mfu")
-        print(f"  {name:9s} {x['median_step_ms']:8.1f} ms/step (min {x['min_step_ms']:.1f})  "
+        print(f"  {name:10s} {x['median_step_ms']:8.1f} ms/step (min {x['min_step_ms']:.1f})  "
               f"(CPU {x['median_cpu_ms']:.0f} ms)  {x['tokens_per_s']:8.0f} tgt tok/s  peak RSS {x['peak_rss_mb']:7.1f} MB  "
-              f"MFU {100 * mfu if mfu else float('nan'):5.1f}%  runs {x['runs_median_step_ms']}")
+              f"MFU {100 * mfu if mfu else float('nan'):5.1f}%  runs {x['runs_median_step_ms']}"
+              + (f"  (compile {x['compile_s']:.1f} s, not counted)" if "compile_s" in x else ""))
+    if "torch_compiled" in r and "error" in r["torch_compiled"]:
+        print(f"  compiled   did not run here: {r['torch_compiled']['error']}")
     if "torch" in r:
         print(f"  ratio numformer/pytorch: step time {r['ratio_step_time']:.2f}x (process CPU time "
               f"{r['ratio_cpu_time']:.2f}x), peak RSS {r['ratio_peak_rss']:.2f}x")
+        for name, key in (("best eager", "best"), ("compiled", "compiled")):
+            if f"ratio_step_time_{key}" in r:
+                print(f"  ratio numformer/{name}: step time {r[f'ratio_step_time_{key}']:.2f}x")
 
 
 if __name__ == "__main__":

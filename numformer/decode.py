@@ -9,7 +9,9 @@ cost one position rather than a re-run of the prefix.
 
 Hypothesis length |Y| counts the output tokens including the final EOS.
 Sentences whose search is over are dropped from the batch (the caches are
-compacted), so long sentences do not keep short ones computing.
+compacted), so long sentences do not keep short ones computing. The k beams of a
+sentence share its one encoder output (``decode_step(..., beam=k)``). The per-step
+arithmetic over the (rows, vocab) scores lives in :mod:`numformer.kernels.decoding`.
 
 Shapes: src (B, S) ids, right-padded with the model's pad id. Results are lists,
 one per sentence, of token-id lists without BOS and EOS.
@@ -19,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .backend import get_array_module, to_host
+from .kernels.decoding import beam_candidates, greedy_pick
 
 
 def length_penalty(length, alpha: float):
@@ -70,33 +73,36 @@ def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = 1.0, 
     limits = max_lengths(src, pad, max_len_a, max_len_b, model.cfg.max_len)
     memory, src_mask = model.encode(src)
     caches = model.new_decoder_caches()
+    active = list(range(n))                  # original index of each sentence still searching
     tokens = xp.full((n, 1), bos_id, dtype=src.dtype)
     logprob = xp.zeros(n, dtype=memory.dtype)
-    done = xp.zeros(n, dtype=bool)
-    limits_dev = xp.asarray(limits)
+    limits_act = xp.asarray(limits)
+    out = [None] * n
     for t in range(int(limits.max())):
         if use_cache:
             logits = model.decode_step(tokens[:, -1], memory, src_mask, caches, position=t)
         else:
             logits = model.forward(src, tokens)[:, -1, :]
-        logp = ban_special(log_softmax(logits), pad, bos_id)
-        force_eos = limits_dev == t + 1
-        logp[force_eos, :] = -xp.inf
-        logp[force_eos, eos_id] = 0.0
-        nxt = logp.argmax(axis=1)
-        gained = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
-        logprob += xp.where(done, 0.0, gained)
-        nxt = xp.where(done, pad, nxt)
+        # the most probable token (padding and BOS banned, EOS forced at the budget) and its log-probability
+        nxt, gained = greedy_pick(logits, pad, bos_id, eos_id, force_eos=limits_act == t + 1)
+        logprob += gained
         tokens = xp.concatenate([tokens, nxt[:, None].astype(tokens.dtype)], axis=1)
-        done |= nxt == eos_id
-        if bool(done.all()):
+        ended = to_host(nxt == eos_id)
+        if not ended.any():
+            continue
+        # sentences that ended are set aside; the others go on in a smaller batch
+        ended_dev = xp.asarray(ended)
+        host_tokens, host_logprob = to_host(tokens[ended_dev, 1:-1]), to_host(logprob[ended_dev])
+        for i, row, lp in zip([a for a, e in zip(active, ended) if e], host_tokens, host_logprob):
+            out[i] = Hypothesis([int(x) for x in row], float(lp), float(lp))
+        if ended.all():
             break
-    out = []
-    host_tokens, host_logprob = to_host(tokens[:, 1:]), to_host(logprob)
-    for row, lp in zip(host_tokens, host_logprob):
-        ids = [int(x) for x in row]
-        ids = ids[: ids.index(eos_id)] if eos_id in ids else [x for x in ids if x != pad]
-        out.append(Hypothesis(ids, float(lp), float(lp)))
+        stay = xp.asarray([i for i, e in enumerate(ended) if not e], dtype=xp.int64)
+        active = [a for a, e in zip(active, ended) if not e]
+        tokens, logprob, limits_act = tokens[stay], logprob[stay], limits_act[stay]
+        memory, src_mask, src = memory[stay], src_mask[stay], src[stay]
+        if use_cache:
+            model.reorder_caches(caches, stay)
     return out
 
 
@@ -118,10 +124,8 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
     pad = model.cfg.pad_id
     n, k = src.shape[0], beam
     limits = max_lengths(src, pad, max_len_a, max_len_b, model.cfg.max_len)
+    # one encoder output per sentence, shared by its k beams (decoder rows are sentence-major: s*k + j)
     memory, src_mask = model.encode(src)
-    # every sentence's encoder output repeated for its k beams: rows are sentence-major (s*k + j)
-    rep = xp.repeat(xp.arange(n), k)
-    memory, src_mask = memory[rep], src_mask[rep]
     caches = model.new_decoder_caches()
     active = list(range(n))                 # original index of each sentence still searching
     limits_act = xp.asarray(limits)         # their length budgets
@@ -133,17 +137,12 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
     t = 0
     while active:
         m = len(active)
-        logp = log_softmax(model.decode_step(last, memory, src_mask, caches, position=t)).reshape(m, k, -1)
-        ban_special(logp, pad, bos_id)
-        vocab = logp.shape[-1]
+        logits = model.decode_step(last, memory, src_mask, caches, position=t, beam=k)
+        vocab = logits.shape[-1]
         force_eos = limits_act == t + 1
-        logp[force_eos] = -xp.inf
-        logp[force_eos, :, eos_id] = 0.0
-        cand = (scores[:, :, None] + logp).reshape(m, k * vocab)
-        top = xp.argpartition(-cand, 2 * k, axis=1)[:, : 2 * k]
-        top_scores = xp.take_along_axis(cand, top, axis=1)
-        order = xp.argsort(-top_scores, axis=1)
-        top, top_scores = xp.take_along_axis(top, order, axis=1), xp.take_along_axis(top_scores, order, axis=1)
+        # the 2k best of scores + log_softmax(logits) over each sentence's k*V extensions, best first
+        # (padding and BOS banned, EOS the only extension where the budget is spent)
+        top, top_scores = beam_candidates(logits, scores, 2 * k, pad, bos_id, eos_id, force_eos)
         origin, token = top // vocab, top % vocab
         # an EOS candidate ends a hypothesis only if it ranks among the best k (fairseq's rule):
         # EOS among the 2k is otherwise a poor ending that would fill the finished list early
@@ -182,13 +181,16 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
             stay_dev = xp.asarray(stay, dtype=xp.int64)
             beam_rows = beam_rows.reshape(m, k)[stay_dev].reshape(-1)
             new_scores, new_token = new_scores[stay_dev], new_token[stay_dev]
-            memory = memory.reshape(m, k, *memory.shape[1:])[stay_dev].reshape(-1, *memory.shape[1:])
-            src_mask = src_mask.reshape(m, k, *src_mask.shape[1:])[stay_dev].reshape(-1, *src_mask.shape[1:])
+            # the encoder side (memory, its mask, the encoder-decoder keys/values) keeps the staying sentences
+            memory, src_mask = memory[stay_dev], src_mask[stay_dev]
+            if stay:
+                model.reorder_caches(caches, stay_dev, parts=("cross",))
             limits_act = limits_act[stay_dev]
             active = [active[i] for i in stay]
         if not active:
             break
-        model.reorder_caches(caches, beam_rows)
+        # each new beam continues its parent's prefix: the self-attention keys/values follow it
+        model.reorder_caches(caches, beam_rows, parts=("self",))
         history = xp.concatenate([history[beam_rows], new_token.reshape(-1, 1).astype(history.dtype)], axis=1)
         last = new_token.reshape(-1).astype(history.dtype)
         scores = new_scores

@@ -203,31 +203,64 @@ class Transformer(Module):
         """One empty key/value cache per decoder layer, for :meth:`decode_step`."""
         return [{} for _ in self.decoder.layers]
 
-    def decode_step(self, tokens, memory, src_mask, caches, position: int):
+    def decode_step(self, tokens, memory, src_mask, caches, position: int, beam: int = 1):
         """Logits for the next token given the newest input token.
 
-        tokens (B,) ids at ``position`` (0 for BOS); memory (B, S, d_model);
-        caches from :meth:`new_decoder_caches`, updated in place -> logits (B, vocab).
+        tokens (B*beam,) ids at ``position`` (0 for BOS); memory (B, S, d_model);
+        caches from :meth:`new_decoder_caches`, updated in place -> logits (B*beam, vocab).
         Costs one position per call: earlier keys and values come from the cache.
+
+        ``beam`` > 1: the rows are sentence-major groups of ``beam`` hypotheses (row s*beam + j)
+        that share their sentence's memory row, which is not repeated: the encoder-decoder
+        attention runs with the group's ``beam`` queries against one cached key/value set per
+        sentence (a (beam, S) GEMM per head instead of ``beam`` GEMVs, and caches ``beam`` times
+        smaller). Each layer then runs its three sub-layers as :meth:`DecoderLayer.forward` does.
         """
         if self.training:
             raise RuntimeError("decode_step runs in eval mode: call model.eval() first")
         xp = self.xp
         tokens = xp.asarray(tokens)
         src_mask = None if src_mask is None else xp.asarray(src_mask)
+        memory = xp.asarray(memory)
         y = self.tgt_pos(self.tgt_embed(tokens[:, None]), offset=position)
-        h = self.decoder(y, xp.asarray(memory), None, src_mask, caches)
-        return self.generator(h)[:, 0, :]
+        if beam == 1:
+            h = self.decoder(y, memory, None, src_mask, caches)
+            return self.generator(h)[:, 0, :]
+        n, d = memory.shape[0], y.shape[-1]
+        for layer, cache in zip(self.decoder.layers, caches):
+            y = layer.self_attn_residual(y, layer.self_attn, mask=None, cache=cache.setdefault("self", {}))
+            y = layer.cross_attn_residual(y.reshape(n, beam, d), layer.cross_attn, memory, mask=src_mask,
+                                          cache=cache.setdefault("cross", {})).reshape(n * beam, 1, d)
+            y = layer.ffn_residual(y, layer.ffn)
+        if self.decoder.final_norm is not None:
+            y = self.decoder.final_norm(y)
+        return self.generator(y)[:, 0, :]
 
     @staticmethod
-    def reorder_caches(caches, index) -> None:
-        """Select batch rows ``index`` (B',) of every cached key/value (beam search reordering)."""
+    def reorder_caches(caches, index, parts=("self", "cross")) -> None:
+        """Select batch rows ``index`` (B',) of the cached keys/values of ``parts`` (beam search reordering).
+
+        Beam search reorders the self-attention caches every step but the encoder-decoder ones only
+        when finished sentences leave (a beam permutation stays inside its sentence, whose memory
+        rows are all equal). A permutation that keeps the row count is applied in place, copying
+        only the rows whose parent changed, and only their first T positions.
+        """
+        from .kernels.decoding import take_rows_  # noqa: PLC0415
+
+        if not hasattr(index, "shape"):
+            index = np.asarray(index)
         for cache in caches:
-            for part in cache.values():
-                if "kbuf" in part:  # a growable self-attention cache: reorder the buffers, re-take the views
+            for name, part in cache.items():
+                if name not in parts:
+                    continue
+                if "kbuf" in part:  # a growable self-attention cache: buffers (B, h, capacity, d), views (B, h, T, d)
+                    if index.shape[0] == part["kbuf"].shape[0]:
+                        take_rows_(part["k"], index)  # in place, through the views
+                        take_rows_(part["v"], index)
+                        continue
                     n = part["k"].shape[2]
                     part["kbuf"], part["vbuf"] = part["kbuf"][index], part["vbuf"][index]
                     part["k"], part["v"] = part["kbuf"][:, :, :n], part["vbuf"][:, :, :n]
                     continue
-                for name in list(part):
-                    part[name] = part[name][index]
+                for key in list(part):
+                    part[key] = part[key][index]

@@ -24,7 +24,9 @@ model on the plain math, on CPU and GPU; the process-wide tunings made at start-
 
 Files: ``threads`` (the host thread pool and the row/range/task splitters),
 ``allocator``, ``blas_threads``, and one file per piece of math: ``attention``,
-``layernorm``, ``dropout``, ``relu``, ``linear``, ``embedding``, ``loss``, ``adam``.
+``layernorm``, ``dropout``, ``relu``, ``linear``, ``embedding``, ``loss``, ``adam``; and
+``decoding``, the per-step pieces of the searches in :mod:`numformer.decode` (called
+directly by the search, tested against their plain forms in ``tests/test_decoding_kernels.py``).
 """
 from __future__ import annotations
 

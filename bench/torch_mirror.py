@@ -1,0 +1,268 @@
+"""A PyTorch reference ("mirror") of numformer's layers and of the whole Transformer.
+
+Written with torch ops and autograd only; nothing here calls numformer code, so it
+is an independent second implementation of the paper (Vaswani et al. 2017):
+
+* torch's own building blocks where their semantics match numformer's:
+  ``F.linear``, ``F.embedding``, ``F.layer_norm``, ``torch.softmax``, ``F.relu``,
+  ``F.cross_entropy(label_smoothing=eps)`` (eps spread as eps/V over all V classes,
+  the same convention as numformer's loss);
+* its own sinusoid table (Section 3.5) and its own masks, built from the token ids;
+* masked attention scores are *replaced* by -1e9 (``masked_fill``), boolean masks
+  True = attend, exactly the documented numformer semantics.
+
+Parameters live in a :class:`MirrorParams`: float64 torch leaves with
+``requires_grad=True`` keyed by numformer's dotted parameter names
+(``encoder.layers.0.self_attn.w_q.weight``). numformer stores a Linear weight as
+(d_in, d_out) (``y = x W + b``); the mirror keeps it in torch's (d_out, d_in)
+layout for ``F.linear`` and transposes on the way in and on the way out.
+
+Dropout is replayed, not drawn: every function takes ``drops``, a dict from the
+numformer name of a Dropout module (``encoder.layers.0.ffn_residual.dropout``,
+``decoder.layers.1.self_attn.attention.dropout``, ``src_dropout``) to its mask
+(already scaled by 1/(1-p)); a name absent from ``drops`` means no dropout.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+MASKED_SCORE = -1e9
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The architecture numbers the mirror needs (read from a numformer ModelConfig by the tests)."""
+
+    d_model: int
+    heads: int
+    d_k: int
+    d_v: int
+    n_enc: int
+    n_dec: int
+    pre_norm: bool = False
+    tie: bool = True
+    ln_eps: float = 1e-5
+    pad_id: int = 0
+    label_smoothing: float = 0.1
+
+    @classmethod
+    def from_config(cls, cfg) -> "Arch":
+        """From any object with ModelConfig's field names (plain attribute reads)."""
+        d_k = cfg.d_k if cfg.d_k is not None else cfg.d_model // cfg.heads
+        d_v = cfg.d_v if cfg.d_v is not None else d_k
+        n_dec = cfg.decoder_layers if cfg.decoder_layers is not None else cfg.layers
+        return cls(d_model=cfg.d_model, heads=cfg.heads, d_k=d_k, d_v=d_v, n_enc=cfg.layers, n_dec=n_dec,
+                   pre_norm=cfg.pre_norm, tie=cfg.tie_embeddings, ln_eps=cfg.ln_eps, pad_id=cfg.pad_id,
+                   label_smoothing=cfg.label_smoothing)
+
+
+class MirrorParams:
+    """numformer parameter arrays as torch leaves (requires_grad=True), keyed by numformer's names.
+
+    ``named_arrays``: (name, array) pairs in numformer layout, e.g. from
+    ``[(n, p.data) for n, p in module.named_parameters()]``; ``linear_weights``: the
+    names of Linear weights, stored here transposed to torch's (d_out, d_in).
+    """
+
+    def __init__(self, named_arrays, linear_weights=(), dtype=torch.float64):
+        self.linear_weights = set(linear_weights)
+        self.tensors: dict[str, torch.Tensor] = {}
+        for name, a in named_arrays:
+            a = np.asarray(a, dtype=np.float64)
+            if name in self.linear_weights:
+                a = a.T
+            self.tensors[name] = torch.tensor(np.ascontiguousarray(a), dtype=dtype, requires_grad=True)
+        unknown = self.linear_weights - set(self.tensors)
+        if unknown:
+            raise KeyError(f"linear weights not among the parameters: {sorted(unknown)}")
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def get(self, name: str):
+        return self.tensors.get(name)
+
+    def leaves(self) -> list:
+        return list(self.tensors.values())
+
+    def _to_numformer_layout(self, name: str, t) -> np.ndarray:
+        a = t.detach().cpu().numpy()
+        return np.ascontiguousarray(a.T) if name in self.linear_weights else a.copy()
+
+    def grads(self) -> dict:
+        """name -> gradient as a float64 numpy array in numformer's layout (zeros where unused)."""
+        out = {}
+        for name, t in self.tensors.items():
+            g = t.grad if t.grad is not None else torch.zeros_like(t)
+            out[name] = self._to_numformer_layout(name, g)
+        return out
+
+    def values(self) -> dict:
+        """name -> parameter value as a numpy array in numformer's layout."""
+        return {name: self._to_numformer_layout(name, t) for name, t in self.tensors.items()}
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def dropout(drops, name: str, x):
+    """Replay numformer's mask for the Dropout called ``name`` (identity when none was recorded)."""
+    if drops and name in drops:
+        return x * drops[name]
+    return x
+
+
+# -- layers ------------------------------------------------------------------------
+
+def linear(P, prefix: str, x):
+    """y = x W^T + b in torch's layout (numformer's y = x W + b)."""
+    return F.linear(x, P[_join(prefix, "weight")], P.get(_join(prefix, "bias")))
+
+
+def embedding(P, prefix: str, ids, d_model: int, scale: bool = True):
+    """Section 3.4: W[ids] * sqrt(d_model)."""
+    out = F.embedding(ids, P[_join(prefix, "weight")])
+    return out * math.sqrt(d_model) if scale else out
+
+
+def output_projection(P, prefix: str, h):
+    """Pre-softmax projection logits = h E^T with E (vocab, d_model), no bias."""
+    return F.linear(h, P[_join(prefix, "weight")])
+
+
+def sinusoid_table(length: int, d_model: int, dtype=torch.float64):
+    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
+    pos = torch.arange(length, dtype=torch.float64)[:, None]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)[None, :]
+    angle = pos / torch.pow(torch.tensor(10000.0, dtype=torch.float64), two_i / d_model)
+    pe = torch.zeros(length, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle)[:, : d_model // 2]
+    return pe.to(dtype)
+
+
+def positional(x, offset: int = 0):
+    """x (B, T, d) + PE[offset : offset + T]."""
+    t, d = x.shape[-2], x.shape[-1]
+    return x + sinusoid_table(offset + t, d, x.dtype)[offset:]
+
+
+def layer_norm(P, prefix: str, x, eps: float):
+    return F.layer_norm(x, (x.shape[-1],), P[_join(prefix, "weight")], P[_join(prefix, "bias")], eps)
+
+
+def attention(q, k, v, mask=None, drop=None):
+    """Eq. 1: softmax(Q K^T / sqrt(d_k)) V; masked scores replaced by -1e9; optional replayed dropout on P."""
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, MASKED_SCORE)
+    p = torch.softmax(scores, dim=-1)
+    if drop is not None:
+        p = p * drop
+    return p @ v
+
+
+def multi_head(P, prefix: str, x, memory=None, mask=None, *, heads: int, d_k: int, d_v: int, drops=None):
+    """Section 3.2.2; self-attention when memory is None, encoder-decoder attention otherwise."""
+    kv = x if memory is None else memory
+    b, tq, _ = x.shape
+    tk = kv.shape[1]
+    q = linear(P, _join(prefix, "w_q"), x).view(b, tq, heads, d_k).transpose(1, 2)
+    k = linear(P, _join(prefix, "w_k"), kv).view(b, tk, heads, d_k).transpose(1, 2)
+    v = linear(P, _join(prefix, "w_v"), kv).view(b, tk, heads, d_v).transpose(1, 2)
+    drop = (drops or {}).get(_join(prefix, "attention.dropout"))
+    o = attention(q, k, v, mask, drop)
+    o = o.transpose(1, 2).reshape(b, tq, heads * d_v)
+    return linear(P, _join(prefix, "w_o"), o)
+
+
+def feed_forward(P, prefix: str, x, drops=None):
+    """Eq. 2: max(0, x W1 + b1) W2 + b2 (with optional replayed ReLU dropout)."""
+    h = F.relu(linear(P, _join(prefix, "w_1"), x))
+    h = dropout(drops, _join(prefix, "dropout"), h)
+    return linear(P, _join(prefix, "w_2"), h)
+
+
+def residual(P, prefix: str, x, sublayer, *, pre_norm: bool, eps: float, drops=None):
+    """Post-LN LN(x + Dropout(F(x))) or pre-LN x + Dropout(F(LN(x))); ``prefix`` names the residual."""
+    norm, drop = _join(prefix, "norm"), _join(prefix, "dropout")
+    if pre_norm:
+        return x + dropout(drops, drop, sublayer(layer_norm(P, norm, x, eps)))
+    return layer_norm(P, norm, x + dropout(drops, drop, sublayer(x)), eps)
+
+
+def encoder_layer(P, prefix: str, x, mask, arch: Arch, drops=None):
+    kw = dict(heads=arch.heads, d_k=arch.d_k, d_v=arch.d_v, drops=drops)
+    res = dict(pre_norm=arch.pre_norm, eps=arch.ln_eps, drops=drops)
+    x = residual(P, _join(prefix, "self_attn_residual"), x,
+                 lambda h: multi_head(P, _join(prefix, "self_attn"), h, mask=mask, **kw), **res)
+    return residual(P, _join(prefix, "ffn_residual"), x,
+                    lambda h: feed_forward(P, _join(prefix, "ffn"), h, drops), **res)
+
+
+def decoder_layer(P, prefix: str, y, memory, self_mask, cross_mask, arch: Arch, drops=None):
+    kw = dict(heads=arch.heads, d_k=arch.d_k, d_v=arch.d_v, drops=drops)
+    res = dict(pre_norm=arch.pre_norm, eps=arch.ln_eps, drops=drops)
+    y = residual(P, _join(prefix, "self_attn_residual"), y,
+                 lambda h: multi_head(P, _join(prefix, "self_attn"), h, mask=self_mask, **kw), **res)
+    y = residual(P, _join(prefix, "cross_attn_residual"), y,
+                 lambda h: multi_head(P, _join(prefix, "cross_attn"), h, memory, mask=cross_mask, **kw), **res)
+    return residual(P, _join(prefix, "ffn_residual"), y,
+                    lambda h: feed_forward(P, _join(prefix, "ffn"), h, drops), **res)
+
+
+def encoder(P, prefix: str, x, mask, arch: Arch, drops=None):
+    for i in range(arch.n_enc):
+        x = encoder_layer(P, _join(prefix, f"layers.{i}"), x, mask, arch, drops)
+    return layer_norm(P, _join(prefix, "final_norm"), x, arch.ln_eps) if arch.pre_norm else x
+
+
+def decoder(P, prefix: str, y, memory, self_mask, cross_mask, arch: Arch, drops=None):
+    for i in range(arch.n_dec):
+        y = decoder_layer(P, _join(prefix, f"layers.{i}"), y, memory, self_mask, cross_mask, arch, drops)
+    return layer_norm(P, _join(prefix, "final_norm"), y, arch.ln_eps) if arch.pre_norm else y
+
+
+# -- masks, model, loss ------------------------------------------------------------
+
+def padding_mask(ids, pad_id: int):
+    """(B, L) ids -> (B, 1, 1, L) bool, True at real tokens."""
+    return (ids != pad_id)[:, None, None, :]
+
+
+def causal_mask(t: int):
+    """(1, 1, T, T) bool, True on and below the diagonal."""
+    return torch.ones(t, t, dtype=torch.bool).tril()[None, None]
+
+
+def transformer(P, src, tgt_in, arch: Arch, drops=None):
+    """Figure 1: src (B, S), tgt_in (B, T) int64 ids -> logits (B, T, vocab)."""
+    src_w = "src_embed"
+    tgt_w = "src_embed" if arch.tie else "tgt_embed"
+    gen_w = "src_embed" if arch.tie else "generator"
+    src_mask = padding_mask(src, arch.pad_id)
+    tgt_mask = causal_mask(tgt_in.shape[1]) & padding_mask(tgt_in, arch.pad_id)
+    x = dropout(drops, "src_dropout", positional(embedding(P, src_w, src, arch.d_model)))
+    memory = encoder(P, "encoder", x, src_mask, arch, drops)
+    y = dropout(drops, "tgt_dropout", positional(embedding(P, tgt_w, tgt_in, arch.d_model)))
+    h = decoder(P, "decoder", y, memory, tgt_mask, src_mask, arch, drops)
+    return output_projection(P, gen_w, h)
+
+
+def label_smoothed_loss(logits, target, eps: float, pad_id: int):
+    """Mean over non-pad targets of cross-entropy against (1-eps) onehot + eps/V (PyTorch's convention)."""
+    v = logits.shape[-1]
+    target = target.reshape(-1)
+    n_tokens = (target != pad_id).sum().clamp(min=1)
+    total = F.cross_entropy(logits.reshape(-1, v), target, ignore_index=pad_id, reduction="sum",
+                            label_smoothing=eps)
+    return total / n_tokens
