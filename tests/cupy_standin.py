@@ -35,6 +35,8 @@ import numpy as np
 
 import cupy  # noqa: F401  (the tests importorskip cupy before importing this module)
 
+CUPY_GENERATOR = cupy.random.Generator  # resolved now: cupy.random loads it lazily
+
 READS = collections.Counter()    # kind of host read -> count (reset with reset_counts())
 UPLOADS = collections.Counter()  # host -> device copies by function name
 USED = set()                     # "cupy.<name>" of every module attribute handed out
@@ -218,7 +220,7 @@ class _GeneratorStandin:
         self._gen = gen
 
     def __getattr__(self, name):
-        assert hasattr(cupy.random.Generator, name), f"cupy.random.Generator has no .{name}"
+        assert hasattr(CUPY_GENERATOR, name), f"cupy.random.Generator has no .{name}"
         value = getattr(self._gen, name)
         if not callable(value):
             return value
