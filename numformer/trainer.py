@@ -66,6 +66,7 @@ import numpy as np
 from .checkpoint import (CHECKPOINT_DIR, CheckpointError, atomic_write, average_checkpoints, load_checkpoint,
                          remove_stale_temporaries, run_checkpoints, save_checkpoint, step_checkpoint_path,
                          vocab_fingerprint)
+from .backend import to_host
 from .data import plan_batches
 from .distributed import SINGLE, GradientBucket, broadcast_arrays_, mark_collective, shard_batches
 from .grad_stats import GradStats
@@ -139,6 +140,15 @@ def dropout_seed(seed: int, epoch: int, position: int) -> int:
     """
     # SeedSequence is host integer hashing, not array math: numpy is the right tool on any device.
     return int(np.random.SeedSequence([seed, epoch, position]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def read_scalars(xp, *values) -> list[float]:
+    """Device scalars (0-d arrays or numbers) -> host floats, in one device-to-host copy.
+
+    Each separate ``float(x)`` of a device value waits for the device; stacking them first
+    makes it one wait (and one transfer) for all of them.
+    """
+    return [float(v) for v in to_host(xp.stack([xp.asarray(v, dtype=xp.float64).reshape(()) for v in values]))]
 
 
 INIT_ONLY_FIELDS = ("init",)  # model config fields that only matter before the first step
@@ -244,7 +254,9 @@ class Trainer:
     # -- one step ----------------------------------------------------------------
     def train_step(self, batches, keys=None):
         """Forward and backward over this process's share of ``batches``, gradients summed over the
-        processes, then one Adam step. Returns (loss, nll_sum, tokens, gnorm, ok) of the whole step.
+        processes, then one Adam step. Returns (loss, nll_sum, tokens, gnorm, ok) of the whole step;
+        loss and gnorm are host floats (read back together: one device sync per step), nll_sum stays
+        on the device.
 
         ``batches``: the step's batches for all processes (``world.size * accum``); ``keys``: their
         (epoch, position), which seed their dropout masks (None: the RNG stream runs on). The loss is
@@ -280,15 +292,18 @@ class Trainer:
             gnorm = clip_grad_norm(params, self.cfg.clip_norm)
         else:
             gnorm = grad_norm(params)
-        loss_ok = math.isfinite(float(loss_total))
+        # The one read back to the host per step (on a GPU, the step's only sync): the loss and the
+        # gradient norm in one transfer, for the non-finite check, the loss scaler and the log line.
+        loss_total, gnorm = read_scalars(xp, loss_total, gnorm)
+        loss_ok = math.isfinite(loss_total)
         if self.scaler is not None and loss_ok:
-            if self.scaler.update(found_nonfinite=not math.isfinite(float(gnorm))):
+            if self.scaler.update(found_nonfinite=not math.isfinite(gnorm)):
                 self.optimizer.zero_grad()
                 if not self.scaler.exhausted:
                     # fp16 overflow of the scaled gradient: the scale was halved; a normal event, not a failure
                     return loss_total, nll_total, n_tokens, gnorm, OVERFLOW
                 return loss_total, nll_total, n_tokens, gnorm, False
-        elif not (loss_ok and math.isfinite(float(gnorm))):
+        elif not (loss_ok and math.isfinite(gnorm)):
             self.optimizer.zero_grad()  # the step is dropped: no Adam update, no step count
             return loss_total, nll_total, n_tokens, gnorm, False
         if stats is not None:

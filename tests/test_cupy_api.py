@@ -1,134 +1,119 @@
-"""The cupy branches of numformer only call what cupy has (checked without a GPU).
+"""numformer's device (cupy) branches run, call only what cupy has, and compute what the host path computes.
 
-No GPU is lent to this project's CI, so the cupy path cannot run there. cupy
-itself imports without one, though, and knows its own API. Here the array
-module every layer asks for (``get_array_module``, ``model.xp``) is replaced by
-:class:`CupyShaped`: numpy underneath (so the numbers are computed), but any
-attribute that cupy does not have, any ufunc method cupy's ufuncs lack, and
-ufunc keywords cupy rejects (``where=``) raise. Because this module is not
-``numpy`` itself, every ``xp is np`` test in numformer takes its GPU branch
-(cupy's random generator, ``cupyx.scatter_add``, one Adam kernel set per
-tensor), so those lines run too. A training step, the loss, clipping, Adam and
-both searches go through it.
+No GPU in CI: ``tests/cupy_standin.py`` installs a stand-in for cupy whose arrays are
+numpy underneath but count as device arrays (``is_cupy_array`` is True, so
+``get_array_module`` returns the stand-in and every device-only branch runs). It lends
+only names cupy has and refuses host arrays as device operands. Checked here, through
+public functions only (model forward/backward, the loss, clipping, ``Adam.step``,
+greedy and beam search, ``Module.to``, ``state_dict``):
 
-What this cannot see: differences in behaviour behind the same name, and methods
-of the arrays themselves. ``tests/test_gpu.py`` covers those on a real GPU.
+* a model moved to the stand-in trains two steps with the same results as on the host
+  (float64, dropout off), and with dropout on through the device RNG;
+* the embedding backward takes the ``cupyx.scatter_add`` branch; the dropout RNG is
+  ``xp.random.default_rng``'s; checkpoints (``state_dict``) come back as host numpy;
+* both searches decode the same tokens as on the host.
+
+What this cannot see: cupy behaviour that differs behind the same name, speed, CUDA
+errors. ``tests/test_gpu.py`` (``pytest -m gpu``) covers those on a real GPU.
 """
-import importlib
-import pkgutil
-import types
-
 import numpy as np
 import pytest
 
-import numformer
-from numformer import backend
+pytest.importorskip("cupy", reason="cupy (importable without a GPU) is installed by .ci/setup")
+pytest.importorskip("cupyx")
 
-cupy = pytest.importorskip("cupy", reason="cupy (importable without a GPU) is installed by .ci/setup")
-cupyx = pytest.importorskip("cupyx")
+import cupy_standin as cs  # noqa: E402  (tests/ is on sys.path under pytest's rootdir conftest)
 
-BANNED_UFUNC_KEYWORDS = {"where", "subok", "order"}  # numpy ufunc keywords cupy's ufuncs do not take
-
-
-class CupyShapedUfunc:
-    def __init__(self, np_ufunc, cp_ufunc, name):
-        self._np, self._cp, self._name = np_ufunc, cp_ufunc, name
-
-    def _check(self, kwargs):
-        bad = BANNED_UFUNC_KEYWORDS & set(kwargs)
-        assert not bad, f"cupy.{self._name} takes no {sorted(bad)} keyword"
-
-    def __call__(self, *args, **kwargs):
-        self._check(kwargs)
-        return self._np(*args, **kwargs)
-
-    def __getattr__(self, name):
-        assert hasattr(self._cp, name), f"cupy.{self._name} has no .{name}"
-        method = getattr(self._np, name)
-        if not callable(method):
-            return method
-
-        def call(*args, **kwargs):
-            self._check(kwargs)
-            return method(*args, **kwargs)
-        return call
+from numformer.backend import get_array_module, is_cupy_array, to_host  # noqa: E402
 
 
-class CupyShaped:
-    """numpy, lending only the names its cupy counterpart also has."""
+def _tiny(dropout=0.0):
+    from numformer.presets import get_preset
 
-    def __init__(self, np_mod=np, cp_mod=cupy, path="cupy"):
-        self._np, self._cp, self._path = np_mod, cp_mod, path
-        self.used = set()
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        assert hasattr(self._cp, name), f"{self._path}.{name} does not exist in cupy {cupy.__version__}"
-        value = getattr(self._np, name)
-        self.used.add(f"{self._path}.{name}")
-        if isinstance(value, types.ModuleType):
-            return CupyShaped(value, getattr(self._cp, name), f"{self._path}.{name}")
-        if isinstance(value, np.ufunc):
-            return CupyShapedUfunc(value, getattr(self._cp, name), name)
-        return value
+    return get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=2, dropout=dropout)
 
 
-SCATTER_CALLS = []
+SRC = np.array([[5, 6, 7, 3], [8, 9, 3, 0]])
+TGT = np.array([[2, 11, 12, 13, 3], [2, 14, 3, 0, 0]])
 
 
-def scatter_add(target, index, values):
-    """What ``cupyx.scatter_add`` does (atomic adds), on numpy."""
-    SCATTER_CALLS.append(index.size)
-    np.add.at(target, index, values)
+def _train(model, steps=2):
+    """Two training steps (loss, backward, clipping, Adam); the losses and the weights after."""
+    from numformer.loss import LabelSmoothedCrossEntropy
+    from numformer.optim import Adam, NoamSchedule, clip_grad_norm
+
+    opt = Adam(model.parameters(), schedule=NoamSchedule(16, warmup=10))
+    crit = LabelSmoothedCrossEntropy(0.1, pad_id=0)
+    losses = []
+    for _ in range(steps):
+        logits = model(SRC, TGT[:, :-1])
+        loss = crit.forward(logits, TGT[:, 1:], overwrite_logits=True)
+        model.backward(crit.backward())
+        clip_grad_norm(model.parameters(), 1.0)
+        opt.step(zero_grad=True)
+        losses.append(float(loss))
+    return losses, model.state_dict()
 
 
-def test_fake_catches_a_missing_name():
-    xp = CupyShaped()
+def test_the_standin_counts_as_a_device_array(monkeypatch):
+    xp = cs.install(monkeypatch)
+    a = xp.zeros(3)
+    assert is_cupy_array(a) and get_array_module(a) is xp and get_array_module(np.zeros(3)) is np
+    assert type(to_host(a)) is np.ndarray and cs.READS["get"] == 1
     with pytest.raises(AssertionError, match="does not exist in cupy"):
         xp.nanargmin_made_up_name  # noqa: B018
     with pytest.raises(AssertionError, match="where"):
-        xp.exp(np.ones(2), where=np.ones(2, bool))
-    assert xp.exp(np.zeros(1))[0] == 1.0
+        xp.exp(a, where=a > 0)
+    with pytest.raises(TypeError, match="host numpy array"):
+        a + np.ones(3)  # cupy refuses a host operand
+    with pytest.raises(AssertionError, match="cupy.ndarray has no"):
+        a.made_up_method  # noqa: B018
+    float(a.sum())
+    assert cs.READS["float"] == 1
 
 
-def test_gpu_branches_use_only_cupy_api(monkeypatch):
-    from numformer.decode import beam_search, greedy_search
-    from numformer.loss import LabelSmoothedCrossEntropy
+def test_device_branches_train_like_the_host_path(monkeypatch):
     from numformer.model import Transformer
-    from numformer.optim import Adam, NoamSchedule, clip_grad_norm
-    from numformer.presets import get_preset
 
-    xp = CupyShaped()
-    original, patched = backend.get_array_module, []
-    for info in pkgutil.walk_packages(numformer.__path__, "numformer."):
-        mod = importlib.import_module(info.name)
-        if getattr(mod, "get_array_module", None) is original:
-            monkeypatch.setattr(mod, "get_array_module", lambda *arrays: xp)
-            patched.append(info.name)
-    monkeypatch.setattr(cupyx, "scatter_add", scatter_add)
-    assert "numformer.layers.attention" in patched and "numformer.optim" in patched
+    host = Transformer(_tiny(), seed=0, dtype=np.float64)
+    host_losses, host_state = _train(host)
 
-    cfg = get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2)
-    model = Transformer(cfg, seed=0).to(xp)
-    assert model.xp is xp and model.rng.xp is xp  # the GPU generator branch
-    opt = Adam(model.parameters(), schedule=NoamSchedule(16, warmup=10))
-    crit = LabelSmoothedCrossEntropy(0.1, pad_id=0)
-    src = np.array([[5, 6, 7, 3], [8, 9, 3, 0]])
-    tgt = np.array([[2, 11, 12, 13, 3], [2, 14, 3, 0, 0]])
-    before = model.src_embed.weight.data.copy()
+    xp = cs.install(monkeypatch)
+    dev = Transformer(_tiny(), seed=0, dtype=np.float64).to(xp)
+    assert dev.xp is xp and is_cupy_array(dev.src_embed.weight.data) and dev.rng.xp is xp
+    dev_losses, dev_state = _train(dev)
 
-    for _ in range(2):
-        logits = model(src, tgt[:, :-1])
-        loss = crit.forward(logits, tgt[:, 1:])
-        model.backward(crit.backward())
-        clip_grad_norm(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
-    assert np.isfinite(float(loss))
-    assert SCATTER_CALLS, "the embedding backward did not take the cupyx.scatter_add branch"
-    assert not np.array_equal(before, model.src_embed.weight.data)
-    model.eval()
-    greedy_search(model, src, max_len_a=1, max_len_b=5, bos_id=2, eos_id=3)
-    beam_search(model, src, beam=3, max_len_a=1, max_len_b=5, bos_id=2, eos_id=3)
-    assert {"cupy.matmul", "cupy.random", "cupy.sqrt"} <= xp.used
+    assert cs.SCATTER_CALLS, "the embedding backward did not take the cupyx.scatter_add branch"
+    assert all(type(v) is np.ndarray for v in dev_state.values()), "state_dict must hold host arrays"
+    np.testing.assert_allclose(dev_losses, host_losses, rtol=1e-12)
+    for name in host_state:
+        np.testing.assert_allclose(dev_state[name], host_state[name], rtol=1e-10, atol=1e-13, err_msg=name)
+    assert {"cupy.matmul", "cupy.sqrt", "cupy.take_along_axis"} <= cs.USED
+
+
+def test_device_dropout_uses_the_device_generator(monkeypatch):
+    from numformer.model import Transformer
+
+    xp = cs.install(monkeypatch)
+    model = Transformer(_tiny(dropout=0.3), seed=0).to(xp)
+    losses, state = _train(model)
+    assert "cupy.random.default_rng" in cs.USED
+    assert all(np.isfinite(x) for x in losses)
+    assert all(np.isfinite(v).all() for v in state.values())
+
+
+def test_device_searches_decode_like_the_host(monkeypatch):
+    from numformer.decode import beam_search, greedy_search
+    from numformer.model import Transformer
+
+    host = Transformer(_tiny(), seed=1, dtype=np.float64).eval()
+    want_g = [h.tokens for h in greedy_search(host, SRC, bos_id=2, eos_id=3, max_len_a=1, max_len_b=6)]
+    want_b = [h[0].tokens for h in beam_search(host, SRC, bos_id=2, eos_id=3, beam=3, max_len_a=1, max_len_b=6)]
+
+    xp = cs.install(monkeypatch)
+    dev = Transformer(_tiny(), seed=1, dtype=np.float64).to(xp).eval()
+    got_g = [h.tokens for h in greedy_search(dev, SRC, bos_id=2, eos_id=3, max_len_a=1, max_len_b=6)]
+    got_b = [h[0].tokens for h in beam_search(dev, SRC, bos_id=2, eos_id=3, beam=3, max_len_a=1, max_len_b=6)]
+    assert got_g == want_g
+    assert got_b == want_b
+    assert {"cupy.argpartition", "cupy.argsort"} <= cs.USED

@@ -85,32 +85,103 @@ def test_decoding_matches_and_checkpoint_is_host_numpy():
     assert all(type(v) is np.ndarray for v in gpu.state_dict().values())
 
 
-@pytest.mark.parametrize("layer", ["LayerNorm", "MultiHeadAttention", "Embedding", "DecoderLayer"])
+def _dropout_off(module):
+    """Every Dropout in ``module`` set to p = 0 (the two devices draw different masks)."""
+    from numformer.layers import Dropout
+
+    for m in module.modules():
+        if isinstance(m, Dropout):
+            m.p = 0.0
+
+
+def _run(case, upstream):
+    """Outputs, input gradients and parameter gradients of one forward + backward of a grad_checks case."""
+    if case.before_forward is not None:
+        case.before_forward()
+    outs = case.forward(case.module, case.inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    case.module.zero_grad()
+    grads = case.backward(case.module, upstream(outs))
+    params = {n: to_host(p.grad).copy() for n, p in case.module.named_parameters()}
+    return [to_host(o) for o in outs], {k: to_host(g) for k, g in grads.items()}, params
+
+
+@pytest.mark.parametrize("layer", ["LayerNorm", "MultiHeadAttention", "Embedding", "EncoderLayer", "DecoderLayer",
+                                   "Transformer"])
 def test_layer_cases_match_on_gpu(layer):
-    """Each grad_checks case run on cupy gives the numpy outputs and gradients."""
+    """Each grad_checks case run on cupy gives the numpy outputs and gradients (dropout set to 0 in both,
+    since the devices draw different masks; the masks themselves are checked by the next test)."""
     import cupy
 
-    for case in build_cases([layer]):
-        rng = np.random.default_rng(0)
+    cases = build_cases([layer])
+    assert cases
+    for case in cases:
         case.module.train()
-        outs_cpu = case.forward(case.module, case.inputs)
-        outs_cpu = outs_cpu if isinstance(outs_cpu, tuple) else (outs_cpu,)
-        up = [rng.standard_normal(o.shape) for o in outs_cpu]
-        case.module.zero_grad()
-        g_cpu = case.backward(case.module, up)
-        p_cpu = {n: p.grad.copy() for n, p in case.module.named_parameters()}
-        if case.before_forward is not None:
-            continue  # dropout draws differ between devices
+        _dropout_off(case.module)
+        rng = np.random.default_rng(0)
+        host_up = []
+
+        def upstream_cpu(outs):
+            host_up[:] = [rng.standard_normal(o.shape) for o in outs]
+            return host_up
+
+        o_cpu, g_cpu, p_cpu = _run(case, upstream_cpu)
         case.module.to(cupy)
-        inputs = {k: cupy.asarray(v) for k, v in case.inputs.items()}
-        outs_gpu = case.forward(case.module, inputs)
-        outs_gpu = outs_gpu if isinstance(outs_gpu, tuple) else (outs_gpu,)
-        case.module.zero_grad()
-        g_gpu = case.backward(case.module, [cupy.asarray(u) for u in up])
-        for a, b in zip(outs_gpu, outs_cpu):
-            assert rel(a, b) < 1e-12
+        case.inputs = {k: cupy.asarray(v) for k, v in case.inputs.items()}
+        o_gpu, g_gpu, p_gpu = _run(case, lambda outs: [cupy.asarray(u) for u in host_up])
+        for a, b in zip(o_gpu, o_cpu):
+            assert rel(a, b) < 1e-12, case.case
+        assert g_gpu.keys() == g_cpu.keys()
         for k in g_cpu:
-            assert rel(g_gpu[k], g_cpu[k]) < 1e-12, k
-        for n, p in case.module.named_parameters():
+            assert rel(g_gpu[k], g_cpu[k]) < 1e-12, (case.case, k)
+        for n in p_cpu:
             if np.linalg.norm(p_cpu[n]) > 1e-9:
-                assert rel(p.grad, p_cpu[n]) < 1e-12, n
+                assert rel(p_gpu[n], p_cpu[n]) < 1e-12, (case.case, n)
+
+
+@pytest.mark.parametrize("layer", ["Dropout", "DecoderLayer", "Transformer"])
+def test_dropout_masks_replay_on_gpu(layer):
+    """With dropout on, a case's mask replayed through the device RNG (its before_forward) gives the same
+    outputs and gradients twice, and the masks are inverted-dropout masks (0 or 1/(1-p))."""
+    import cupy
+
+    from numformer.layers import Dropout
+
+    cases = [c for c in build_cases([layer]) if c.before_forward is not None
+             and any(isinstance(m, Dropout) and m.p > 0 for m in c.module.modules())]
+    assert cases, f"no {layer} case with dropout"
+    for case in cases:
+        case.module.train()
+        case.module.to(cupy)
+        for m in case.module.modules():  # stand-alone RandomStates (not the model's) move with their layer
+            if isinstance(m, Dropout) and m.rng is not None:
+                m.rng.to(cupy)
+        case.inputs = {k: cupy.asarray(v) for k, v in case.inputs.items()}
+        rng = np.random.default_rng(1)
+        up = []
+
+        def upstream(outs):
+            if not up:
+                up[:] = [cupy.asarray(rng.standard_normal(o.shape)) for o in outs]
+            return up
+
+        masks = []
+        for m in case.module.modules():
+            if isinstance(m, Dropout) and m.p > 0:
+                fwd = m.forward
+
+                def keep(x, *a, m=m, fwd=fwd, **k):
+                    y = fwd(x, *a, **k)
+                    masks.append((m.p, to_host(m._cache_mask)))
+                    return y
+                m.forward = keep
+        first = _run(case, upstream)
+        second = _run(case, upstream)
+        assert masks, case.case
+        for p, mask in masks:
+            assert np.all((mask == 0) | np.isclose(mask, 1 / (1 - p))), case.case
+        dropped = np.mean(np.concatenate([(mask == 0).ravel() for _, mask in masks]))
+        assert 0 < dropped < 0.5, case.case
+        for a, b in zip(first[0] + list(first[1].values()) + list(first[2].values()),
+                        second[0] + list(second[1].values()) + list(second[2].values())):
+            assert np.array_equal(a, b), case.case

@@ -1,12 +1,18 @@
-"""No module under numformer/ does array math with numpy behind the backend's back.
+"""No module under numformer/ does array math with numpy behind the backend's back on the device path.
 
 If a layer called ``np.exp(x)`` instead of ``xp.exp(x)``, it would work on the
-CPU and silently copy to the host (or fail) on cupy. Two checks:
+CPU and fail (or silently copy to the host) on cupy. Two checks:
 
-* at run time, every numformer module's ``np`` is swapped for a guard that only
-  hands out dtypes, then a full training step, the optimizer, the loss and
-  incremental decoding run: any ``np.<function>`` call in the hot path raises;
+* at run time, the model lives on the CuPy stand-in (``tests/cupy_standin.py``: numpy
+  arrays that numformer takes for device arrays, so the device branches run, not the
+  host fast paths), every numformer module's ``np`` is swapped for a guard that only
+  hands out dtypes, and a full training step, clipping, Adam, the loss and both
+  searches run: any ``np.<function>`` call on the device path raises, and so does any
+  numpy function applied to a device array (``np.asarray(x)`` included) in any module;
 * statically, no module does ``from numpy import ...`` (which the guard cannot see).
+
+The host fast paths (threads, fused blocks) use numpy on purpose and are not checked
+here; they are checked equal to the plain math by their own tests.
 """
 import ast
 import importlib
@@ -14,8 +20,14 @@ import pkgutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import numformer
+
+pytest.importorskip("cupy", reason="cupy (importable without a GPU) is installed by .ci/setup")
+pytest.importorskip("cupyx")
+
+import cupy_standin as cs  # noqa: E402
 
 HOST_ONLY = {
     # modules that work on host numpy arrays by design
@@ -53,7 +65,8 @@ def test_hot_path_uses_only_the_backend(monkeypatch):
     from numformer.optim import Adam, NoamSchedule, clip_grad_norm
     from numformer.presets import get_preset
 
-    model = Transformer(get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2), seed=0)
+    xp = cs.install(monkeypatch)
+    model = Transformer(get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2), seed=0).to(xp)
     opt = Adam(model.parameters(), schedule=NoamSchedule(16, warmup=10))
     crit = LabelSmoothedCrossEntropy(0.1, pad_id=0)
     src = np.array([[5, 6, 7, 3], [8, 9, 3, 0]])
@@ -71,6 +84,7 @@ def test_hot_path_uses_only_the_backend(monkeypatch):
     model.backward(crit.backward())
     clip_grad_norm(model.parameters(), 1.0)
     opt.step()
+    assert cs.SCATTER_CALLS and model.xp is xp  # the device branches ran
     model.eval()
     greedy_search(model, src, max_len_a=1, max_len_b=5, bos_id=2, eos_id=3)
     beam_search(model, src, beam=3, max_len_a=1, max_len_b=5, bos_id=2, eos_id=3)

@@ -1,0 +1,222 @@
+"""One training step of numformer on a GPU (cupy) against PyTorch eager, per matmul precision.
+
+Both sides: random token batches of a fixed length (no padding), post-LN, tied embeddings,
+dropout 0.1, label smoothing 0.1, Adam; the same shapes, the same device, the same
+precision, each side in its own child process (so one side's memory pool does not
+count against the other). Precisions (``--precision fp32,tf32,fp16``):
+
+* fp32: numformer's default; PyTorch with ``allow_tf32`` off.
+* tf32: numformer ``--precision tf32`` (cuBLAS TF32 compute type); PyTorch with
+  ``torch.backends.cuda.matmul.allow_tf32 = True``.
+* fp16: numformer ``--precision fp16`` (fp16 GEMM operands, float32 master weights, dynamic
+  loss scaling); PyTorch ``torch.autocast(dtype=float16)`` with ``GradScaler``.
+
+numformer's step is the trainer's (``numformer.trainer.Trainer.train_step`` without the data
+loader): forward, loss with ``overwrite_logits``, backward (scaled in fp16), unscale, the
+global gradient norm read back with the loss in one transfer, ``Adam.step(zero_grad=True)``.
+Reported per side: median ms/step of the counted steps (device synchronised before each
+clock read), target tokens/s, peak device memory (numformer: cupy's memory pool total,
+which only grows; PyTorch: ``max_memory_reserved``; on the CPU: peak RSS).
+
+    python bench/gpu_train_step.py --device cuda                       # base, ~25k target tokens, 3 precisions
+    python bench/gpu_train_step.py --device cpu --quick --json         # tiny shapes (the acceptance dry run)
+
+Imports ``bench/torch_reference.py`` for the PyTorch model.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SHAPES = {
+    # base (Table 3) with a batch of 625 x 40 = 25,000 target tokens (and as many source tokens)
+    "base": dict(d_model=512, heads=8, layers=6, d_ff=2048, vocab=16000, batch=625, src_len=40, tgt_len=40),
+    "quick": dict(d_model=32, heads=2, layers=1, d_ff=64, vocab=100, batch=4, src_len=8, tgt_len=8),
+}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--precision", default=None, help="comma-separated: fp32,tf32,fp16 (default all; cpu: fp32,fp16)")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, 2 counted steps (the dry run)")
+    ap.add_argument("--steps", type=int, default=None, help="counted steps (default 10; --quick 2)")
+    ap.add_argument("--warmup", type=int, default=None, help="uncounted steps first (default 3; --quick 1)")
+    ap.add_argument("--no-torch", dest="torch", action="store_false", help="skip the PyTorch side")
+    ap.add_argument("--timeout", type=float, default=240, help="seconds per child process")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--worker", choices=["numformer", "torch"], help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.steps = args.steps or (2 if args.quick else 10)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    return args
+
+
+def _peak_rss_mb() -> float:
+    import resource  # noqa: PLC0415
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _result(times, s, peak_mb, loss, backend):
+    med = statistics.median(times)
+    return {"median_step_ms": round(med * 1e3, 2), "min_step_ms": round(min(times) * 1e3, 2),
+            "target_tokens_per_s": round(s["batch"] * s["tgt_len"] / med, 1), "peak_memory_mb": round(peak_mb, 1),
+            "final_loss": loss, "backend": backend, "steps": len(times)}
+
+
+def worker_numformer(args, s):
+    sys.path.insert(0, str(ROOT))
+    import numpy as np  # noqa: PLC0415
+
+    from numformer.backend import describe, to_xp, xp_for  # noqa: PLC0415
+    from numformer.loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
+    from numformer.model import Transformer  # noqa: PLC0415
+    from numformer.optim import Adam, grad_norm  # noqa: PLC0415
+    from numformer.precision import DynamicLossScaler, set_matmul_precision  # noqa: PLC0415
+    from numformer.presets import ModelConfig  # noqa: PLC0415
+    from numformer.trainer import read_scalars  # noqa: PLC0415
+
+    set_matmul_precision(args.mode, args.device)  # before the model moves: TF32 is read at the first GEMM
+    xp = xp_for(args.device)
+    cfg = ModelConfig(vocab_size=s["vocab"], d_model=s["d_model"], d_ff=s["d_ff"], heads=s["heads"],
+                      layers=s["layers"], dropout=0.1, label_smoothing=0.1, max_len=max(s["src_len"], s["tgt_len"]) + 1)
+    model = Transformer(cfg, seed=0, dtype=np.float32).to(xp)
+    model.train()
+    opt = Adam(model.parameters(), lr=1e-4)
+    crit = LabelSmoothedCrossEntropy(0.1, pad_id=0)
+    scaler = DynamicLossScaler() if args.mode == "fp16" else None
+    rng = np.random.default_rng(0)
+    batches = [tuple(to_xp(rng.integers(1, s["vocab"], (s["batch"], n)), xp) for n in (s["src_len"], s["tgt_len"],
+                                                                                        s["tgt_len"]))
+               for _ in range(2)]
+    on_gpu = xp is not np
+    sync = (lambda: xp.cuda.Stream.null.synchronize()) if on_gpu else (lambda: None)
+    times, loss_host = [], float("nan")
+    for i in range(args.warmup + args.steps):
+        src, tgt_in, tgt_out = batches[i % len(batches)]
+        sync()
+        t0 = time.perf_counter()
+        logits = model(src, tgt_in)
+        loss = crit.forward(logits, tgt_out, overwrite_logits=True)
+        del logits
+        dlogits = crit.backward()
+        model.backward(dlogits if scaler is None else scaler.scale_grad_(dlogits))
+        if scaler is not None:
+            scaler.unscale_(opt.params)
+        loss_host, gnorm = read_scalars(xp, loss, grad_norm(opt.params))  # the trainer's one sync per step
+        if scaler is not None and scaler.update(found_nonfinite=not np.isfinite(gnorm)):
+            opt.zero_grad()
+        else:
+            opt.step(zero_grad=True)
+        sync()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    peak = xp.get_default_memory_pool().total_bytes() / 2 ** 20 if on_gpu else _peak_rss_mb()
+    return _result(times, s, peak, loss_host, describe(xp) + f", precision {args.mode}")
+
+
+def worker_torch(args, s):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import torch  # noqa: PLC0415
+
+    from torch_reference import make  # noqa: PLC0415
+
+    dev = torch.device("cuda" if args.device.startswith("cuda") else "cpu")
+    on_gpu = dev.type == "cuda"
+    if on_gpu:
+        torch.backends.cuda.matmul.allow_tf32 = args.mode == "tf32"
+        torch.backends.cudnn.allow_tf32 = args.mode == "tf32"
+    model, opt, loss_fn = make(s["vocab"], s["d_model"], s["heads"], s["layers"], s["d_ff"], seed=0)
+    model.to(dev)
+    amp = args.mode == "fp16"
+    scaler = torch.amp.GradScaler(dev.type, enabled=amp)
+    g = torch.Generator().manual_seed(0)
+    batches = [tuple(torch.randint(1, s["vocab"], (s["batch"], n), generator=g).to(dev)
+                     for n in (s["src_len"], s["tgt_len"], s["tgt_len"])) for _ in range(2)]
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    times, loss = [], None
+    for i in range(args.warmup + args.steps):
+        src, tgt_in, tgt_out = batches[i % len(batches)]
+        sync()
+        t0 = time.perf_counter()
+        with torch.autocast(dev.type, dtype=torch.float16 if on_gpu else torch.bfloat16, enabled=amp):
+            loss = loss_fn(model(src, tgt_in), tgt_out)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_reserved() / 2 ** 20 if on_gpu else _peak_rss_mb()
+    backend = f"torch {torch.__version__} on {torch.cuda.get_device_name() if on_gpu else 'cpu'}, precision {args.mode}"
+    if amp and not on_gpu:
+        backend += " (CPU autocast is bfloat16)"
+    return _result(times, s, peak, float(loss), backend)
+
+
+def run_child(args, kind, mode):
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--mode", mode, "--device", args.device,
+           "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--quick"] if args.quick else [])
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "timeout_s": args.timeout}
+    if proc.returncode != 0:
+        return {"status": "failed", "error": proc.stderr.strip().splitlines()[-1:] or ["?"],
+                "stderr_tail": proc.stderr[-2000:]}
+    return {"status": "ok", **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    shape = SHAPES["quick" if args.quick else "base"]
+    if args.worker:
+        result = worker_numformer(args, shape) if args.worker == "numformer" else worker_torch(args, shape)
+        print(json.dumps(result))
+        return 0
+    on_cpu = args.device == "cpu"
+    modes = args.precision.split(",") if args.precision else (["fp32", "fp16"] if on_cpu else ["fp32", "tf32", "fp16"])
+    rows = []
+    for mode in modes:
+        row = {"precision": mode}
+        if on_cpu and mode == "tf32":
+            row["numformer"] = {"status": "not on cpu"}
+        else:
+            row["numformer"] = run_child(args, "numformer", mode)
+        row["torch"] = run_child(args, "torch", mode) if args.torch else {"status": "skipped"}
+        nf, pt = row["numformer"], row["torch"]
+        if nf.get("status") == "ok" and pt.get("status") == "ok":
+            row["ratio_step_time"] = round(nf["median_step_ms"] / pt["median_step_ms"], 3)
+            row["ratio_peak_memory"] = round(nf["peak_memory_mb"] / pt["peak_memory_mb"], 3)
+        rows.append(row)
+        if not args.json:
+            for side in ("numformer", "torch"):
+                r = row[side]
+                if r.get("status") == "ok":
+                    print(f"{mode:5s} {side:9s} {r['median_step_ms']:9.1f} ms/step  {r['target_tokens_per_s']:10.0f} "
+                          f"tgt tok/s  peak {r['peak_memory_mb']:8.0f} MB  {r['backend']}")
+                else:
+                    print(f"{mode:5s} {side:9s} {r.get('status')}: {r.get('error', '')}")
+            if "ratio_step_time" in row:
+                print(f"{mode:5s} ratio numformer/PyTorch: step time {row['ratio_step_time']:.2f}x, "
+                      f"peak memory {row['ratio_peak_memory']:.2f}x")
+    summary = {"device": args.device, "shape": shape, "target_tokens_per_step": shape["batch"] * shape["tgt_len"],
+               "steps": args.steps, "warmup": args.warmup, "rows": rows}
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

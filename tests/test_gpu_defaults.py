@@ -1,0 +1,42 @@
+"""``train.py --device cuda`` with no other flags: base with a stated time budget that fits bible-en-es.
+
+The paper's recipe (2 x 25k tokens, warmup 4000, 100k steps, no time limit) would be 2,400
+epochs of the 28k-pair corpus; the GPU recipe (train.py's GPU_TRAIN_PRESETS) is checked
+here, and that every flag still overrides it and the CPU defaults are untouched.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import train  # noqa: E402
+
+
+def _cfg(*flags, device="cuda", preset="base"):
+    return train._train_config(train.parse_args(["--corpus", "bible-en-es", *flags]), preset, None, device)
+
+
+def test_cuda_base_has_a_time_budget_and_a_recipe_for_the_corpus():
+    cfg = _cfg("--device", "cuda")
+    assert (cfg.max_minutes, cfg.max_steps) == (30, None)
+    assert (cfg.max_tokens, cfg.accum, cfg.warmup, cfg.lr_factor) == (12500, 1, 1000, 1.0)
+    assert (cfg.save_every_minutes, cfg.eval_every, cfg.precision) == (5, 500, "fp32")
+
+
+def test_flags_override_the_gpu_recipe():
+    cfg = _cfg("--device", "cuda", "--max-steps", "2000", "--warmup", "4000", "--max-tokens", "25000",
+               "--accum", "2")
+    assert (cfg.max_steps, cfg.max_minutes) == (2000, None)
+    assert (cfg.warmup, cfg.max_tokens, cfg.accum) == (4000, 25000, 2)
+
+
+def test_cpu_defaults_are_unchanged():
+    assert _cfg(device="cpu", preset="base").max_steps == 100000  # base on a CPU: the paper's recipe, as before
+    small = _cfg(device="cpu", preset="small")
+    assert (small.max_minutes, small.max_tokens, small.warmup) == (25, 3000, 500)
+
+
+def test_the_default_preset_on_cuda_is_base():
+    args = train.parse_args(["--corpus", "bible-en-es", "--device", "cuda"])
+    out, prev, flags, preset = train._settle_run(args, "cuda")
+    assert preset == "base" and out == Path("runs/bible-en-es-base") and prev is None
