@@ -95,6 +95,8 @@ class DeviceArray(np.ndarray):
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if kwargs.get("where", None) is True:  # numpy's own methods (a.sum()) pass the default
             del kwargs["where"]
+        if kwargs.get("subok", None) is False:  # numpy's a.mean() divides with subok=False (cupy's mean is its own)
+            del kwargs["subok"]
         bad = BANNED_UFUNC_KEYWORDS & set(kwargs)
         if bad:
             raise AssertionError(f"cupy.{ufunc.__name__} takes no {sorted(bad)} keyword")

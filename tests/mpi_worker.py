@@ -18,7 +18,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from numformer.backend import set_num_threads, to_host  # noqa: E402
+from numformer.backend import to_host  # noqa: E402
+from numformer.kernels.threads import set_num_threads  # noqa: E402
 from numformer.distributed import init_world  # noqa: E402
 from numformer.model import Transformer  # noqa: E402
 from numformer.prepare import PreparedData  # noqa: E402

@@ -87,8 +87,11 @@ def test_device_branches_train_like_the_host_path(monkeypatch):
     assert all(type(v) is np.ndarray for v in dev_state.values()), "state_dict must hold host arrays"
     np.testing.assert_allclose(dev_losses, host_losses, rtol=1e-12)
     for name in host_state:
-        np.testing.assert_allclose(dev_state[name], host_state[name], rtol=1e-10, atol=1e-13, err_msg=name)
-    assert {"cupy.matmul", "cupy.sqrt", "cupy.take_along_axis"} <= cs.USED
+        # w_k.bias has an exactly-zero gradient in exact arithmetic (softmax ignores a per-row shift):
+        # both paths update it from round-off noise, summed in another order by the host kernels
+        atol = 1e-10 if name.endswith("w_k.bias") else 1e-13
+        np.testing.assert_allclose(dev_state[name], host_state[name], rtol=1e-10, atol=atol, err_msg=name)
+    assert {"cupy.sqrt", "cupy.take_along_axis", "cupy.where"} <= cs.USED  # the plain math's module calls
 
 
 def test_device_dropout_uses_the_device_generator(monkeypatch):
@@ -116,4 +119,4 @@ def test_device_searches_decode_like_the_host(monkeypatch):
     got_b = [h[0].tokens for h in beam_search(dev, SRC, bos_id=2, eos_id=3, beam=3, max_len_a=1, max_len_b=6)]
     assert got_g == want_g
     assert got_b == want_b
-    assert {"cupy.argpartition", "cupy.argsort"} <= cs.USED
+    assert "cupy.argsort" in cs.USED  # the device branch of the candidate selection (a sort on a GPU)

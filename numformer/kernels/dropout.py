@@ -24,7 +24,7 @@ DROPOUT_BLOCK = 1 << 15  # elements per block: drawn, made and applied in cache
 
 @replaces(dropout_forward)
 def dropout_forward_fast(x, rng, p: float, add=None):
-    if (not isinstance(rng.generator, np.random.Generator) or not x.flags.c_contiguous
+    if (is_cupy_array(x) or not x.flags.c_contiguous
             or (add is not None and (add.shape != x.shape or not add.flags.c_contiguous))):
         return dropout_forward(x, rng, p, add)
     n = x.size

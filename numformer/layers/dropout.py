@@ -66,6 +66,11 @@ class Dropout(Module):
         self.rng = rng
         self._cache_mask = None
 
+    def _moved(self, xp) -> None:
+        """Module.to(): a generator of this layer's own moves with it (a shared one is moved by its owner too)."""
+        if self.rng is not None:
+            self.rng.to(xp)
+
     def active(self) -> bool:
         return self.training and self.p > 0.0
 
