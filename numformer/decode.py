@@ -7,7 +7,9 @@ encoder runs once, then each step feeds one new token per hypothesis through
 :meth:`Transformer.decode_step`, whose per-layer key/value caches make a step
 cost one position rather than a re-run of the prefix.
 
-Hypothesis length |Y| counts the output tokens including the final EOS.
+Hypothesis length |Y| counts the output tokens including the final EOS. At the
+output length limit EOS is forced, with the model's own EOS log-probability
+(fairseq's rule): scoring it 0 would favour hypotheses cut off by the limit.
 Sentences whose search is over are dropped from the batch (the caches are
 compacted), so long sentences do not keep short ones computing.
 
@@ -81,8 +83,9 @@ def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = 1.0, 
             logits = model.forward(src, tokens)[:, -1, :]
         logp = ban_special(log_softmax(logits), pad, bos_id)
         force_eos = limits_dev == t + 1
+        eos_logp = logp[force_eos, eos_id]  # the model's own: a cut-off hypothesis gets no free EOS
         logp[force_eos, :] = -xp.inf
-        logp[force_eos, eos_id] = 0.0
+        logp[force_eos, eos_id] = eos_logp
         nxt = logp.argmax(axis=1)
         gained = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
         logprob += xp.where(done, 0.0, gained)
@@ -111,7 +114,8 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
     (scored with the length penalty) and continues with the best ``beam`` that do
     not end. A sentence is
     finished once ``beam`` hypotheses have ended (fairseq's rule) or its length
-    budget ``max_len_a * source_length + max_len_b`` is spent (EOS is forced).
+    budget ``max_len_a * source_length + max_len_b`` is spent (EOS is forced, scored with the
+    model's own EOS log-probability).
     """
     xp = model.xp
     src = xp.asarray(src)
@@ -137,8 +141,9 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
         ban_special(logp, pad, bos_id)
         vocab = logp.shape[-1]
         force_eos = limits_act == t + 1
+        eos_logp = logp[force_eos, :, eos_id]  # the model's own EOS log-probability (fairseq's rule)
         logp[force_eos] = -xp.inf
-        logp[force_eos, :, eos_id] = 0.0
+        logp[force_eos, :, eos_id] = eos_logp
         cand = (scores[:, :, None] + logp).reshape(m, k * vocab)
         top = xp.argpartition(-cand, 2 * k, axis=1)[:, : 2 * k]
         top_scores = xp.take_along_axis(cand, top, axis=1)
