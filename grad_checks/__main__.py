@@ -27,8 +27,9 @@ def main(argv=None) -> int:
     ap.add_argument("--step", type=float, default=1e-5, help="finite-difference step h (default 1e-5)")
     ap.add_argument("--tolerance", type=float, default=1e-6, help="largest relative error that passes")
     ap.add_argument("--list", action="store_true", help="list the layer names and exit")
-    ap.add_argument("--checkpoint", metavar="RUN", help="check on a trained model's weights (a run folder or a "
-                    "checkpoint) instead of random ones")
+    ap.add_argument("--checkpoint", metavar="RUN", help="check on a trained model's weights instead of random "
+                    "ones: a run folder (its averaged.npz unless newer checkpoints exist), a checkpoint, or an "
+                    "exported model (.npz or .safetensors)")
     args = ap.parse_args(argv)
 
     if args.list:
