@@ -35,7 +35,8 @@ Long lines: a line of up to max_len - 1 subword tokens (1023 for every preset: t
 table) is translated whole, with at most min(a * tokens + b, max_len) output tokens; a longer line is
 split into pieces of at most max_len - 1 tokens at word boundaries, the pieces are translated
 separately and their outputs concatenated. Errors are one line on stderr with exit status 2
-(130 after Ctrl-C); the output file is written atomically, only when everything is translated.
+(130 after Ctrl-C; 1 for a bug in numformer, with the file its traceback was written to); the
+output file is written atomically, only when everything is translated.
 """
 
 

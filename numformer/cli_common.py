@@ -78,9 +78,10 @@ def error_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def write_crash_log(prog: str, exc: BaseException, folder=None) -> Path:
+def write_crash_log(prog: str, exc: BaseException, folder=None) -> Path | None:
     """Write ``exc``'s traceback to ``folder/crash.log`` (a run folder), else to a new temporary file;
-    returns the path. Never raises: a crash report must not hide the crash."""
+    returns the path (None when nothing could be written). Never raises: a crash report must not hide
+    the crash."""
     text = (f"{prog} crashed at {time.strftime('%Y-%m-%d %H:%M:%S')}\ncommand: {' '.join(sys.argv)}\n\n"
             + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     if folder is not None:
@@ -91,9 +92,12 @@ def write_crash_log(prog: str, exc: BaseException, folder=None) -> Path:
                 return path
         except OSError:
             pass
-    fd, name = tempfile.mkstemp(prefix=f"numformer-{Path(prog).stem}-crash-", suffix=".log")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f"numformer-{Path(prog).stem}-crash-", suffix=".log")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError:
+        return None
     return Path(name)
 
 
@@ -141,9 +145,11 @@ def _bug(prog: str, exc: BaseException, crash_folder) -> None:
     except Exception:  # noqa: BLE001
         pass
     path = write_crash_log(prog, exc, folder)
+    if path is None:  # nowhere to write it: the traceback itself, here
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
     print(f"{prog}: internal error (a bug in numformer, not in your input): {type(exc).__name__}: "
-          f"{error_line(exc)}; the traceback is in {path}: please report it with that file",
-          file=sys.stderr)
+          f"{error_line(exc)}; " + (f"the traceback is in {path}: please report it with that file" if path else
+                                    "please report it with the traceback above"), file=sys.stderr)
     sys.exit(BUG_EXIT)
 
 
