@@ -42,6 +42,7 @@ from numformer.cli_common import (OneLineParser, error_line, nonneg_float, nonne
 import numpy as np
 
 from numformer.data import SubwordVocab, TokenPairs
+from numformer.errors import UsageError
 from numformer.distributed import SINGLE, exit_code_of, init_world, is_collective, launched_rank
 from numformer.model import Transformer
 from numformer.layers.init import SCHEMES as INIT_SCHEMES
@@ -57,8 +58,8 @@ from numformer.translation import DecodeOptions, score_translations, translate_l
 # presets differ where a paper setting is wrong for a run of minutes:
 #  * small (the CPU main job): 4000 warmup steps would be most of a 25-minute run
 #    (~2,500 steps), and on a CPU more, smaller updates beat fewer large ones
-#    (DESIGN.md: warmup >= 1000 or 8k-token batches trained visibly worse in 5
-#    minutes), so batches of 3,000 padded tokens, warmup 500 and 0.7x Eq. 3.
+#    (a PyTorch run of the same model on this CPU: warmup >= 1000 or 8k-token batches trained
+#    visibly worse in 5 minutes), so batches of 3,000 padded tokens, warmup 500 and 0.7x Eq. 3.
 #    With the torch.nn.Transformer initialisation (layers/init.py) 0.7x still measured best
 #    (valid perplexity at step 500: 99 at 0.7x, 109 at 1.0x).
 #  * tiny: synthetic smoke runs of minutes: batches of 2,000 tokens, warmup 200, 0.5x Eq. 3:
@@ -68,8 +69,9 @@ from numformer.translation import DecodeOptions, score_translations, translate_l
 TRAIN_PRESETS = {
     "base": dict(max_tokens=25000, accum=2, warmup=4000, lr_factor=1.0, max_minutes=None, max_steps=100000,
                  save_every=0, save_every_minutes=10, eval_every=1000),
+    # big: Section 6.1 averages the last 20 checkpoints (written at 10-minute intervals) for big models
     "big": dict(max_tokens=25000, accum=2, warmup=4000, lr_factor=1.0, max_minutes=None, max_steps=300000,
-                save_every=0, save_every_minutes=10, eval_every=1000),
+                save_every=0, save_every_minutes=10, eval_every=1000, keep_last=20, average_last=20),
     "small": dict(max_tokens=3000, accum=1, warmup=500, lr_factor=0.7, max_minutes=25, max_steps=None,
                   save_every=0, save_every_minutes=1.5, eval_every=500),
     "tiny": dict(max_tokens=2000, accum=1, warmup=200, lr_factor=0.5, max_minutes=10, max_steps=None,
@@ -156,7 +158,7 @@ def parse_args(argv=None):
     r.add_argument("--eval-every", type=nonneg_int, help="validate every N steps (0: never during training)")
     r.add_argument("--eval-sentences", type=nonneg_int, help="validation sentences decoded for BLEU (default 200)")
     r.add_argument("--log-every", type=positive_int, help="write a metrics line every N steps (default 10)")
-    r.add_argument("--log-grads", type=int, metavar="N",
+    r.add_argument("--log-grads", type=nonneg_int, metavar="N",
                    help="every N steps write per-tensor gradient, weight, update and activation statistics to "
                         "OUT/grad_stats.jsonl (0: off; default off); draw them with python -m numformer.plot OUT")
     r.add_argument("--beam", type=positive_int, default=4, help="beam size for the final test translation")
@@ -181,7 +183,7 @@ def _source_flags(source: str) -> dict:
     """'corpus:NAME' / 'data:DIR' / 'task:NAME' (PreparedData.source) -> the matching flag."""
     kind, _, value = source.partition(":")
     if kind not in ("corpus", "data", "task") or not value:
-        raise ValueError(f"run.json names an unknown data source {source!r}: pass --corpus, --data or --task")
+        raise UsageError(f"run.json names an unknown data source {source!r}: pass --corpus, --data or --task")
     return {"corpus": None, "data": None, "task": None, kind: value}
 
 
@@ -192,6 +194,37 @@ def _source_of(flags: dict) -> str:
     return f"corpus:{flags['corpus']}" if flags["corpus"] is not None else f"task:{flags['task']}"
 
 
+def _same_source(kind: str, new: str, old: str) -> bool:
+    """Whether a data flag names the source run.json recorded: a --data folder by its resolved path
+    (prepare() records it resolved), a corpus or task by name."""
+    return str(Path(new).resolve()) == old if kind == "data" else new == old
+
+
+def _settle_vocab(args, out: Path, prev: dict | None) -> None:
+    """``OUT/spm.model`` left by an earlier attempt is reused by prepare(): never silently against
+    ``--vocab-size``. A new run (no checkpoint yet) retrains it when the size asked for differs; a
+    resumed run keeps the vocabulary its checkpoints were trained with, so a different size is refused."""
+    path = out / "spm.model"
+    if not path.exists():
+        return
+    vocab = SubwordVocab.load(path)
+    if args.vocab_size is None or args.vocab_size == vocab.size:
+        print(f"vocabulary: reusing {path} ({vocab.size} pieces)")
+        return
+    asked = (prev or {}).get("vocab_size_requested")
+    if args.resume and run_checkpoints(out):
+        if asked == args.vocab_size:  # the size the run asked for; the data allowed fewer pieces
+            return
+        raise UsageError(f"--vocab-size {args.vocab_size} differs from the run's vocabulary ({vocab.size} pieces in "
+                         f"{path}): a resumed run keeps its vocabulary: leave --vocab-size out, or start a new run "
+                         "with another --out")
+    if asked == args.vocab_size:
+        print(f"vocabulary: reusing {path} ({vocab.size} pieces: all that --vocab-size {asked} allowed on this data)")
+        return
+    print(f"vocabulary: {path} has {vocab.size} pieces, --vocab-size asks for {args.vocab_size}: retraining it")
+    path.unlink()
+
+
 def _previous_run(out: Path) -> dict | None:
     path = out / "run.json"
     if not path.is_file():
@@ -199,11 +232,14 @@ def _previous_run(out: Path) -> dict | None:
     try:
         prev = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(prev, dict):
-            raise ValueError("not a JSON object")
+            raise UsageError("not a JSON object")
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path} is unreadable ({error_line(exc)}): give the data, preset and settings flags "
+        raise UsageError(f"{path} is unreadable ({error_line(exc)}): give the data, preset and settings flags "
                          "again, or delete it") from None
     return prev
+
+
+_RUN_FOLDER = {}  # the settled run folder: a crash report goes to its crash.log
 
 
 def _settle_run(args, device: str):
@@ -216,6 +252,7 @@ def _settle_run(args, device: str):
         out = Path(f"runs/{name}-{preset}")
     else:
         out = Path(args.out)
+    _RUN_FOLDER["out"] = out
     prev = _previous_run(out) if args.resume else None
     if prev is not None:
         old = _source_flags(str(prev.get("data", "")))
@@ -224,18 +261,18 @@ def _settle_run(args, device: str):
         else:
             new_kind = next(k for k, v in flags.items() if v is not None)
             old_kind = next(k for k, v in old.items() if v is not None)
-            same = new_kind == old_kind and (new_kind == "data" or flags[new_kind] == old[old_kind])
+            same = new_kind == old_kind and _same_source(new_kind, flags[new_kind], old[old_kind])
             if not same:
-                raise ValueError(f"{out} was trained on {old_kind} {old[old_kind]}, not {new_kind} "
+                raise UsageError(f"{out} was trained on {old_kind} {old[old_kind]}, not {new_kind} "
                                  f"{flags[new_kind]}: resume with the run's data (or leave the data flag out) "
                                  "or choose another --out")
         run_preset = prev.get("preset")
         if preset is not None and run_preset is not None and preset != run_preset:
-            raise ValueError(f"{out} was trained with --preset {run_preset}, not {preset}: resume with --preset "
+            raise UsageError(f"{out} was trained with --preset {run_preset}, not {preset}: resume with --preset "
                              f"{run_preset} (or leave --preset out) or choose another --out")
         preset = preset or run_preset
     elif args.resume and all(v is None for v in flags.values()):
-        raise ValueError(f"{out} holds no run.json to resume: give the data flag (--corpus, --data or --task) "
+        raise UsageError(f"{out} holds no run.json to resume: give the data flag (--corpus, --data or --task) "
                          "and the run's --preset")
     preset = preset or ("small" if device == "cpu" else "base")
     return out, prev, flags, preset
@@ -246,7 +283,7 @@ def _train_config(args, preset: str, prev: dict | None, device: str = "cpu") -> 
     if prev is not None and isinstance(prev.get("train_config"), dict):
         base = {k: v for k, v in prev["train_config"].items() if k in names}
         if args.seed is not None and args.seed != base.get("seed", args.seed):
-            raise ValueError(f"--seed {args.seed} differs from the run's seed {base['seed']}: a resumed run keeps "
+            raise UsageError(f"--seed {args.seed} differs from the run's seed {base['seed']}: a resumed run keeps "
                              "its seed (leave --seed out) or start a new run with another --out")
     else:
         base = dict(RUN_DEFAULTS, **TRAIN_PRESETS[preset])
@@ -260,7 +297,10 @@ def _train_config(args, preset: str, prev: dict | None, device: str = "cpu") -> 
     if args.max_minutes is not None and args.max_steps is None:
         base["max_steps"] = None
     tcfg = TrainConfig(**base)
-    tcfg.validate()
+    try:
+        tcfg.validate()
+    except ValueError as exc:  # TrainConfig's checks are of the flags: a usage error
+        raise UsageError(str(exc)) from None
     return tcfg
 
 
@@ -292,14 +332,14 @@ def _settle(args, device: str):
         overrides["init"] = args.init
     table = get_preset(preset).max_len
     if tcfg.max_len > table:
-        raise ValueError(f"--max-len {tcfg.max_len} exceeds the model's positional table ({table}): "
+        raise UsageError(f"--max-len {tcfg.max_len} exceeds the model's positional table ({table}): "
                          f"use --max-len {table} or less")
     if not args.resume and run_checkpoints(out):
-        raise ValueError(f"{out} already holds a run: pass --resume to continue it or choose another --out")
+        raise UsageError(f"{out} already holds a run: pass --resume to continue it or choose another --out")
     if not args.resume and (out / "spm.model").exists():
         old = _previous_run(out)
         if old is not None and old.get("data") not in (None, _source_of(flags)):
-            raise ValueError(f"{out} holds the vocabulary of a run on {old['data']}: choose another --out "
+            raise UsageError(f"{out} holds the vocabulary of a run on {old['data']}: choose another --out "
                              "(or delete its spm.model)")
     try:  # an unwritable folder fails now, not after an hour
         out.mkdir(parents=True, exist_ok=True)
@@ -307,9 +347,10 @@ def _settle(args, device: str):
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
-        raise ValueError(f"cannot write to the run folder {out}: {exc.strerror or exc}: choose another --out "
+        raise UsageError(f"cannot write to the run folder {out}: {exc.strerror or exc}: choose another --out "
                          "or fix its permissions") from None
 
+    _settle_vocab(args, out, prev if prev is not None else _previous_run(out))
     data = prepare(out, flags["corpus"], flags["data"], flags["task"], args.vocab_size, seed=tcfg.seed,
                    vocab_sample=args.vocab_sample, log=lambda line: print(f"data: {line}"))
     n_train = len(data.ids["train"])
@@ -369,7 +410,7 @@ RANK0_GRACE_S = 1.0
 def main(argv=None) -> int:
     args = _parse_quietly(argv)
     world = SINGLE
-    with one_line_errors("train.py"):
+    with one_line_errors("train.py", crash_folder=lambda: _RUN_FOLDER.get("out")):
         try:
             world = init_world(resolve_device(args.device))
             if world.size == 1:
@@ -454,6 +495,9 @@ def _main(args, world) -> int:
     if world.is_main:
         run = {"preset": preset, "device": device, "data": data.source, "model_config": mcfg.to_dict(),
                "train_config": asdict(tcfg)}
+        asked = args.vocab_size or (prev or {}).get("vocab_size_requested")
+        if asked:
+            run["vocab_size_requested"] = asked  # the --vocab-size asked for (the data may allow fewer pieces)
         if world.size > 1:
             run["processes"] = world.size
         _write_json(run_file, run)

@@ -8,6 +8,7 @@ Examples:
     python translate.py --model runs/x --greedy --input test.en
     python translate.py --model runs/x --nbest 4 --input test.en     # 4 tab-separated candidates per line
     python translate.py --model runs/x                               # at a terminal: each line as it is typed
+    python translate.py --model model.safetensors --input test.en    # one exported file (see numformer.checkpoint)
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from numformer.backend import resolve_device, xp_for
 from numformer.cli_common import (OneLineParser, load_model, nonneg_float, nonneg_int, one_line_errors,
                                   positive_int)
 from numformer.data import read_lines
+from numformer.errors import UsageError
 from numformer.data.parallel import split_lines
 from numformer.translation import DecodeOptions, score_translations, translate_lines
 
@@ -34,7 +36,8 @@ Long lines: a line of up to max_len - 1 subword tokens (1023 for every preset: t
 table) is translated whole, with at most min(a * tokens + b, max_len) output tokens; a longer line is
 split into pieces of at most max_len - 1 tokens at word boundaries, the pieces are translated
 separately and their outputs concatenated. Errors are one line on stderr with exit status 2
-(130 after Ctrl-C); the output file is written atomically, only when everything is translated.
+(130 after Ctrl-C; 1 for a bug in numformer, with the file its traceback was written to); the
+output file is written atomically, only when everything is translated.
 Interactive: when standard input is a terminal and neither --input, --output nor --reference is
 given, each line is translated and printed as soon as Enter is pressed (the model is loaded
 first); a line that is not UTF-8 gets an error on stderr and an empty output line; Ctrl-D ends.
@@ -47,8 +50,10 @@ def parse_args(argv=None):
                        epilog=__doc__.split("Examples:")[1] + CONTRACT,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, metavar="PATH",
-                    help="a run folder (uses averaged.npz, else the newest checkpoint) or a checkpoint .npz")
-    ap.add_argument("--vocab", metavar="SPM", help="sentencepiece model (default: spm.model of the run)")
+                    help="a run folder (its averaged.npz unless newer checkpoints exist, else the newest checkpoint), "
+                         "a checkpoint .npz or an exported model (.npz or .safetensors): one file is a whole model")
+    ap.add_argument("--vocab", metavar="SPM", help="sentencepiece model (default: the one the model file carries; "
+                                                   "for older checkpoints spm.model of the run)")
     ap.add_argument("--input", metavar="FILE", help="source sentences, one per line (default: standard input)")
     ap.add_argument("--output", metavar="FILE", help="write translations here (default: standard output)")
     ap.add_argument("--reference", metavar="FILE", help="print sacreBLEU BLEU and chrF against this reference")
@@ -83,11 +88,18 @@ class _Output:
             try:
                 fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
             except OSError as exc:
-                raise ValueError(f"cannot write {self.path}: {exc.strerror or exc}: choose another --output") from None
+                raise UsageError(f"cannot write {self.path}: {exc.strerror or exc}: choose another --output") from None
             os.close(fd)
             self.tmp = Path(tmp)
 
     def write(self, data: bytes) -> None:
+        try:
+            self._write(data)
+        except OSError as exc:  # a full disk, a closed pipe: the place, not the program (one line)
+            where = "standard output" if self.path is None else str(self.path)
+            raise UsageError(f"cannot write {where}: {exc.strerror or exc}: check where the output goes") from None
+
+    def _write(self, data: bytes) -> None:
         if self.path is None:
             sys.stdout.flush()
             sys.stdout.buffer.write(data)  # UTF-8 whatever the locale says
@@ -144,7 +156,7 @@ def main(argv=None) -> int:
                 lines = split_lines(sys.stdin.buffer.read(), "standard input")
             references = read_lines(args.reference) if args.reference else None
             if references is not None and len(references) != len(lines):
-                raise ValueError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}: "
+                raise UsageError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}: "
                                  "they must match line for line")
             model, vocab, path = load_model(args.model, args.vocab, args.device)
             opts = DecodeOptions(beam=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,

@@ -30,8 +30,9 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="list the layer names and exit")
     ap.add_argument("--kernels", choices=MODES, default=None,
                     help="check the fast kernels (default, unless NUMFORMER_KERNELS says otherwise) or the plain math")
-    ap.add_argument("--checkpoint", metavar="RUN", help="check on a trained model's weights (a run folder or a "
-                    "checkpoint) instead of random ones")
+    ap.add_argument("--checkpoint", metavar="RUN", help="check on a trained model's weights instead of random "
+                    "ones: a run folder (its averaged.npz unless newer checkpoints exist), a checkpoint, or an "
+                    "exported model (.npz or .safetensors)")
     args = ap.parse_args(argv)
 
     if args.kernels:

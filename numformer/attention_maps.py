@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .backend import to_host
+from .errors import UsageError
 from .layers import ScaledDotProductAttention
 from .translation import DecodeOptions, source_batch, translate_ids
 
@@ -87,7 +88,7 @@ def attention_pictures(model, vocab, sentence: str, out, opts: DecodeOptions | N
     out = Path(out)
     src_ids = vocab.encode([sentence])[0]
     if not src_ids:
-        raise ValueError("the sentence is empty: give some text to translate")
+        raise UsageError("the sentence is empty: give some text to translate")
     model.eval()
     hyp = translate_ids(model, [src_ids], vocab.bos_id, vocab.eos_id, opts or DecodeOptions())[0][0][0]
     maps = record_attention(model, src_ids, hyp, vocab.bos_id, vocab.eos_id)

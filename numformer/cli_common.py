@@ -3,26 +3,42 @@
 Every mistake a user can make on the command line ends the same way: one line
 ``prog: error: what is wrong: what to do`` on stderr, a non-zero exit status
 (2 for bad input, 3 when training had to stop, 130 after Ctrl-C) and no
-traceback. ``NUMFORMER_DEBUG=1`` shows the traceback instead.
+traceback. Only errors raised on purpose for bad input are such one-liners
+(:data:`USER_ERRORS`); anything else is a bug in numformer: one line says so and
+names the file its traceback was written to, exit status 1. ``NUMFORMER_DEBUG=1``
+shows the traceback instead in both cases.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
+import tempfile
+import time
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from .backend import BackendError, resolve_device, xp_for
-from .checkpoint import CheckpointError, load_checkpoint, run_checkpoints, vocab_fingerprint
+from .checkpoint import CheckpointError, load_checkpoint, newest_model_file, vocab_fingerprint
 from .data import DataError, SubwordVocab
+from .distributed import DistributedError
+from .errors import UsageError
 from .model import Transformer
+from .precision import PrecisionError
 from .presets import ModelConfig
 from .trainer import StopTraining
 
-USER_ERRORS = (BackendError, CheckpointError, DataError, StopTraining, ValueError, OSError)
+# Errors raised on purpose for bad input or a run that had to stop: one line, no traceback. Not ValueError
+# or OSError at large: a shape mismatch inside numformer is a ValueError too, and it is a bug.
+USER_ERRORS = (UsageError, BackendError, CheckpointError, DataError, PrecisionError, DistributedError, StopTraining)
+# An OSError that says the machine, not the program, is at fault (a full disk, a read-only file system):
+# one line as well. Any other OSError that escapes was not expected where it happened: a bug.
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+BUG_EXIT = 1  # a bug in numformer (2: bad input, 3: training stopped, 130: interrupted)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -62,12 +78,38 @@ def error_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def write_crash_log(prog: str, exc: BaseException, folder=None) -> Path | None:
+    """Write ``exc``'s traceback to ``folder/crash.log`` (a run folder), else to a new temporary file;
+    returns the path (None when nothing could be written). Never raises: a crash report must not hide
+    the crash."""
+    text = (f"{prog} crashed at {time.strftime('%Y-%m-%d %H:%M:%S')}\ncommand: {' '.join(sys.argv)}\n\n"
+            + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    if folder is not None:
+        try:
+            path = Path(folder) / "crash.log"
+            if path.parent.is_dir():
+                path.write_text(text, encoding="utf-8")
+                return path
+        except OSError:
+            pass
+    try:
+        fd, name = tempfile.mkstemp(prefix=f"numformer-{Path(prog).stem}-crash-", suffix=".log")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError:
+        return None
+    return Path(name)
+
+
 @contextmanager
-def one_line_errors(prog: str):
+def one_line_errors(prog: str, crash_folder=None):
     """Turn a user mistake into ``prog: error: message`` on stderr, no traceback.
 
-    Exit status 2 for bad input, the exception's ``exit_code`` when it has one
-    (3: training stopped), 130 for Ctrl-C. Bugs (any other exception) keep their traceback.
+    Exit status 2 for bad input (:data:`USER_ERRORS`, and an OSError of a full disk or a read-only file
+    system), the exception's ``exit_code`` when it has one (3: training stopped), 130 for Ctrl-C.
+    Anything else is a bug: one line says so and where its traceback was written
+    (``crash_folder()/crash.log`` when that callable names an existing folder, else a temporary
+    file), exit status 1.
     """
     debug = os.environ.get("NUMFORMER_DEBUG", "") not in ("", "0")
     try:
@@ -82,20 +124,40 @@ def one_line_errors(prog: str):
             raise
         print(f"{prog}: error: {error_line(exc)}", file=sys.stderr)
         sys.exit(getattr(exc, "exit_code", 2))
+    except OSError as exc:
+        if debug:
+            raise
+        if exc.errno in ENVIRONMENT_ERRNOS:
+            print(f"{prog}: error: {error_line(exc)}: free space or choose another place, then run again",
+                  file=sys.stderr)
+            sys.exit(2)
+        _bug(prog, exc, crash_folder)
+    except Exception as exc:  # noqa: BLE001  (not a user error: a bug, reported as one)
+        if debug:
+            raise
+        _bug(prog, exc, crash_folder)
+
+
+def _bug(prog: str, exc: BaseException, crash_folder) -> None:
+    folder = None
+    try:
+        folder = crash_folder() if crash_folder is not None else None
+    except Exception:  # noqa: BLE001
+        pass
+    path = write_crash_log(prog, exc, folder)
+    if path is None:  # nowhere to write it: the traceback itself, here
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    print(f"{prog}: internal error (a bug in numformer, not in your input): {type(exc).__name__}: "
+          f"{error_line(exc)}; " + (f"the traceback is in {path}: please report it with that file" if path else
+                                    "please report it with the traceback above"), file=sys.stderr)
+    sys.exit(BUG_EXIT)
 
 
 def find_checkpoint(path) -> Path:
-    """A checkpoint file, or a run folder (-> averaged.npz if present, else its newest checkpoint)."""
-    path = Path(path)
-    if path.is_dir():
-        if (path / "averaged.npz").is_file():
-            return path / "averaged.npz"
-        found = run_checkpoints(path)
-        if not found:
-            raise CheckpointError(f"{path} holds no checkpoint (expected averaged.npz or checkpoints/step_*.npz): "
-                                  "train a model into it first or give a checkpoint file")
-        return found[-1]
-    return path
+    """A model file (checkpoint .npz or exported .safetensors), or a run folder: its averaged.npz when
+    that averages the run's newest checkpoint, else the newest checkpoint (a stale average, left by an
+    earlier attempt before ``--resume`` trained on, never shadows newer checkpoints)."""
+    return newest_model_file(path)
 
 
 def check_vocab(vocab, meta: dict, vocab_path, what) -> None:
@@ -112,10 +174,12 @@ def check_vocab(vocab, meta: dict, vocab_path, what) -> None:
 
 
 def load_model(checkpoint, vocab_path=None, device: str | None = None):
-    """(model in eval mode on ``device``, vocab, checkpoint path) from a checkpoint or run folder.
+    """(model in eval mode on ``device``, vocab, model file path) from a model file or a run folder.
 
-    The vocabulary is ``spm.model`` beside the run unless given; it must be the one the
-    checkpoint was trained with (size, and sha256 when the checkpoint recorded it).
+    The vocabulary: ``vocab_path`` when given; else the sentencepiece model the file carries (every
+    checkpoint and exported model written since vocabularies were embedded: one file is a whole
+    model); else ``spm.model`` beside the run (older checkpoints). It must be the one the model was
+    trained with (size, and sha256 when the file recorded it).
     """
     path = find_checkpoint(checkpoint)
     ck = load_checkpoint(path, with_optimizer=False)
@@ -123,17 +187,26 @@ def load_model(checkpoint, vocab_path=None, device: str | None = None):
         raise CheckpointError(f"{path} has no model config in its metadata: not a numformer training checkpoint")
     try:
         cfg = ModelConfig.from_dict(ck.meta["model_config"])
+        cfg.validate()
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path} has an unreadable model config ({error_line(exc)}): "
                               "it was written by another numformer version or is corrupt") from None
-    if vocab_path is None:
-        run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-        vocab_path = run_dir / "spm.model"
-    vocab_path = Path(vocab_path)
-    if not vocab_path.is_file():
-        raise DataError(f"vocabulary {vocab_path} not found: pass --vocab PATH to the run's spm.model")
-    vocab = SubwordVocab.load(vocab_path)
-    check_vocab(vocab, ck.meta, vocab_path, f"checkpoint {path}")
+    if vocab_path is None and ck.vocab is not None:
+        try:
+            vocab = SubwordVocab.from_bytes(ck.vocab)
+        except Exception:  # noqa: BLE001  (sentencepiece's parse errors have no common class)
+            raise CheckpointError(f"{path} carries an unreadable vocabulary: it is corrupt; pass --vocab PATH to "
+                                  "the run's spm.model or use another checkpoint") from None
+        check_vocab(vocab, ck.meta, "(the one in the file)", f"checkpoint {path}")
+    else:
+        if vocab_path is None:
+            run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+            vocab_path = run_dir / "spm.model"
+        vocab_path = Path(vocab_path)
+        if not vocab_path.is_file():
+            raise DataError(f"vocabulary {vocab_path} not found: pass --vocab PATH to the run's spm.model")
+        vocab = SubwordVocab.load(vocab_path)
+        check_vocab(vocab, ck.meta, vocab_path, f"checkpoint {path}")
     xp = xp_for(resolve_device(device))
     model = Transformer(cfg, seed=0, dtype=np.float32)
     try:

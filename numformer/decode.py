@@ -7,11 +7,15 @@ encoder runs once, then each step feeds one new token per hypothesis through
 :meth:`Transformer.decode_step`, whose per-layer key/value caches make a step
 cost one position rather than a re-run of the prefix.
 
-Hypothesis length |Y| counts the output tokens including the final EOS.
+Hypothesis length |Y| counts the output tokens including the final EOS. At the
+output length limit EOS is forced, with the model's own EOS log-probability
+(fairseq's rule): scoring it 0 would favour hypotheses cut off by the limit.
 Sentences whose search is over are dropped from the batch (the caches are
 compacted), so long sentences do not keep short ones computing. The k beams of a
 sentence share its one encoder output (``decode_step(..., beam=k)``). The per-step
-arithmetic over the (rows, vocab) scores lives in :mod:`numformer.kernels.decoding`.
+arithmetic over the (rows, vocab) scores is :func:`greedy_pick` and :func:`beam_candidates`
+below, as the math; their fast versions (fewer passes, no new (rows, vocab) arrays) are in
+:mod:`numformer.kernels.decoding`.
 
 Shapes: src (B, S) ids, right-padded with the model's pad id. Results are lists,
 one per sentence, of token-id lists without BOS and EOS.
@@ -21,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .backend import get_array_module, to_host
-from .kernels.decoding import beam_candidates, greedy_pick
+from .kernels import kernel
 
 
 def length_penalty(length, alpha: float):
@@ -42,6 +46,45 @@ def ban_special(logp, pad_id: int, bos_id: int):
     logp[..., pad_id] = -xp.inf
     logp[..., bos_id] = -xp.inf
     return logp
+
+
+def force_end(logp, force_eos, eos_id: int):
+    """Rows ``force_eos`` (bool over the first axis) have spent their length budget and may only end:
+    every other token becomes -inf, EOS keeps the model's own log-probability (fairseq's rule; a free
+    EOS at log-probability 0 would favour hypotheses cut off by the limit). In place."""
+    xp = get_array_module(logp)
+    eos = logp[force_eos, ..., eos_id]  # advanced indexing: a copy
+    logp[force_eos] = -xp.inf
+    logp[force_eos, ..., eos_id] = eos
+    return logp
+
+
+def greedy_pick(logits, pad_id: int, bos_id: int, eos_id: int, force_eos):
+    """The next token of each row and its log-probability: (N, V) logits -> ((N,) ids, (N,) log p).
+
+    ``y_t = argmax_w log p(w | y_<t, x)`` with padding and BOS banned and EOS forced on the rows
+    ``force_eos`` (N,) bool.
+    """
+    xp = get_array_module(logits)
+    logp = force_end(ban_special(log_softmax(logits), pad_id, bos_id), force_eos, eos_id)
+    nxt = logp.argmax(axis=1)
+    return nxt, xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
+
+
+def beam_candidates(logits, scores, n: int, pad_id: int, bos_id: int, eos_id: int, force_eos):
+    """The ``n`` best one-token extensions of each sentence's k beams, best first.
+
+    logits (m*k, V) for beam j of sentence s in row s*k + j, scores (m, k) the beams' log-probabilities so
+    far (-inf for an unused beam), force_eos (m,) bool -> (index (m, n) into the k*V extensions, so
+    beam = index // V and token = index % V; their scores (m, n)), where an extension scores
+    ``cand[s, j*V + w] = scores[s, j] + log p(w | beam j of s)`` (padding and BOS banned, EOS forced).
+    """
+    xp = get_array_module(logits)
+    m, k = scores.shape
+    logp = ban_special(log_softmax(logits), pad_id, bos_id).reshape(m, k, -1)
+    cand = (scores[:, :, None] + force_end(logp, force_eos, eos_id)).reshape(m, -1)
+    best = xp.argsort(-cand, axis=1)[:, :n]
+    return best, xp.take_along_axis(cand, best, axis=1)
 
 
 def max_lengths(src, pad_id: int, a: float, b: int, cap: int | None = None):
@@ -84,7 +127,7 @@ def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = 1.0, 
         else:
             logits = model.forward(src, tokens)[:, -1, :]
         # the most probable token (padding and BOS banned, EOS forced at the budget) and its log-probability
-        nxt, gained = greedy_pick(logits, pad, bos_id, eos_id, force_eos=limits_act == t + 1)
+        nxt, gained = kernel(greedy_pick)(logits, pad, bos_id, eos_id, force_eos=limits_act == t + 1)
         logprob += gained
         tokens = xp.concatenate([tokens, nxt[:, None].astype(tokens.dtype)], axis=1)
         ended = to_host(nxt == eos_id)
@@ -117,7 +160,8 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
     (scored with the length penalty) and continues with the best ``beam`` that do
     not end. A sentence is
     finished once ``beam`` hypotheses have ended (fairseq's rule) or its length
-    budget ``max_len_a * source_length + max_len_b`` is spent (EOS is forced).
+    budget ``max_len_a * source_length + max_len_b`` is spent (EOS is forced, scored with the
+    model's own EOS log-probability).
     """
     xp = model.xp
     src = xp.asarray(src)
@@ -142,7 +186,7 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
         force_eos = limits_act == t + 1
         # the 2k best of scores + log_softmax(logits) over each sentence's k*V extensions, best first
         # (padding and BOS banned, EOS the only extension where the budget is spent)
-        top, top_scores = beam_candidates(logits, scores, 2 * k, pad, bos_id, eos_id, force_eos)
+        top, top_scores = kernel(beam_candidates)(logits, scores, 2 * k, pad, bos_id, eos_id, force_eos)
         origin, token = top // vocab, top % vocab
         # an EOS candidate ends a hypothesis only if it ranks among the best k (fairseq's rule):
         # EOS among the 2k is otherwise a poor ending that would fill the finished list early

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from .errors import UsageError
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -57,6 +59,36 @@ class ModelConfig:
     def head_dim_v(self) -> int:
         return self.d_v if self.d_v is not None else self.head_dim_k
 
+    def validate(self) -> "ModelConfig":
+        """Refuse, in one line (UsageError), a config the layers cannot be built from; returns self.
+
+        Checked here, up front, so that a bad preset override or an edited run.json fails before any
+        layer is built, instead of as a ValueError deep inside a layer constructor."""
+        def need(ok, what):
+            if not ok:
+                raise UsageError(f"model config: {what}")
+        for name in ("d_model", "d_ff", "heads", "layers"):
+            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
+                 f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("decoder_layers", "d_k", "d_v"):
+            value = getattr(self, name)
+            need(value is None or (isinstance(value, int) and value >= 1),
+                 f"{name} must be a positive integer or unset, got {value!r}")
+        need(self.d_k is not None or self.d_model % self.heads == 0,
+             f"d_model {self.d_model} is not divisible by heads {self.heads}: choose heads that divide it or set d_k")
+        need(isinstance(self.vocab_size, int) and self.vocab_size >= 5,
+             f"vocab_size must be at least 5 (4 special pieces and one more), got {self.vocab_size!r}")
+        need(isinstance(self.pad_id, int) and 0 <= self.pad_id < self.vocab_size,
+             f"pad_id {self.pad_id!r} is not an id of the {self.vocab_size}-piece vocabulary")
+        for name in ("dropout", "attn_dropout", "relu_dropout", "label_smoothing"):
+            value = getattr(self, name)
+            need(isinstance(value, (int, float)) and 0 <= value < 1, f"{name} must be in [0, 1), got {value!r}")
+        need(isinstance(self.max_len, int) and self.max_len >= 2,
+             f"max_len (the positional table) must be at least 2, got {self.max_len!r}")
+        need(isinstance(self.ln_eps, (int, float)) and self.ln_eps > 0, f"ln_eps must be positive, got {self.ln_eps!r}")
+        need(self.init in INIT_NAMES, f"init must be one of {', '.join(INIT_NAMES)}, got {self.init!r}")
+        return self
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -72,6 +104,8 @@ class ModelConfig:
         return replace(self, **changes)
 
 
+INIT_NAMES = ("pytorch", "xavier")  # the schemes of layers/init.py (tests/test_presets.py checks they agree)
+
 _BASE = ModelConfig()
 
 PRESETS: dict[str, ModelConfig] = {
@@ -79,7 +113,7 @@ PRESETS: dict[str, ModelConfig] = {
     "base": _BASE,
     # Table 3, "big": d_model 1024, d_ff 4096, h 16, P_drop 0.3 (213M)
     "big": _BASE.replace(d_model=1024, d_ff=4096, heads=16, dropout=0.3),
-    # CPU presets: "small" is the model of DESIGN.md's measured CPU baseline.
+    # CPU presets: "small" is the model of the PyTorch CPU baseline the README compares with.
     "small": _BASE.replace(d_model=256, d_ff=1024, heads=4, layers=3, vocab_size=8000),
     "tiny": _BASE.replace(d_model=128, d_ff=512, heads=4, layers=2, vocab_size=4000),
 }
@@ -101,10 +135,11 @@ TABLE3: dict[str, tuple[ModelConfig, float]] = {
 
 
 def get_preset(name: str, **overrides) -> ModelConfig:
-    """The named preset with fields overridden; unknown names give a one-line ValueError."""
+    """The named preset with fields overridden, validated; an unknown name or a config the layers cannot
+    be built from gives a one-line UsageError (a ValueError)."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
-    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
+        raise UsageError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
+    return (PRESETS[name].replace(**overrides) if overrides else PRESETS[name]).validate()
 
 
 def count_parameters(cfg: ModelConfig) -> int:

@@ -25,7 +25,7 @@ Run folder layout::
     OUT/spm.model                 shared sentencepiece vocabulary
     OUT/run.json                  model config, training config, data source
     OUT/metrics.jsonl             one JSON object per log line (plot with any tool)
-    OUT/checkpoints/step_*.npz    the last ``keep_last`` checkpoints (atomic writes)
+    OUT/checkpoints/step_*.npz    the last ``keep_last`` checkpoints (atomic writes; each carries spm.model too)
     OUT/averaged.npz              the average of the last ``average_last`` (Section 6.1)
 
 A checkpoint holds the weights, Adam's moments and step, the dropout RNG state,
@@ -71,9 +71,11 @@ from .data import plan_batches
 from .distributed import SINGLE, GradientBucket, broadcast_arrays_, mark_collective, shard_batches
 from .grad_stats import GradStats
 from .loss import LabelSmoothedCrossEntropy
+from .data import DataError
 from .optim import Adam, NoamSchedule, clip_grad_norm, grad_norm
 from .precision import MODES as PRECISIONS
 from .precision import DynamicLossScaler, matmul_precision
+from .progress import BudgetBar
 from .translation import DecodeOptions, score_translations, translate_lines
 
 
@@ -224,7 +226,7 @@ class Trainer:
         plan = plan_batches(*self.data.ids["train"].lengths, self.cfg.max_tokens, shuffle_seed=self.cfg.seed,
                             epoch=epoch, max_len=self.cfg.max_len)
         if not len(plan):
-            raise ValueError(f"all {plan.n_filtered} training pairs are longer than --max-len {self.cfg.max_len} "
+            raise DataError(f"all {plan.n_filtered} training pairs are longer than --max-len {self.cfg.max_len} "
                              f"subwords: raise --max-len (at most {self.model.cfg.max_len})")
         if epoch == 0 or self._epoch_batches is None:
             self.log(f"epoch {epoch}: {plan.n_pairs} pairs in {len(plan)} batches"
@@ -368,7 +370,8 @@ class Trainer:
             "vocab_size": self.vocab.size, "vocab_sha256": self._vocab_sha256, "data": self.data.source,
         }
         try:
-            save_checkpoint(path, self.model.state_dict(), meta, self.optimizer.state_dict())
+            save_checkpoint(path, self.model.state_dict(), meta, self.optimizer.state_dict(),
+                            vocab=self.vocab.to_bytes())  # one file is a whole model
         except OSError as exc:
             previous = self.checkpoints()
             kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no checkpoint was written"
@@ -581,11 +584,8 @@ class Trainer:
         self._interrupted = self._stop_requested = False
         self.model.train()
         bar = None
-        if self.progress:
-            from tqdm import tqdm  # noqa: PLC0415
-
-            bar = tqdm(total=cfg.max_steps, initial=self.optimizer.step_count, unit="step", dynamic_ncols=True,
-                       mininterval=1.0)
+        if self.progress:  # the bar shows elapsed and remaining of the budget (numformer/progress.py)
+            bar = BudgetBar(cfg.max_steps, cfg.max_minutes, self.optimizer.step_count, self.elapsed)
         # mpirun ends the job on SIGINT/SIGTERM (SIGKILL a second later) but forwards SIGUSR1 to every
         # rank: with several ranks, SIGUSR1 is the graceful stop.
         handled = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGUSR1,) if world.parallel else ())
@@ -616,7 +616,7 @@ class Trainer:
                 window[2] += float(loss)
                 window[3] += 1
                 if bar is not None:
-                    bar.update(1)
+                    bar.update(step, self.elapsed)
                 if step % cfg.log_every == 0:
                     record = {"step": step, "train_loss": window[2] / window[3], "lr": self.schedule(step),
                               "grad_norm": float(gnorm), "tokens_per_s": window[0] / max(window[1], 1e-9),
@@ -627,8 +627,8 @@ class Trainer:
                     if self.skipped_steps:
                         record["skipped_steps"] = self.skipped_steps
                     if bar is not None:
-                        bar.set_postfix(loss=f"{record['train_loss']:.3f}", lr=f"{record['lr']:.2e}",
-                                        tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+                        bar.update(step, self.elapsed, loss=f"{record['train_loss']:.3f}", lr=f"{record['lr']:.2e}",
+                                   tok_s=f"{record['tokens_per_s']:.0f}")
                     window[:] = [0, 0.0, 0.0, 0]
                     if cfg.eval_every and step % cfg.eval_every == 0 and world.is_main:
                         record.update(self.evaluate("valid", cfg.eval_sentences))
@@ -696,7 +696,7 @@ class Trainer:
             return None
         ck = average_checkpoints(paths)
         path = self.out / "averaged.npz"
-        save_checkpoint(path, ck.model, ck.meta)
+        save_checkpoint(path, ck.model, ck.meta, vocab=ck.vocab)
         return path
 
 

@@ -1,51 +1,73 @@
-"""numformer/kernels/decoding.py against the plain math it replaces (numformer.decode's log_softmax and ban).
+"""The per-step pieces of the searches, on both kernel sets, against the math written out here.
 
-Beam candidates: the best n of ``scores + log_softmax(logits)`` per sentence with padding/BOS banned and
-EOS forced; greedy pick: the arg-max of the same log-probabilities and its value; take_rows_: ``buf[index]``
-for a permutation (in place) and for a shrinking batch (a new array).
+Beam candidates: the best n of ``scores + log_softmax(logits)`` per sentence with padding/BOS banned and,
+where the length budget is spent, EOS the only extension at the model's own EOS log-probability; greedy
+pick: the arg-max of the same log-probabilities and its value. The fast versions
+(numformer/kernels/decoding.py) are also compared with the plain ones at real sizes in test_kernels.py.
+take_rows_: ``buf[index]`` for a permutation (in place) and for a shrinking batch (a new array); top_n:
+the n largest entries of each row.
 """
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from numformer.decode import ban_special, log_softmax
-from numformer.kernels.decoding import beam_candidates, greedy_pick, take_rows_, top_n
+from numformer import kernels
+from numformer.decode import beam_candidates, greedy_pick
+from numformer.kernels.decoding import take_rows_, top_n
 
 PAD, BOS, EOS = 0, 1, 2
 
 
-def _plain_logp(logits, force):
-    logp = ban_special(log_softmax(logits.astype(np.float64)), PAD, BOS)
+def _expected_logp(logits, force):
+    """log_softmax over the vocabulary, PAD and BOS at -inf, forced rows: only EOS, with its own value."""
+    z = logits.astype(np.float64)
+    logp = z - z.max(axis=-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(axis=-1, keepdims=True))
+    logp[..., [PAD, BOS]] = -np.inf
+    eos = logp[..., EOS].copy()
     logp[force] = -np.inf
-    logp[force, ..., EOS] = 0.0
+    logp[..., EOS][force] = eos[force]
     return logp
 
 
-def test_beam_candidates_are_the_best_of_scores_plus_log_softmax():
+@pytest.fixture(params=["fast", "plain"])
+def mode(request):
+    with kernels.kernel_mode(request.param):
+        yield request.param
+
+
+def test_beam_candidates_are_the_best_of_scores_plus_log_softmax(mode):
     rng = np.random.default_rng(0)
     m, k, v = 5, 3, 50
     logits = rng.standard_normal((m * k, v)) * 3
     scores = np.log(rng.uniform(0.01, 1, (m, k)))
     scores[1, 1:] = -np.inf  # a sentence at its first step: only beam 0 is live
     force = np.array([False, False, True, False, False])
-    cand = (scores[:, :, None] + _plain_logp(logits.reshape(m, k, v), force)).reshape(m, k * v)
-    top, top_scores = beam_candidates(logits.copy(), scores, 2 * k, PAD, BOS, EOS, force)
+    logp = _expected_logp(logits.reshape(m, k, v), force)
+    cand = (scores[:, :, None] + logp).reshape(m, k * v)
+    top, top_scores = kernels.kernel(beam_candidates)(logits.copy(), scores, 2 * k, PAD, BOS, EOS, force)
     expected = np.sort(cand, axis=1)[:, ::-1][:, : 2 * k]
     np.testing.assert_allclose(top_scores, expected, rtol=1e-12)
     np.testing.assert_allclose(np.take_along_axis(cand, top, axis=1), top_scores, rtol=1e-12)  # indices match values
     assert set((top[2][np.isfinite(top_scores[2])] % v).tolist()) == {EOS}  # forced: only EOS is finite
-    assert not np.isin(top % v, [PAD, BOS]).any()
+    # forced EOS keeps the model's own log-probability: beam j's candidate is scores[j] + log p(EOS | beam j)
+    forced = top_scores[2][np.isfinite(top_scores[2])]
+    np.testing.assert_allclose(np.sort(forced), np.sort(scores[2] + logp[2, :, EOS]), rtol=1e-12)
+    assert (forced < scores[2].max()).all()  # a free EOS (log p 0) would score scores[2] itself
+    assert not np.isin(top % v, [PAD, BOS])[np.isfinite(top_scores)].any()  # -inf ones are mere filler
 
 
-def test_greedy_pick_is_the_argmax_of_log_softmax():
+def test_greedy_pick_is_the_argmax_of_log_softmax(mode):
     rng = np.random.default_rng(1)
     logits = rng.standard_normal((6, 40)) * 4
     logits[3, PAD] = 100.0  # padding would win without the ban
     force = np.array([False, True, False, False, False, True])
-    logp = _plain_logp(logits, force)
-    nxt, gained = greedy_pick(logits.copy(), PAD, BOS, EOS, force)
+    logp = _expected_logp(logits, force)
+    nxt, gained = kernels.kernel(greedy_pick)(logits.copy(), PAD, BOS, EOS, force)
     np.testing.assert_array_equal(nxt, logp.argmax(axis=1))
     np.testing.assert_allclose(gained, logp.max(axis=1), rtol=1e-12, atol=1e-12)
+    assert (gained[force] < 0).all()  # the model's own EOS log-probability, not a free 0
 
 
 def test_take_rows_in_place_permutation_and_shrink():

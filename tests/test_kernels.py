@@ -28,6 +28,7 @@ import pytest
 
 from numformer import kernels
 from numformer.backend import RandomState, to_host
+from numformer.decode import beam_candidates, greedy_pick
 from numformer.kernels import threads as kthreads
 from numformer.layers.attention import attention_backward, attention_forward
 from numformer.layers.dropout import dropout_backward, dropout_forward, dropout_mask
@@ -50,9 +51,12 @@ SIZES = {
 
 
 def rel(a, b) -> float:
+    """norm(a - b) / norm(b); equal entries (-inf scores of dead beams included) count as no difference."""
     a, b = np.asarray(to_host(a), dtype=np.float64), np.asarray(to_host(b), dtype=np.float64)
-    nb = np.linalg.norm(b)
-    return float(np.linalg.norm(a - b) / nb) if nb else float(np.linalg.norm(a))
+    with np.errstate(invalid="ignore"):  # inf - inf, where the two agree
+        diff = np.where(a == b, 0.0, a - b)
+    nb = np.linalg.norm(b[np.isfinite(b)])
+    return float(np.linalg.norm(diff) / nb) if nb else float(np.linalg.norm(diff))
 
 
 @pytest.fixture(params=[2, 3], ids=lambda n: f"{n}threads")
@@ -145,6 +149,15 @@ def inputs(name, rng, size, dt):
         vs = [0.01 * rng.random(sh).astype(dt) for sh in shapes]
         return (params, grads, ms, vs, 1e-3 / (1 - 0.9 ** 3), 0.9, 0.98, np.sqrt(1 - 0.98 ** 3), 1e-9,
                 name.endswith("zero_grad"))
+    if name in ("beam_candidates", "greedy_pick"):
+        m = b  # sentences, each with 4 beams; the decoder's logits over the vocabulary
+        force = rng.random(m) < 0.2   # sentences whose length budget is spent: EOS forced
+        force[0] = True
+        if name == "greedy_pick":
+            return (4 * rng.standard_normal((m, v)).astype(dt), 0, 1, 2, force)
+        scores = np.log(rng.uniform(0.01, 1, (m, 4))).astype(dt)
+        scores[-1, 1:] = -np.inf  # a sentence at its first step: only beam 0 is live
+        return (4 * rng.standard_normal((m * 4, v)).astype(dt), scores, 8, 0, 1, 2, force)
     raise KeyError(name)
 
 
@@ -159,9 +172,14 @@ PLAIN = {
     "smoothed_cross_entropy": smoothed_cross_entropy, "smoothed_cross_entropy:overwrite": smoothed_cross_entropy,
     "smoothed_cross_entropy_backward": smoothed_cross_entropy_backward,
     "adam_update": adam_update, "adam_update:zero_grad": adam_update,
+    "beam_candidates": beam_candidates, "greedy_pick": greedy_pick,
 }
 # Arguments a kernel may consume (their contents are unspecified afterwards): not compared.
-CONSUMED = {"smoothed_cross_entropy:overwrite": {0}, "smoothed_cross_entropy_backward": {0}}
+CONSUMED = {"smoothed_cross_entropy:overwrite": {0}, "smoothed_cross_entropy_backward": {0},
+            "beam_candidates": {0}, "greedy_pick": {0}}
+# Outputs defined only in part: the index of a -inf candidate (a filler where fewer than n extensions
+# exist, e.g. a sentence that may only end) is arbitrary, so it is compared as -1.
+DEFINED = {"beam_candidates": lambda r: (np.where(np.isfinite(to_host(r[1])), to_host(r[0]), -1), r[1])}
 HOST_ONLY = {"dropout_forward", "dropout_forward:add"}  # the GPU draws other random bits
 
 
@@ -255,9 +273,10 @@ def compare(name, size, dt, seed=0):
         fast_args = _to_device(fast_args)
         fast = plain
     consumed = CONSUMED.get(name, ())
+    defined = DEFINED.get(name, lambda r: r)
     with poisoned_allocations():
-        got = _arrays(fast(*fast_args), fast_args, consumed)
-    want = _arrays(plain(*args), args, consumed)
+        got = _arrays(defined(fast(*fast_args)), fast_args, consumed)
+    want = _arrays(defined(plain(*args)), args, consumed)
     assert len(got) == len(want)
     return {i: rel(g, w) for i, (g, w) in enumerate(zip(got, want))}
 
@@ -313,9 +332,10 @@ def _module(name):
 
 def _plants():
     """(case id, kernel name to compare, size, module, attribute, replacement)."""
-    att, ln, dr, re, li, em, lo, ad = (_module(m) for m in
-                                       ("attention", "layernorm", "dropout", "relu", "linear", "embedding", "loss",
-                                        "adam"))
+    att, ln, dr, re, li, em, lo, ad, dec = (_module(m) for m in
+                                            ("attention", "layernorm", "dropout", "relu", "linear", "embedding",
+                                             "loss", "adam", "decoding"))
+    top_n = dec.top_n
     lose = _lose_last_block
     return [
         ("attention_forward: last batch range lost", "attention_forward", att, "parallel_ranges",
@@ -347,6 +367,10 @@ def _plants():
          "parallel_rows", lose(kthreads.parallel_rows)),
         ("adam_update: last block of the update lost", "adam_update", ad, "parallel_tasks",
          lose(kthreads.parallel_tasks)),
+        ("beam_candidates: the last beams' extensions never searched", "beam_candidates", dec, "top_n",
+         lambda a, n: top_n(a[:, : a.shape[1] // 2], n)),
+        ("greedy_pick: log-probability without the log-sum-exp", "greedy_pick", dec, "_log_normaliser",
+         lambda z: z.max(axis=-1, keepdims=True)),
     ]
 
 

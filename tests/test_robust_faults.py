@@ -117,16 +117,61 @@ import train
 from numformer import optim
 moment, marker = {moment!r}, {marker!r}
 
-def wait_to_be_killed():
-    open(marker, "w").close()
+def wait_to_be_killed(note=""):
+    with open(marker + ".tmp", "w") as f:
+        f.write(note)
+    os.replace(marker + ".tmp", marker)
     while True:
         time.sleep(1)
 
-if moment == "mid-step":  # inside the 25th update: forward and backward done, Adam half-way
-    real_step = optim.Adam.step
+if moment == "mid-step":
+    # Inside the 25th update, half-way: forward and backward done, about half of the parameters updated
+    # in place, the others not yet. Reached through public names only (Adam.step, Parameter.data): when
+    # the 25th step starts, every parameter's array is swapped for a view of the same memory that sees
+    # in-place ufunc writes into it (out=, -=, ...; however the update is organised: blocks, threads,
+    # kernels); once half of the parameters have been written, every thread that writes stops there.
+    # The marker says how many parameters had changed at that moment.
+    import threading
+    lock, written, tripped = threading.Lock(), set(), []
+
+    class Watched(np.ndarray):
+        def __array_finalize__(self, obj):
+            self.index = getattr(obj, "index", None)
+
+        def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kw):
+            plain = lambda a: a.view(np.ndarray) if isinstance(a, Watched) else a
+            targets = [a for a in (out or ()) if isinstance(a, Watched)]
+            if targets and tripped:
+                wait_forever()
+            if out is not None:
+                kw["out"] = tuple(plain(a) for a in out)
+            result = getattr(ufunc, method)(*(plain(a) for a in inputs), **kw)
+            if targets:
+                with lock:
+                    written.update(a.index for a in targets)
+                    trip = not tripped and len(written) >= len(params) // 2
+                    if trip:
+                        tripped.append(True)
+                if trip:
+                    changed = sum(not np.array_equal(p.data.view(np.ndarray), s) for p, s in zip(params, before))
+                    wait_to_be_killed(f"{{changed}} {{len(params)}}")
+                elif tripped:
+                    wait_forever()
+            return result
+
+    def wait_forever():
+        while True:
+            time.sleep(1)
+
+    real_step, params, before = optim.Adam.step, [], []
     def step(self, *a, **k):
         if self.step_count == 24:
-            wait_to_be_killed()
+            params[:] = list(self.params)
+            before[:] = [p.data.copy() for p in params]
+            for i, p in enumerate(params):
+                w = p.data.view(Watched)
+                w.index = i
+                p.data = w
         return real_step(self, *a, **k)
     optim.Adam.step = step
 elif moment == "mid-write":  # the checkpoint of step 30: half of its bytes are on disk
@@ -158,6 +203,9 @@ def test_sigkill_mid_step_or_mid_checkpoint_write_loses_nothing(moment, whole, t
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    if moment == "mid-step":  # killed with some parameters updated and others not
+        changed, total = map(int, marker.read_text().split())
+        assert 0 < changed < total, (changed, total)
     names = [p.name for p in ckpts(run)]
     assert names == ["step_0000010.npz", "step_0000020.npz"]
     load_checkpoint(ckpts(run)[-1])

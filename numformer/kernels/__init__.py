@@ -24,9 +24,8 @@ model on the plain math, on CPU and GPU; the process-wide tunings made at start-
 
 Files: ``threads`` (the host thread pool and the row/range/task splitters),
 ``allocator``, ``blas_threads``, and one file per piece of math: ``attention``,
-``layernorm``, ``dropout``, ``relu``, ``linear``, ``embedding``, ``loss``, ``adam``; and
-``decoding``, the per-step pieces of the searches in :mod:`numformer.decode` (called
-directly by the search, tested against their plain forms in ``tests/test_decoding_kernels.py``).
+``layernorm``, ``dropout``, ``relu``, ``linear``, ``embedding``, ``loss``, ``adam``, and
+``decoding`` (the per-step pieces of the searches in :mod:`numformer.decode`).
 """
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ import importlib
 import os
 
 MODES = ("fast", "plain")
-_FAST_MODULES = ("attention", "layernorm", "dropout", "relu", "linear", "embedding", "loss", "adam")
+_FAST_MODULES = ("attention", "layernorm", "dropout", "relu", "linear", "embedding", "loss", "adam", "decoding")
 
 
 class KernelModeError(ValueError):
