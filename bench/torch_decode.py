@@ -13,7 +13,7 @@ decoder written the way a PyTorch user would write one for inference:
   only when finished sentences leave the batch (a beam permutation stays inside a sentence).
 
 The searches follow :mod:`numformer.decode` rule for rule (Section 6.1: beam 4, GNMT length
-penalty with alpha 0.6, output at most a * source length + b tokens, EOS forced at the budget,
+penalty with alpha 0.6, output at most a * source length + b tokens, EOS forced at the budget with its own log-probability,
 fairseq's rule that an EOS ends a hypothesis only among the best ``beam`` candidates, a sentence
 done once ``beam`` hypotheses ended, finished sentences leave the batch, in greedy search too) and use the same
 length-sorted batches (:func:`numformer.translation._batches_by_length`), so that in float64 both
@@ -215,8 +215,9 @@ def greedy(dec: TorchDecoder, src, bos: int, eos: int, a: float = 1.0, b: int = 
     for t in range(int(limits.max())):
         logp = _log_probs(dec.step(history[:, -1], t, state), pad, bos)
         force = limits == t + 1
+        eos_logp = logp[force, eos]  # forced EOS keeps the model's own log-probability (fairseq's rule)
         logp[force] = -math.inf
-        logp[force, eos] = 0.0
+        logp[force, eos] = eos_logp
         gained, nxt = logp.max(dim=1)
         logprob += gained
         history = torch.cat([history, nxt[:, None]], dim=1)
@@ -257,8 +258,9 @@ def beam(dec: TorchDecoder, src, bos: int, eos: int, k: int = 4, alpha: float = 
         logp = _log_probs(dec.step(last, t, state), pad, bos).view(m, k, -1)
         vocab = logp.shape[-1]
         force = limits == t + 1
+        eos_logp = logp[force, :, eos]
         logp[force] = -math.inf
-        logp[force, :, eos] = 0.0
+        logp[force, :, eos] = eos_logp
         top_scores, top = (scores[:, :, None] + logp).view(m, -1).topk(2 * k, dim=1)
         origin, token = top // vocab, top % vocab
         finite = torch.isfinite(top_scores)
