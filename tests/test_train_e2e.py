@@ -57,17 +57,20 @@ def test_cached_decoding_equals_uncached(reverse_run):
     np.testing.assert_allclose([h.logprob for h in cached], [h.logprob for h in uncached], rtol=1e-4)
 
 
-def test_beam_scores_at_least_as_well_as_greedy(reverse_run):
-    """On the model's own log-probability (no length penalty), beam 4 finds at least what greedy finds."""
+def test_beam_scores_at_least_as_well_as_greedy_unless_k_hypotheses_ended_first(reverse_run):
+    """On the model's own log-probability (no length penalty), beam 4 finds at least what greedy finds on 95%
+    of the sentences; where it does not, fairseq's stopping rule ended the search: k hypotheses had ended
+    (each an EOS among the best k candidates of its step) before the greedy path could."""
     model, vocab, _ = load_model(reverse_run)
     src_text = make_synthetic("reverse", 20000, 500, 500, seed=1)["valid"][0][:100]
     src = source_batch(vocab.encode(src_text), vocab.pad_id, vocab.eos_id)
-    greedy = [h.logprob for h in greedy_search(model, src, vocab.bos_id, vocab.eos_id)]
-    beam = [h[0].logprob for h in beam_search(model, src, vocab.bos_id, vocab.eos_id, beam=4, alpha=0.0)]
-    assert sum(beam) >= sum(greedy) - 1e-4
-    assert np.mean(np.array(beam) >= np.array(greedy) - 1e-4) >= 0.95
-    nbest = beam_search(model, src[:5], vocab.bos_id, vocab.eos_id, beam=4, nbest=4)
-    for hyps in nbest:  # n-best lists come best first
+    greedy = greedy_search(model, src, vocab.bos_id, vocab.eos_id)
+    nbest = beam_search(model, src, vocab.bos_id, vocab.eos_id, beam=4, alpha=0.0, nbest=4)
+    g, b = np.array([h.logprob for h in greedy]), np.array([hyps[0].logprob for hyps in nbest])
+    assert np.mean(b >= g - 1e-4) >= 0.95
+    for i in np.nonzero(b < g - 1e-4)[0]:
+        assert len(nbest[i]) == 4 and all(len(h.tokens) < len(greedy[i].tokens) + 1 for h in nbest[i]), i
+    for hyps in nbest[:5]:  # n-best lists come best first
         scores = [h.score for h in hyps]
         assert scores == sorted(scores, reverse=True) and len(hyps) == 4
 
