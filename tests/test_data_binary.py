@@ -54,10 +54,36 @@ def test_plan_cuts_the_same_batches_as_the_pair_by_pair_loop(n, max_tokens, seed
     assert plan.n_pairs + plan.n_filtered == n
 
 
-def test_plan_uses_eight_bytes_per_pair():
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 400), seed=st.sampled_from([None, 3]), longest=st.sampled_from([300, 70_000]),
+       data_seed=st.integers(0, 10 ** 6))
+def test_plan_of_long_sentences_cuts_the_same_batches_as_the_pair_by_pair_loop(n, seed, longest, data_seed):
+    # lengths past 256 a side: the sort key no longer fits 16 bits (int32, then int64 past 46,340)
+    rng = np.random.default_rng(data_seed)
+    src_len, tgt_len = rng.integers(0, longest, n), rng.integers(0, longest, n)
+    max_tokens = int(rng.integers(1, 4 * longest))
+    plan = plan_batches(src_len, tgt_len, max_tokens, seed, 1)
+    assert [plan[i].tolist() for i in range(len(plan))] == greedy_reference(src_len, tgt_len, max_tokens, seed, 1,
+                                                                            None)
+
+
+def test_lengths_of_a_mapped_dataset_are_read_in_blocks_without_an_int64_copy(tmp_path):
+    rng = np.random.default_rng(2)
+    for side in ("src", "tgt"):
+        offsets = np.concatenate([[0], np.cumsum(rng.integers(0, 90, 2_500_000))]).astype(np.int64)
+        np.save(tmp_path / f"train.{side}.offsets.npy", offsets)
+        np.save(tmp_path / f"train.{side}.ids.npy", np.zeros(int(offsets[-1]), np.uint16))
+    pairs = TokenPairs.open(tmp_path, "train")
+    src_len, tgt_len = pairs.lengths
+    assert src_len.dtype == np.int32 and tgt_len.dtype == np.int32
+    assert np.array_equal(src_len, np.diff(np.load(tmp_path / "train.src.offsets.npy")))  # across 1M-pair blocks
+    assert np.array_equal(tgt_len, np.diff(np.load(tmp_path / "train.tgt.offsets.npy")))
+
+
+def test_plan_uses_four_bytes_per_pair():
     rng = np.random.default_rng(0)
     plan = plan_batches(rng.integers(1, 50, 10_000), rng.integers(1, 50, 10_000), 3000, shuffle_seed=1)
-    assert plan.order.dtype == np.int64 and plan.order.size == 10_000 and plan.starts[-1] == 10_000
+    assert plan.order.dtype == np.int32 and plan.order.size == 10_000 and plan.starts[-1] == 10_000
     assert sorted(plan.order.tolist()) == list(range(10_000))  # every pair once
     with pytest.raises(IndexError):
         plan[len(plan)]

@@ -13,6 +13,7 @@ the map (:meth:`TokenPairs.batch`): only the pages of those sentences are read.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from pathlib import Path
@@ -73,9 +74,15 @@ class TokenPairs:
 
     @property
     def lengths(self) -> tuple[np.ndarray, np.ndarray]:
-        """(src_len, tgt_len): (N,) int32 each, token counts without bos/eos (read once, then kept)."""
+        """(src_len, tgt_len): (N,) int32 each, token counts without bos/eos (read once, then kept).
+
+        4 bytes per pair and side, the only per-pair arrays a training process keeps besides the
+        epoch's plan. Memory-mapped offsets are read from their file in blocks (:func:`_lengths`):
+        touching every page of the map would count the whole offsets file (16 bytes a pair) in this
+        process's resident memory.
+        """
         if self._lengths is None:
-            self._lengths = tuple(np.diff(np.asarray(o)).astype(np.int32) for o in (self.src_offsets, self.tgt_offsets))
+            self._lengths = tuple(_lengths(o) for o in (self.src_offsets, self.tgt_offsets))
         return self._lengths
 
     def rows(self, side: str, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -103,6 +110,36 @@ class TokenPairs:
         """One side as a list of id lists (small data only: tests, evaluation helpers)."""
         ids, offsets = (self.src_ids, self.src_offsets) if side == "src" else (self.tgt_ids, self.tgt_offsets)
         return [np.asarray(ids[offsets[i]:offsets[i + 1]]).tolist() for i in range(len(self))]
+
+
+def _lengths(offsets, block: int = 1 << 20) -> np.ndarray:
+    """``diff(offsets)`` as (N,) int32, block by block: no (N,) int64 temporary.
+
+    A memory-mapped ``.npy`` (``np.load(mmap_mode="r")`` gives an ``np.memmap`` that covers its
+    whole file after the header) is read with plain file reads, which go through the page cache
+    without mapping its pages into this process.
+    """
+    n = max(len(offsets) - 1, 0)
+    out = np.empty(n, dtype=np.int32)
+    path = getattr(offsets, "filename", None)
+    whole_file = (path is not None and offsets.ndim == 1 and offsets.flags.c_contiguous
+                  and os.path.getsize(path) == offsets.offset + offsets.nbytes)
+    with open(path, "rb") if whole_file else contextlib.nullcontext() as f:
+        if f is not None:
+            f.seek(offsets.offset)
+        prev = None
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
+            # block of offsets[lo + 1 : hi + 1], preceded by offsets[lo]
+            cur = np.fromfile(f, dtype=offsets.dtype, count=hi - lo + (prev is None)) if f is not None else \
+                np.asarray(offsets[lo + (prev is not None):hi + 1])
+            if prev is not None:
+                cur = np.concatenate([prev, cur])
+            if cur.size != hi - lo + 1:
+                raise DataError(f"the offsets file {path} is shorter than its header says: prepare the corpus again")
+            np.subtract(cur[1:], cur[:-1], out=out[lo:hi], casting="unsafe")
+            prev = cur[-1:]
+    return out
 
 
 def _flatten(seqs) -> tuple[np.ndarray, np.ndarray]:
