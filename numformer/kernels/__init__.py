@@ -24,8 +24,10 @@ model on the plain math, on CPU and GPU; the process-wide tunings made at start-
 
 Files: ``threads`` (the host thread pool and the row/range/task splitters),
 ``allocator``, ``blas_threads``, and one file per piece of math: ``attention``,
-``layernorm``, ``dropout``, ``relu``, ``linear``, ``embedding``, ``loss``, ``adam``, and
-``decoding`` (the per-step pieces of the searches in :mod:`numformer.decode`).
+``layernorm``, ``embedding``, ``loss``, ``adam``, and ``decoding`` (the per-step pieces
+of the searches in :mod:`numformer.decode`). Dropout, ReLU and the linear maps have no
+kernel: their threaded and fused versions measured slower than the plain math at the
+training shapes (``bench/kernel_speed.py``), so they were removed.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import importlib
 import os
 
 MODES = ("fast", "plain")
-_FAST_MODULES = ("attention", "layernorm", "dropout", "relu", "linear", "embedding", "loss", "adam", "decoding")
+_FAST_MODULES = ("attention", "layernorm", "embedding", "loss", "adam", "decoding")
 
 
 class KernelModeError(ValueError):
@@ -87,7 +89,7 @@ def kernel(plain):
 def set_disabled(names) -> frozenset:
     """Leave out the kernels of these files (e.g. ``{"attention"}``: its plain math runs instead)
     while the others stay on; returns the previous set. For measuring what each kernel buys
-    (``bench/kernel_ablation.py``); ``NUMFORMER_KERNELS_OFF=attention,loss`` does the same."""
+    (``NUMFORMER_KERNELS_OFF=attention,loss python3 bench/train_step.py ...`` does the same)."""
     global _off
     names = frozenset(names)
     unknown = names - set(_FAST_MODULES)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import kernel
 from ..module import Module
 
 
@@ -41,7 +40,7 @@ def dropout_forward(x, rng, p: float, add=None):
     """-> (y, m): y = x * m (+ add), with m = dropout_mask(...).
 
     ``add`` (x's shape) is the residual connection of Section 3.1 when dropout is the last
-    step of a sub-layer: ``x + Dropout(Sublayer(x))`` (a fast kernel does both in one pass).
+    step of a sub-layer: ``x + Dropout(Sublayer(x))``.
     """
     mask = dropout_mask(rng, x.shape, p, x.dtype)
     y = x * mask
@@ -81,9 +80,9 @@ class Dropout(Module):
             return x if add is None else x + add
         if self.rng is None:
             raise ValueError("Dropout with p > 0 needs a RandomState (rng=...)")
-        y, self._cache_mask = kernel(dropout_forward)(x, self.rng, self.p, add)
+        y, self._cache_mask = dropout_forward(x, self.rng, self.p, add)
         return y
 
     def backward(self, dy):
         mask, self._cache_mask = self._cache_mask, None
-        return dy if mask is None else kernel(dropout_backward)(dy, mask)
+        return dy if mask is None else dropout_backward(dy, mask)

@@ -7,8 +7,7 @@ a pre-LN stack then ends with one more LayerNorm (see Encoder and Decoder).
 The Residual owns the LayerNorm and the Dropout, not the sub-layer: the sub-layer
 (attention or feed-forward) is passed to ``forward`` and ``backward`` so its
 parameters keep their paper names (``self_attn.w_q``, ``ffn.w_1``). The residual sum
-is given to the dropout (``add=``), which a fast kernel does in the same pass as the
-mask. Backward, post-LN: ``dz = LN'(dy)``; ``dx = dz + Sublayer'(Dropout'(dz))``.
+is given to the dropout (``add=``): ``y = x + Dropout(Sublayer(x))`` in one call. Backward, post-LN: ``dz = LN'(dy)``; ``dx = dz + Sublayer'(Dropout'(dz))``.
 Shapes: x (batch, time, d_model) -> same.
 """
 from __future__ import annotations
