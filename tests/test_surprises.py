@@ -33,15 +33,9 @@ from numformer.prepare import prepare  # noqa: E402
 from numformer.presets import ModelConfig, get_preset  # noqa: E402
 from numformer.progress import budget_fraction, budget_text  # noqa: E402
 from numformer.trainer import Trainer  # noqa: E402
+from test_robustness import run_main  # noqa: E402  (one in-process CLI runner for both files)
 
 
-def run_main(main, argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line(err, prog, needle):

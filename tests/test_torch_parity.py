@@ -386,12 +386,9 @@ def _loss_case(rng, dt, eps):
                 lambda P, i, d: {"loss": tm.label_smoothed_loss(i["logits"], _t(tgt), eps, PAD)})
 
 
-def _transformer_case(rng, dt, **kw):
-    src, tgt, _, _ = padded_batch(rng)
+def _model_case(cfg, m, src, tgt, record_dropout):
+    """A whole-Transformer case: logits and loss of (src, tgt) against the mirror, every gradient."""
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    cfg = small_config(**kw)
-    m = Transformer(cfg, seed=int(rng.integers(1 << 30)), dtype=dt)
-    _randomize(m, rng, 0.2)
     arch = tm.Arch.from_config(cfg)
     crit = LabelSmoothedCrossEntropy(cfg.label_smoothing, PAD)
 
@@ -407,8 +404,15 @@ def _transformer_case(rng, dt, **kw):
         logits = tm.transformer(P, _t(src), _t(tgt_in), arch, d)
         return {"logits": logits, "loss": tm.label_smoothed_loss(logits, _t(tgt_out), cfg.label_smoothing, PAD)}
 
-    return Case(m, {}, nf_forward, nf_backward, torch_forward, seeded=("loss",),
-                record_dropout=cfg.dropout > 0 or cfg.attn_dropout > 0 or cfg.relu_dropout > 0)
+    return Case(m, {}, nf_forward, nf_backward, torch_forward, seeded=("loss",), record_dropout=record_dropout)
+
+
+def _transformer_case(rng, dt, **kw):
+    src, tgt, _, _ = padded_batch(rng)
+    cfg = small_config(**kw)
+    m = Transformer(cfg, seed=int(rng.integers(1 << 30)), dtype=dt)
+    _randomize(m, rng, 0.2)
+    return _model_case(cfg, m, src, tgt, cfg.dropout > 0 or cfg.attn_dropout > 0 or cfg.relu_dropout > 0)
 
 
 CASES = {
@@ -792,25 +796,9 @@ def real_transformer(rng, dt):
     from numformer.presets import get_preset  # noqa: PLC0415
     cfg = get_preset("small", vocab_size=SMALL["vocab"], pad_id=PAD, max_len=64)
     src, tgt = real_batch(rng, SMALL["batch"], SMALL["src"], SMALL["tgt"], SMALL["vocab"])
-    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     m = Transformer(cfg, seed=int(rng.integers(1 << 30)), dtype=dt)
     _randomize(m, rng, 0.1)
-    arch = tm.Arch.from_config(cfg)
-    crit = LabelSmoothedCrossEntropy(cfg.label_smoothing, PAD)
-
-    def nf_forward(m, i):
-        logits = m(src, tgt_in)
-        return {"logits": logits, "loss": crit.forward(logits, tgt_out)}
-
-    def nf_backward(m, g):
-        m.backward(crit.backward() * g["loss"])
-        return {}
-
-    def torch_forward(P, i, d):
-        logits = tm.transformer(P, _t(src), _t(tgt_in), arch, d)
-        return {"logits": logits, "loss": tm.label_smoothed_loss(logits, _t(tgt_out), cfg.label_smoothing, PAD)}
-
-    return Case(m, {}, nf_forward, nf_backward, torch_forward, seeded=("loss",), record_dropout=True)
+    return _model_case(cfg, m, src, tgt, record_dropout=True)
 
 
 REAL_CASES = {
