@@ -19,10 +19,24 @@ Empty lines are kept, so line ``i`` of an output file can be matched to line
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 from .errors import DataError
+
+@contextlib.contextmanager
+def _file_errors(path: Path):
+    """An OSError while opening or reading ``path`` becomes a one-line DataError saying what to check."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise DataError(f"file not found: {path}: check the path") from None
+    except IsADirectoryError:
+        raise DataError(f"{path} is a folder, expected a text file with one sentence per line") from None
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}: check the file's permissions") from None
+
 
 #: Split names, in the order they are returned.
 SPLITS = ("train", "valid", "test")
@@ -54,14 +68,8 @@ def read_lines(path) -> list[str]:
             not UTF-8 (the message names the file and the 1-based line).
     """
     path = Path(path)
-    try:
+    with _file_errors(path):
         data = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"file not found: {path}: check the path") from None
-    except IsADirectoryError:
-        raise DataError(f"{path} is a folder, expected a text file with one sentence per line") from None
-    except OSError as e:
-        raise DataError(f"cannot read {path}: {e.strerror}: check the file's permissions") from None
     return split_lines(data, str(path))
 
 
@@ -114,14 +122,8 @@ def iter_line_blocks(path, block_bytes: int = BLOCK_BYTES, normalize: bool = Tru
     a time instead of the whole file.
     """
     path = Path(path)
-    try:
+    with _file_errors(path):
         f = open(path, "rb")
-    except FileNotFoundError:
-        raise DataError(f"file not found: {path}: check the path") from None
-    except IsADirectoryError:
-        raise DataError(f"{path} is a folder, expected a text file with one sentence per line") from None
-    except OSError as e:
-        raise DataError(f"cannot read {path}: {e.strerror}: check the file's permissions") from None
     with f:
         done, rest, first = 0, b"", True
         while True:
