@@ -267,7 +267,7 @@ def test_parallel_rows_matches_one_call(threads):
         np.exp(xb, out=ob)
         return ob.sum()
 
-    parts = kthreads.parallel_rows(f, x, out, min_elements=1, chunk_elements=10_000)
+    parts = kthreads.parallel_rows(f, x, out, chunk_elements=10_000)
     np.testing.assert_allclose(out, np.exp(x))
     assert sum(parts) == pytest.approx(np.exp(x).sum())
     assert len(kthreads.parallel_rows(lambda a: a.shape, x[:3])) == 1  # small inputs: one call
@@ -280,7 +280,7 @@ def test_parallel_ranges_cover_once(threads):
         hits[i:j] += 1
         return j - i
 
-    parts = kthreads.parallel_ranges(f, 37, work=10**9, blocks_per_thread=2)
+    parts = kthreads.parallel_ranges(f, 37, work=10**9)
     assert (hits == 1).all() and sum(parts) == 37
     assert kthreads.parallel_ranges(lambda i, j: (i, j), 37, work=10) == [(0, 37)]
 

@@ -70,7 +70,7 @@ def _run_groups(run, groups):
     return out
 
 
-def parallel_rows(fn, *arrays, min_elements: int | None = None, chunk_elements: int | None = None):
+def parallel_rows(fn, *arrays, chunk_elements: int | None = None):
     """Run ``fn(*chunks)`` over row blocks of ``arrays`` (split along axis 0), in threads; list of results.
 
     ``fn`` must only touch its own rows (it may write them in place) and returns a
@@ -83,7 +83,7 @@ def parallel_rows(fn, *arrays, min_elements: int | None = None, chunk_elements: 
     threads = get_num_threads()
     size = a0.size
     if (is_cupy_array(a0) or n < 2 or (threads < 2 and chunk_elements is None)
-            or size < (PARALLEL_MIN_ELEMENTS if min_elements is None else min_elements)):
+            or size < PARALLEL_MIN_ELEMENTS):
         return [fn(*arrays)]
     blocks = max(threads, -(-size // chunk_elements) if chunk_elements else threads)
     blocks = min(blocks, n)
@@ -97,24 +97,21 @@ def parallel_rows(fn, *arrays, min_elements: int | None = None, chunk_elements: 
     return _run_groups(lambda group: [fn(*(a[i:j] for a in arrays)) for i, j in group], groups)
 
 
-def parallel_ranges(fn, n: int, work: int, device_array=None, blocks_per_thread: int = 1,
-                    min_work: int | None = None):
+def parallel_ranges(fn, n: int, work: int, device_array=None):
     """Run ``fn(i, j)`` over ``[0, n)`` cut into contiguous ranges, in host threads; list of results in order.
 
     For work split along a batch axis where the arrays do not all share it (a mask
     broadcast over the batch): ``fn`` slices what it needs. ``work``: elements
-    touched in all (below ``PARALLEL_MIN_ELEMENTS`` or ``min_work``, one call ``fn(0, n)``).
+    touched in all (below ``PARALLEL_MIN_ELEMENTS``, one call ``fn(0, n)``).
     With ``device_array`` a cupy array, or one thread: one call, the same result.
     """
     threads = get_num_threads()
     if (n < 2 or threads < 2 or is_cupy_array(device_array)
-            or work < (PARALLEL_MIN_ELEMENTS if min_work is None else min_work)):
+            or work < PARALLEL_MIN_ELEMENTS):
         return [fn(0, n)]
-    parts = min(n, threads * max(int(blocks_per_thread), 1))
+    parts = min(n, threads)
     bounds = [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
-    per = -(-len(bounds) // threads)
-    groups = [bounds[k:k + per] for k in range(0, len(bounds), per)]
-    return _run_groups(lambda group: [fn(i, j) for i, j in group], groups)
+    return _run_groups(lambda group: [fn(i, j) for i, j in group], [[b] for b in bounds])
 
 
 def parallel_tasks(fn, tasks, sizes=None):
