@@ -17,10 +17,21 @@ Parameters live in a :class:`MirrorParams`: float64 torch leaves with
 (d_in, d_out) (``y = x W + b``); the mirror keeps it in torch's (d_out, d_in)
 layout for ``F.linear`` and transposes on the way in and on the way out.
 
-Dropout is replayed, not drawn: every function takes ``drops``, a dict from the
-numformer name of a Dropout module (``encoder.layers.0.ffn_residual.dropout``,
-``decoder.layers.1.self_attn.attention.dropout``, ``src_dropout``) to its mask
-(already scaled by 1/(1-p)); a name absent from ``drops`` means no dropout.
+What numformer decided by chance or by a sign can be replayed instead of decided again:
+every function takes ``replay``, a dict from the numformer name of a module to what that
+module decided in numformer's forward:
+
+* a Dropout (``encoder.layers.0.ffn_residual.dropout``,
+  ``decoder.layers.1.self_attn.attention.dropout``, ``src_dropout``): its mask, already
+  scaled by 1/(1-p); a Dropout absent from ``replay`` is the identity;
+* a ReLU (``encoder.layers.0.ffn.relu``): its active set [x > 0] as 0/1; a ReLU absent from
+  ``replay`` decides for itself (``F.relu``).
+
+The ReLU replay is for comparing numformer in float32 with this mirror in float64: a
+pre-activation within float32's rounding error of zero can land on either side of it in the
+two precisions, and then every gradient upstream of that unit differs by far more than the
+rounding (a kink is a discontinuity of the derivative). Replayed, both take the same branch,
+and the comparison measures numformer's arithmetic, not where a near-zero value fell.
 """
 from __future__ import annotations
 
@@ -114,11 +125,19 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def dropout(drops, name: str, x):
+def dropout(replay, name: str, x):
     """Replay numformer's mask for the Dropout called ``name`` (identity when none was recorded)."""
-    if drops and name in drops:
-        return x * drops[name]
+    if replay and name in replay:
+        return x * replay[name]
     return x
+
+
+def relu(replay, name: str, x):
+    """max(0, x); with numformer's active set for the ReLU called ``name`` in ``replay``: x * that set,
+    so the value and the gradient (the set) take numformer's branch at every kink."""
+    if replay and name in replay:
+        return x * replay[name]
+    return F.relu(x)
 
 
 # -- layers ------------------------------------------------------------------------
@@ -171,7 +190,7 @@ def attention(q, k, v, mask=None, drop=None):
     return p @ v
 
 
-def multi_head(P, prefix: str, x, memory=None, mask=None, *, heads: int, d_k: int, d_v: int, drops=None):
+def multi_head(P, prefix: str, x, memory=None, mask=None, *, heads: int, d_k: int, d_v: int, replay=None):
     """Section 3.2.2; self-attention when memory is None, encoder-decoder attention otherwise."""
     kv = x if memory is None else memory
     b, tq, _ = x.shape
@@ -179,56 +198,56 @@ def multi_head(P, prefix: str, x, memory=None, mask=None, *, heads: int, d_k: in
     q = linear(P, _join(prefix, "w_q"), x).view(b, tq, heads, d_k).transpose(1, 2)
     k = linear(P, _join(prefix, "w_k"), kv).view(b, tk, heads, d_k).transpose(1, 2)
     v = linear(P, _join(prefix, "w_v"), kv).view(b, tk, heads, d_v).transpose(1, 2)
-    drop = (drops or {}).get(_join(prefix, "attention.dropout"))
+    drop = (replay or {}).get(_join(prefix, "attention.dropout"))
     o = attention(q, k, v, mask, drop)
     o = o.transpose(1, 2).reshape(b, tq, heads * d_v)
     return linear(P, _join(prefix, "w_o"), o)
 
 
-def feed_forward(P, prefix: str, x, drops=None):
-    """Eq. 2: max(0, x W1 + b1) W2 + b2 (with optional replayed ReLU dropout)."""
-    h = F.relu(linear(P, _join(prefix, "w_1"), x))
-    h = dropout(drops, _join(prefix, "dropout"), h)
+def feed_forward(P, prefix: str, x, replay=None):
+    """Eq. 2: max(0, x W1 + b1) W2 + b2 (ReLU active sets and ReLU dropout replayed when given)."""
+    h = relu(replay, _join(prefix, "relu"), linear(P, _join(prefix, "w_1"), x))
+    h = dropout(replay, _join(prefix, "dropout"), h)
     return linear(P, _join(prefix, "w_2"), h)
 
 
-def residual(P, prefix: str, x, sublayer, *, pre_norm: bool, eps: float, drops=None):
+def residual(P, prefix: str, x, sublayer, *, pre_norm: bool, eps: float, replay=None):
     """Post-LN LN(x + Dropout(F(x))) or pre-LN x + Dropout(F(LN(x))); ``prefix`` names the residual."""
     norm, drop = _join(prefix, "norm"), _join(prefix, "dropout")
     if pre_norm:
-        return x + dropout(drops, drop, sublayer(layer_norm(P, norm, x, eps)))
-    return layer_norm(P, norm, x + dropout(drops, drop, sublayer(x)), eps)
+        return x + dropout(replay, drop, sublayer(layer_norm(P, norm, x, eps)))
+    return layer_norm(P, norm, x + dropout(replay, drop, sublayer(x)), eps)
 
 
-def encoder_layer(P, prefix: str, x, mask, arch: Arch, drops=None):
-    kw = dict(heads=arch.heads, d_k=arch.d_k, d_v=arch.d_v, drops=drops)
-    res = dict(pre_norm=arch.pre_norm, eps=arch.ln_eps, drops=drops)
+def encoder_layer(P, prefix: str, x, mask, arch: Arch, replay=None):
+    kw = dict(heads=arch.heads, d_k=arch.d_k, d_v=arch.d_v, replay=replay)
+    res = dict(pre_norm=arch.pre_norm, eps=arch.ln_eps, replay=replay)
     x = residual(P, _join(prefix, "self_attn_residual"), x,
                  lambda h: multi_head(P, _join(prefix, "self_attn"), h, mask=mask, **kw), **res)
     return residual(P, _join(prefix, "ffn_residual"), x,
-                    lambda h: feed_forward(P, _join(prefix, "ffn"), h, drops), **res)
+                    lambda h: feed_forward(P, _join(prefix, "ffn"), h, replay), **res)
 
 
-def decoder_layer(P, prefix: str, y, memory, self_mask, cross_mask, arch: Arch, drops=None):
-    kw = dict(heads=arch.heads, d_k=arch.d_k, d_v=arch.d_v, drops=drops)
-    res = dict(pre_norm=arch.pre_norm, eps=arch.ln_eps, drops=drops)
+def decoder_layer(P, prefix: str, y, memory, self_mask, cross_mask, arch: Arch, replay=None):
+    kw = dict(heads=arch.heads, d_k=arch.d_k, d_v=arch.d_v, replay=replay)
+    res = dict(pre_norm=arch.pre_norm, eps=arch.ln_eps, replay=replay)
     y = residual(P, _join(prefix, "self_attn_residual"), y,
                  lambda h: multi_head(P, _join(prefix, "self_attn"), h, mask=self_mask, **kw), **res)
     y = residual(P, _join(prefix, "cross_attn_residual"), y,
                  lambda h: multi_head(P, _join(prefix, "cross_attn"), h, memory, mask=cross_mask, **kw), **res)
     return residual(P, _join(prefix, "ffn_residual"), y,
-                    lambda h: feed_forward(P, _join(prefix, "ffn"), h, drops), **res)
+                    lambda h: feed_forward(P, _join(prefix, "ffn"), h, replay), **res)
 
 
-def encoder(P, prefix: str, x, mask, arch: Arch, drops=None):
+def encoder(P, prefix: str, x, mask, arch: Arch, replay=None):
     for i in range(arch.n_enc):
-        x = encoder_layer(P, _join(prefix, f"layers.{i}"), x, mask, arch, drops)
+        x = encoder_layer(P, _join(prefix, f"layers.{i}"), x, mask, arch, replay)
     return layer_norm(P, _join(prefix, "final_norm"), x, arch.ln_eps) if arch.pre_norm else x
 
 
-def decoder(P, prefix: str, y, memory, self_mask, cross_mask, arch: Arch, drops=None):
+def decoder(P, prefix: str, y, memory, self_mask, cross_mask, arch: Arch, replay=None):
     for i in range(arch.n_dec):
-        y = decoder_layer(P, _join(prefix, f"layers.{i}"), y, memory, self_mask, cross_mask, arch, drops)
+        y = decoder_layer(P, _join(prefix, f"layers.{i}"), y, memory, self_mask, cross_mask, arch, replay)
     return layer_norm(P, _join(prefix, "final_norm"), y, arch.ln_eps) if arch.pre_norm else y
 
 
@@ -244,17 +263,17 @@ def causal_mask(t: int):
     return torch.ones(t, t, dtype=torch.bool).tril()[None, None]
 
 
-def transformer(P, src, tgt_in, arch: Arch, drops=None):
+def transformer(P, src, tgt_in, arch: Arch, replay=None):
     """Figure 1: src (B, S), tgt_in (B, T) int64 ids -> logits (B, T, vocab)."""
     src_w = "src_embed"
     tgt_w = "src_embed" if arch.tie else "tgt_embed"
     gen_w = "src_embed" if arch.tie else "generator"
     src_mask = padding_mask(src, arch.pad_id)
     tgt_mask = causal_mask(tgt_in.shape[1]) & padding_mask(tgt_in, arch.pad_id)
-    x = dropout(drops, "src_dropout", positional(embedding(P, src_w, src, arch.d_model)))
-    memory = encoder(P, "encoder", x, src_mask, arch, drops)
-    y = dropout(drops, "tgt_dropout", positional(embedding(P, tgt_w, tgt_in, arch.d_model)))
-    h = decoder(P, "decoder", y, memory, tgt_mask, src_mask, arch, drops)
+    x = dropout(replay, "src_dropout", positional(embedding(P, src_w, src, arch.d_model)))
+    memory = encoder(P, "encoder", x, src_mask, arch, replay)
+    y = dropout(replay, "tgt_dropout", positional(embedding(P, tgt_w, tgt_in, arch.d_model)))
+    h = decoder(P, "decoder", y, memory, tgt_mask, src_mask, arch, replay)
     return output_projection(P, gen_w, h)
 
 

@@ -1,5 +1,8 @@
-"""Shared pytest set-up: the ``gpu`` marker skips without cupy and a CUDA device."""
+"""Shared pytest set-up: the ``gpu`` marker skips without cupy and a CUDA device; the worst errors
+the tolerance-based suites measured are printed at the end of the run (tests/worst_error.py)."""
 import pytest
+
+from worst_error import CACHE_KEY, WORST, summary_lines
 
 
 def cuda_available() -> bool:
@@ -19,3 +22,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in summary_lines():
+        terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session):
+    cache = getattr(session.config, "cache", None)
+    if cache is not None and WORST:
+        cache.set(CACHE_KEY, {k: {"value": v, "where": w} for k, (v, w) in WORST.items()})

@@ -61,13 +61,14 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--loss-scale", type=float, help="the fp16 loss scaler's starting scale")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     args = ap.parse_args(argv)
     set_num_threads(1)  # the same arithmetic in every process, whatever the core count
     world = init_world(args.device)
     out = Path(args.out)
     cfg = get_preset("tiny", vocab_size=VOCAB, d_model=32, d_ff=64, heads=4, layers=2, dropout=args.dropout,
                      tie_embeddings=not args.untied)
-    model = Transformer(cfg, seed=5).to(world.device if world.parallel else args.device)
+    model = Transformer(cfg, seed=5, dtype=np.dtype(args.dtype).type).to(world.device if world.parallel else args.device)
     data = PreparedData(TinyVocab(), {}, {"train": pairs(400)}, "task:worker")
     tcfg = TrainConfig(max_tokens=args.max_tokens, accum=args.accum, warmup=4, max_steps=args.steps,
                        max_minutes=args.max_minutes, save_every=args.save_every, keep_last=20, average_last=2,

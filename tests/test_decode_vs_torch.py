@@ -22,6 +22,7 @@ import torch_decode as td  # noqa: E402
 from numformer.model import Transformer  # noqa: E402
 from numformer.presets import ModelConfig  # noqa: E402
 from numformer.translation import DecodeOptions, translate_ids  # noqa: E402
+from worst_error import record_worst  # noqa: E402
 
 BOS, EOS = 1, 2
 
@@ -52,6 +53,7 @@ def test_same_hypotheses_as_torch_in_float64(beam, pre_norm, tie):
     same = [o[0][0] == t.tokens for o, t in zip(ours, theirs)]
     assert sum(same) >= 0.99 * len(ids), f"{len(ids) - sum(same)} of {len(ids)} hypotheses differ"
     gaps = [abs(o[0][1] - t.score) for o, t, s in zip(ours, theirs, same) if s]
+    record_worst("decode-vs-torch-score-float64", max(gaps), f"beam {beam}, {'pre' if pre_norm else 'post'}-LN")
     assert max(gaps) < 1e-9
     # the forced EOS was exercised: some outputs used the whole budget (source + EOS + 6 tokens, EOS included)
     assert any(len(t.tokens) == len(s) + 6 for t, s in zip(theirs, ids))

@@ -3,8 +3,8 @@
 numformer's Transformer runs on the GPU (cupy); the independent PyTorch mirror
 (``tests/torch_mirror.py``, float64 autograd) gets the same weights and numformer's own
 dropout masks (drawn by cupy's generator, copied to the host), so dropout is on, as in
-training. The logits, the label-smoothed loss and every parameter gradient are
-compared per tensor with ``norm(a - b) / norm(b)``, as in ``tests/test_torch_parity.py``
+training, and in float32 numformer's ReLU active sets (see tests/relu_replay.py). The
+logits, the label-smoothed loss and every parameter gradient are compared per tensor with ``norm(a - b) / norm(b)``, as in ``tests/test_torch_parity.py``
 (which runs on numpy arrays).
 """
 import numpy as np
@@ -15,6 +15,7 @@ from numformer.layers import Dropout, Linear
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer
 from numformer.presets import get_preset
+from relu_replay import record_relu_sets
 
 torch = pytest.importorskip("torch")
 tm = pytest.importorskip("torch_mirror")
@@ -49,6 +50,8 @@ def test_transformer_on_cupy_matches_pytorch(dtype, bound, kw):
                 drops[name] = torch.from_numpy(np.asarray(to_host(mod._cache_mask), dtype=np.float64))
                 return y
             mod.forward = recording
+    # float32 against the float64 mirror: the mirror takes numformer's ReLU branches (tests/relu_replay.py)
+    relu_sets = record_relu_sets(model) if dtype == np.float32 else {}
     linear = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, Linear)}
     P = tm.MirrorParams([(n, to_host(p.data)) for n, p in model.named_parameters()], linear)
 
@@ -60,7 +63,8 @@ def test_transformer_on_cupy_matches_pytorch(dtype, bound, kw):
     assert drops, "no dropout mask was recorded"
 
     arch = tm.Arch.from_config(cfg)
-    t_logits = tm.transformer(P, torch.from_numpy(SRC), torch.from_numpy(TGT[:, :-1]), arch, drops)
+    replay = {**drops, **{n: torch.from_numpy(a.astype(np.float64)) for n, a in relu_sets.items()}}
+    t_logits = tm.transformer(P, torch.from_numpy(SRC), torch.from_numpy(TGT[:, :-1]), arch, replay)
     t_loss = tm.label_smoothed_loss(t_logits, torch.from_numpy(TGT[:, 1:]), cfg.label_smoothing, cfg.pad_id)
     t_loss.backward()
 

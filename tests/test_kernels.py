@@ -10,6 +10,13 @@ agree with ``norm(fast - plain) / norm(plain) <= TOL[dtype]``. Each kernel also 
 planted bug (a block of rows lost by the thread split, a mask not applied, duplicates
 lost in a scatter-add) that this comparison must catch.
 
+The decoding kernels return choices (top-n candidates, the greedy token): fast and plain
+round differently in float32, so two candidates closer than that rounding could be ordered
+either way on another CPU. The inputs are drawn from a fixed seed, so whether such a near-tie
+exists is a property of the data, not of the machine:
+``test_decoding_kernel_inputs_have_no_near_ties`` asserts that every choice compared is
+separated from the next candidate by far more than float32 rounding.
+
 The whole model against PyTorch at these sizes, on both kernel sets, is in
 ``test_torch_parity.py`` (``test_parity_at_training_sizes``).
 
@@ -33,6 +40,8 @@ from numformer.layers.dropout import dropout_mask
 from numformer.layers.layernorm import layernorm_forward
 from numformer.optim import adam_update
 from grad_checks.kernel_cases import PLAIN, SIZES, inputs
+from numformer.decode import ban_special, force_end, log_softmax
+from worst_error import record_worst
 
 TOL = {np.float64: 1e-9, np.float32: 1e-4}
 DEVICE = os.environ.get("NUMFORMER_TEST_DEVICE", "cpu")
@@ -166,8 +175,54 @@ def compare(name, size, dt, seed=0):
 @pytest.mark.parametrize("name", list(PLAIN))
 def test_fast_kernel_equals_plain_math(name, size, dtype, threads):
     errors = compare(name, size, dtype)
+    for i, e in errors.items():
+        record_worst(f"kernels-{np.dtype(dtype).name}", e, f"{name} at {size}, output {i}, {threads} threads")
     bad = {i: e for i, e in errors.items() if not e <= TOL[dtype]}
     assert not bad, f"{name} at {size}: outputs {bad} differ (tolerance {TOL[dtype]})"
+
+
+# Candidates of magnitude up to ~30 (log-probabilities summed over a few steps) carry a float32 rounding
+# of a few times 30 * 2**-24 ~ 2e-6 in either version; a gap ten times the worst of that cannot close.
+MIN_CHOICE_GAP = 1e-4
+
+
+def closest_choice_gap(name, args) -> float:
+    """How much better each choice of the decoding kernel ``name`` on ``args`` is than the next candidate,
+    at worst (float64, from the inputs as given); inf when no row has two finite candidates."""
+    if name == "greedy_pick":
+        logits, pad, bos, eos, force = args
+        cand, n = force_end(ban_special(log_softmax(logits.astype(np.float64)), pad, bos), force, eos), 1
+    else:
+        logits, scores, n, pad, bos, eos, force = args
+        m, k = scores.shape
+        logp = ban_special(log_softmax(logits.astype(np.float64)), pad, bos).reshape(m, k, -1)
+        cand = (scores.astype(np.float64)[:, :, None] + force_end(logp, force, eos)).reshape(m, -1)
+    top = -np.sort(-cand, axis=1)[:, : n + 1]
+    # Only finite neighbours can tie: a sentence whose budget is spent has EOS as its one candidate.
+    finite = np.isfinite(top[:, 1:])
+    with np.errstate(invalid="ignore"):  # -inf - -inf where both are fillers
+        gaps = (top[:, :-1] - top[:, 1:])[finite]
+    return float(gaps.min()) if gaps.size else float("inf")
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("name", ["greedy_pick", "beam_candidates"])
+def test_decoding_kernel_inputs_have_no_near_ties(name, size):
+    """Every choice the comparison checks is better than the next candidate by MIN_CHOICE_GAP (float64,
+    from the float32 inputs the comparison uses): measured at least 6.8e-4."""
+    args = inputs(name, np.random.default_rng(0), size, np.float32)  # the seed compare() uses
+    closest = closest_choice_gap(name, args)
+    assert closest > MIN_CHOICE_GAP, f"{name} at {size}: two candidates {closest:.2g} apart"
+
+
+def test_a_planted_near_tie_is_seen():
+    logits, pad, bos, eos, force = inputs("greedy_pick", np.random.default_rng(0), "base-layer-shape", np.float32)
+    row = int(np.nonzero(~force)[0][0])
+    allowed = np.arange(logits.shape[1]) > max(pad, bos)  # padding and BOS are banned
+    best = int(np.argmax(np.where(allowed, logits[row], -np.inf)))
+    other = best + 1 if best + 1 < logits.shape[1] else best - 1
+    logits[row, other] = logits[row, best] - 1e-6
+    assert closest_choice_gap("greedy_pick", (logits, pad, bos, eos, force)) < MIN_CHOICE_GAP
 
 
 def test_every_kernel_is_compared():

@@ -150,8 +150,11 @@ def test_pytorch_loads_the_safetensors_file_into_the_mirror_with_the_same_logits
     theirs = theirs.detach().numpy()
     assert ours.shape == theirs.shape == (2, 5, cfg.vocab_size)
     assert np.linalg.norm(ours - theirs) / np.linalg.norm(theirs) < 1e-5  # numformer float32 vs torch float64
-    assert np.array_equal(ours.argmax(-1), theirs.argmax(-1))
     np.testing.assert_allclose(log_softmax(ours), log_softmax(theirs), atol=1e-4)
+    # The same predictions: numformer's pick at each position is torch's best up to the float32 error
+    # allowed above (two tokens closer than that are a tie that rounding may break either way).
+    picked = np.take_along_axis(log_softmax(theirs), ours.argmax(-1)[..., None], axis=-1)[..., 0]
+    assert np.all(picked >= log_softmax(theirs).max(-1) - 2e-4)
 
 
 def test_a_damaged_safetensors_file_is_one_line(exported, tmp_path):

@@ -11,9 +11,25 @@ loaded with numformer's weights. For each case, in float64 and in float32:
   with ``rel(a, b) = norm(a - b) / norm(b)`` under ``TOL[dtype]`` *per tensor*.
 
 Batches have padding, source and target of different lengths (S=6, T=5), and cases
-with dropout replay numformer's masks in the mirror. The measured worst relative
-error per dtype is printed at the end of the run ("parity worst rel error ...") and
-stored in the pytest cache under ``numformer/torch_parity_worst``.
+with dropout replay numformer's masks in the mirror.
+
+Nothing discontinuous is decided twice. In the float32 comparisons the mirror also replays
+numformer's ReLU active sets: a pre-activation within float32's rounding of zero may fall on
+the other side of it in float64 (one of 15.7 million in the small preset's case, on one CPU
+and not another), and that one unit moves every gradient upstream of it by far more than
+rounding, so the comparison would measure where a near-zero value fell, which depends on the
+CPU's instructions and BLAS kernel, not on numformer. Replaying cannot hide a wrong ReLU:
+
+* a ReLU backward that ignores its active set fails float32 parity
+  (``test_planted_relu_backward_without_its_active_set_fails_float32_parity``);
+* the float32 active sets must agree with the float64 ones except at entries within
+  rounding of zero, and at no more than 1e-5 of all entries
+  (``test_float32_relu_active_sets_differ_from_float64_only_at_rounding_level``), which a
+  misplaced threshold breaks;
+* float64 parity does not replay: there the mirror's ``F.relu`` decides for itself.
+
+The measured worst relative error per dtype is printed at the end of the run ("worst error parity-float32 = ...") and
+stored in the pytest cache (tests/worst_error.py).
 """
 from __future__ import annotations
 
@@ -41,6 +57,7 @@ from numformer.optim import Adam, NoamSchedule, clip_grad_norm
 from numformer.presets import ModelConfig
 from grad_checks.cases import (B, D, DFF, HEADS, PAD, S, T, V, Holder, SoftmaxFunction, padded_batch, padded_ids,
                                small_config)
+from worst_error import record_worst
 
 
 # The issue's tolerances: norm(a - b) / norm(b) per tensor.
@@ -56,9 +73,6 @@ ZERO_GRAD_SUFFIXES = ("w_k.bias",)
 ZERO_ATOL = {"float64": 1e-12, "float32": 1e-5}
 DTYPES = {"float64": np.float64, "float32": np.float32}
 
-# Measured worst relative error per dtype (and where), filled in by the tests.
-WORST: dict[str, tuple[float, str]] = {}
-
 
 def rel(a, b) -> float:
     """norm(a - b) / norm(b), computed in float64; when norm(b) == 0 it is norm(a) (absolute)."""
@@ -68,37 +82,6 @@ def rel(a, b) -> float:
     nb = float(np.linalg.norm(b))
     diff = float(np.linalg.norm(a - b))
     return diff if nb == 0.0 else diff / nb
-
-
-def _record(key: str, value: float, where: str) -> None:
-    if key not in WORST or value > WORST[key][0]:
-        WORST[key] = (value, where)
-
-
-def _summary_line() -> str:
-    order = {"float64": 0, "float32": 1}
-    keys = sorted(WORST, key=lambda k: (order.get(k, 2), k))
-    parts = [f"{k}={WORST[k][0]:.3g} ({WORST[k][1]})" for k in keys]
-    return "parity worst rel error " + "  ".join(parts)
-
-
-class _ParitySummary:
-    """Prints the measured worst errors after the run (visible with -q, no -s needed)."""
-
-    def pytest_terminal_summary(self, terminalreporter):
-        if WORST:
-            terminalreporter.write_line(_summary_line())
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _report_worst(request):
-    pm = request.config.pluginmanager
-    if not pm.has_plugin("numformer-torch-parity-summary"):
-        pm.register(_ParitySummary(), "numformer-torch-parity-summary")
-    yield
-    cache = getattr(request.config, "cache", None)
-    if cache is not None and WORST:
-        cache.set("numformer/torch_parity_worst", {k: {"rel": v, "where": w} for k, (v, w) in WORST.items()})
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -113,13 +96,19 @@ def mirror_params(m: Module) -> tm.MirrorParams:
     return tm.MirrorParams([(n, p.data) for n, p in m.named_parameters()], linear)
 
 
-def recorded_drops(m: Module) -> dict:
-    """numformer's dropout masks of the last forward, by module name, as float64 torch tensors.
+def recorded_decisions(m: Module, dropout: bool, relu: bool) -> dict:
+    """What numformer decided in the last forward, by module name, as float64 torch tensors for the
+    mirror's ``replay``: the Dropout masks (``dropout``) and the ReLU active sets (``relu``).
 
-    Must be called after forward and before backward (backward clears ``_cache_mask``).
+    Must be called after forward and before backward (backward clears the caches).
     """
-    return {n: torch.from_numpy(np.asarray(mod._cache_mask, dtype=np.float64))
-            for n, mod in m.named_modules() if isinstance(mod, Dropout) and mod._cache_mask is not None}
+    out = {}
+    for n, mod in m.named_modules():
+        if dropout and isinstance(mod, Dropout) and mod._cache_mask is not None:
+            out[n] = torch.from_numpy(np.asarray(mod._cache_mask, dtype=np.float64))
+        if relu and isinstance(mod, ReLU) and mod._cache_positive is not None:
+            out[n] = torch.from_numpy(np.asarray(mod._cache_positive, dtype=np.float64))
+    return out
 
 
 def _t(a):
@@ -150,7 +139,7 @@ class Case:
     inputs: float arrays whose gradients are compared (cast to the case dtype);
     nf_forward(m, inputs) -> {output name: array};
     nf_backward(m, dys) -> {input name: gradient} for every name in inputs;
-    torch_forward(P, tinputs, drops) -> {output name: tensor};
+    torch_forward(P, tinputs, replay) -> {output name: tensor};
     seeded: outputs that receive a random upstream gradient (default: all).
     """
 
@@ -160,7 +149,7 @@ class Case:
     nf_backward: Callable
     torch_forward: Callable
     seeded: tuple | None = None
-    record_dropout: bool = False
+    record_dropout: bool = False  # replay numformer's dropout masks in the mirror
 
 
 # -- cases: each builder takes (rng, dtype) and returns a Case ------------------------
@@ -312,7 +301,7 @@ def _residual_case(rng, dt, pre):
     return Case(m, {"x": rng.standard_normal((B, S, D))},
                 lambda m, i: {"y": m.res(i["x"], m.ffn)}, lambda m, g: {"x": m.res.backward(g["y"], m.ffn)},
                 lambda P, i, d: {"y": tm.residual(P, "res", i["x"], lambda h: tm.feed_forward(P, "ffn", h, d),
-                                                  pre_norm=pre, eps=1e-5, drops=d)},
+                                                  pre_norm=pre, eps=1e-5, replay=d)},
                 record_dropout=True)
 
 
@@ -462,8 +451,10 @@ def test_parity(case_id, dtype, kernels):
         run_parity(CASES[case_id], case_id, dtype)
 
 
-def run_parity(build, case_id: str, dtype: str) -> None:
-    """Build the case, run numformer and the mirror, assert every tensor within TOL[dtype]."""
+def run_parity(build, case_id: str, dtype: str, record: bool = True) -> None:
+    """Build the case, run numformer and the mirror, assert every tensor within TOL[dtype].
+
+    ``record``: count the errors in the run's measured worst (not for a planted bug)."""
     dt = DTYPES[dtype]
     rng = np.random.default_rng(zlib.crc32(case_id.encode()))  # same data for both dtypes
     case = build(rng, dt)
@@ -481,9 +472,11 @@ def run_parity(build, case_id: str, dtype: str) -> None:
     seeded = case.seeded or tuple(out)
     dys = {k: np.asarray(rng.standard_normal(np.shape(out[k])), dtype=dt) for k in seeded}
     dys_saved = {k: v.copy() for k, v in dys.items()}
-    drops = recorded_drops(m) if case.record_dropout else {}
+    # float32 against float64: numformer's ReLU branches are replayed (see the module docstring)
+    replay = recorded_decisions(m, dropout=case.record_dropout, relu=dt == np.float32)
     if case.record_dropout:
-        assert drops, "a dropout case recorded no mask"
+        assert any(isinstance(mod, Dropout) and n in replay for n, mod in m.named_modules()), \
+            "a dropout case recorded no mask"
     out = {k: np.array(v) for k, v in out.items()}  # snapshot before backward can reuse buffers
     in_grads = case.nf_backward(m, dys)
     for k in saved:
@@ -494,7 +487,7 @@ def run_parity(build, case_id: str, dtype: str) -> None:
 
     # The mirror: float64 autograd from the same upstream gradients.
     tin = {k: torch.tensor(v.astype(np.float64), requires_grad=True) for k, v in inputs.items()}
-    tout = case.torch_forward(P, tin, drops)
+    tout = case.torch_forward(P, tin, replay)
     assert set(tout) == set(out)
     total = sum((tout[k] * _t(dys[k].astype(np.float64))).sum() for k in seeded)
     total.backward()
@@ -520,7 +513,8 @@ def run_parity(build, case_id: str, dtype: str) -> None:
             continue
         errors[f"d {name}"] = rel(p.grad, t_grads[name])
     for where, e in errors.items():
-        _record(dtype, e, f"{case_id}: {where}")
+        if record:
+            record_worst(f"parity-{dtype}", e, f"{case_id}: {where}")
         if not e <= tol:  # also catches NaN
             bad.append(f"{where}: rel {e:.3g} > {tol}")
     assert not bad, f"{case_id} [{dtype}] disagrees with PyTorch:\n  " + "\n  ".join(bad)
@@ -614,7 +608,7 @@ def test_adam_noam_20_steps_matches_torch(clip):
             assert np.linalg.norm(p.data) <= 1e-6 and np.linalg.norm(t_values[name]) <= 1e-6, name
             continue
         e = rel(p.data, t_values[name])
-        _record("adam20-float64", e, f"{'clip' if clip else 'no-clip'}: {name}")
+        record_worst("parity-adam20-float64", e, f"{'clip' if clip else 'no-clip'}: {name}")
         if not e <= 1e-9:
             bad.append(f"{name}: rel {e:.3g}")
     assert not bad, "parameters after 20 Adam steps differ from torch.optim.Adam:\n  " + "\n  ".join(bad)
@@ -822,3 +816,86 @@ def test_parity_at_training_sizes(case_id, dtype, kernels):
     """As test_parity, at the small preset's training shape and base's layer shapes."""
     with kernel_mode(kernels):
         run_parity(REAL_CASES[case_id], case_id, dtype)
+
+
+# -- replaying the ReLU branches cannot hide a wrong ReLU ------------------------------------
+
+@pytest.mark.parametrize("case_id", ["FeedForward-base-shape", "Transformer-small-preset-dropout"])
+def test_planted_relu_backward_without_its_active_set_fails_float32_parity(case_id, monkeypatch):
+    """dx = dy (the active set forgotten) in numformer's ReLU: float32 parity fails at the first
+    feed-forward weights, although the mirror replays numformer's active sets."""
+    import numformer.layers.relu as relu_module  # noqa: PLC0415
+
+    monkeypatch.setattr(relu_module, "relu_backward", lambda dy, positive: dy)
+    with pytest.raises(AssertionError, match=r"ffn\.w_1\.weight|d w_1\.weight"):
+        run_parity(REAL_CASES[case_id], case_id, "float32", record=False)
+
+
+# At most this share of the ReLU pre-activations may fall on different sides of zero in float32 and
+# float64; measured 1 of 15.7 million on the small preset's case (6.4e-8). The largest float32 error
+# of a pre-activation there is 4.3e-6 of the layer's RMS, and a sign can only differ where the value
+# is within that error of zero: with roughly normal pre-activations that is under 1e-5 of them even
+# if every entry had the largest error.
+MAX_FLIP_SHARE = 1e-5
+# ... and every such entry lies within this fraction of the layer's RMS of zero in float64 (25 times
+# the largest float32 error measured): a threshold misplaced by more than that is a wrong ReLU.
+MAX_FLIP_DISTANCE = 1e-4
+
+
+def relu_decisions(case_id: str, dtype: str) -> dict:
+    """Every ReLU of one forward of a real-size case: name -> (its input as float64, the active set it chose)."""
+    rng = np.random.default_rng(zlib.crc32(case_id.encode()))  # the same data in both dtypes, as run_parity
+    case = REAL_CASES[case_id](rng, DTYPES[dtype])
+    m = case.module
+    m.train()
+    seen = {}
+    for name, mod in m.named_modules():
+        if isinstance(mod, ReLU):
+            def recording(x, name=name, mod=mod, forward=mod.forward):
+                y = forward(x)
+                seen[name] = (np.array(x, dtype=np.float64), np.array(mod._cache_positive, dtype=bool))
+                return y
+            mod.forward = recording  # this instance only
+    case.nf_forward(m, {k: np.asarray(v, dtype=DTYPES[dtype]) for k, v in case.inputs.items()})
+    return seen
+
+
+def assert_relu_sets_agree_up_to_rounding(got32: dict, got64: dict) -> int:
+    """Every ReLU's active set in float32 equals float64's except at entries within MAX_FLIP_DISTANCE
+    of the layer's RMS from zero, at most MAX_FLIP_SHARE of all entries; returns the number of flips."""
+    assert set(got32) == set(got64) and got64, "no ReLU ran"
+    flips = total = 0
+    for name, (x64, active64) in got64.items():
+        differ = got32[name][1] != active64
+        rms = float(np.sqrt(np.mean(x64 ** 2)))
+        far = np.abs(x64[differ]) > MAX_FLIP_DISTANCE * rms
+        assert not far.any(), (f"{name}: float32 and float64 take different ReLU branches at "
+                               f"{int(far.sum())} entries up to {np.abs(x64[differ]).max() / rms:.2g} RMS from zero")
+        flips += int(differ.sum())
+        total += x64.size
+    assert flips <= MAX_FLIP_SHARE * total, f"{flips} of {total} ReLU pre-activations change sign in float32"
+    return flips
+
+
+def test_float32_relu_active_sets_differ_from_float64_only_at_rounding_level():
+    case_id = "Transformer-small-preset-dropout"
+    flips = assert_relu_sets_agree_up_to_rounding(relu_decisions(case_id, "float32"),
+                                                  relu_decisions(case_id, "float64"))
+    print(f"\n{case_id}: {flips} ReLU pre-activations change sign between float32 and float64")
+
+
+def test_a_misplaced_float32_relu_threshold_is_caught(monkeypatch):
+    """A float32 ReLU active at x > 1e-3 instead of x > 0 flips a few thousand units: the check above fails."""
+    import numformer.layers.relu as relu_module  # noqa: PLC0415
+
+    case_id = "Transformer-small-preset-dropout"
+    got64 = relu_decisions(case_id, "float64")
+    right = relu_module.relu_forward
+
+    def shifted(x):
+        y, positive = right(x)
+        return y, (x > 1e-3 if x.dtype == np.float32 else positive)
+
+    monkeypatch.setattr(relu_module, "relu_forward", shifted)
+    with pytest.raises(AssertionError, match="different ReLU branches"):
+        assert_relu_sets_agree_up_to_rounding(relu_decisions(case_id, "float32"), got64)

@@ -1,0 +1,240 @@
+"""The tolerance-based suites under several CPU configurations of one machine, as one table.
+
+    python3 tests/cpu_matrix.py                        # every configuration, every suite (about an hour on 2 cores)
+    python3 tests/cpu_matrix.py --configs native,oldest --suites parity,kernels
+    python3 tests/cpu_matrix.py --ci                   # what CI runs: one non-native configuration, float32 suites
+
+A result of numformer's must not depend on which x86 kernels compute it. On one machine the
+kernels can be changed without changing the machine:
+
+* OpenBLAS's kernel (``OPENBLAS_CORETYPE``): SkylakeX (AVX-512, where the CPU has it), Haswell
+  (AVX2 + FMA), Sandybridge (AVX without FMA: every product rounded before it is added);
+* numpy's runtime dispatch (``NPY_DISABLE_CPU_FEATURES``): every dispatch target this CPU
+  supports switched off, so numpy's own loops (sums, exp, the elementwise kernels) run on its
+  baseline instructions;
+* the thread count of numformer's host threads and of OpenBLAS (``NUMFORMER_NUM_THREADS``,
+  ``OPENBLAS_NUM_THREADS``): another split of every threaded sum and GEMM;
+* PyTorch's CPU kernels (``ATEN_CPU_CAPABILITY=default``) for the reference itself.
+
+Suites (each a fresh process per configuration):
+
+* ``parity``: tests/test_torch_parity.py (numformer against the PyTorch mirror, float64 and float32);
+* ``kernels``: tests/test_kernels.py (every fast kernel against the plain math);
+* ``decoding``: tests/test_decode_vs_torch.py (the searches against a PyTorch decoder);
+* ``numerics``: the other tests with floating-point bounds (precision modes, gradient statistics,
+  the checker's own tests, cached decoding, checkpoint averaging);
+* ``grad_checks``: ``python -m grad_checks --json`` (float64 finite differences, fast kernels).
+
+The table has one row per configuration: the OpenBLAS kernel the process really loaded, numpy's
+dispatch targets, the threads, passed and failed tests per suite, and the worst error each suite
+measured (tests/worst_error.py). The exit status is 1 when any test failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTEST_SUITES = {
+    "parity": ["tests/test_torch_parity.py"],
+    "kernels": ["tests/test_kernels.py"],
+    "decoding": ["tests/test_decode_vs_torch.py"],
+    "numerics": ["tests/test_precision.py", "tests/test_grad_stats.py", "tests/test_gradcheck.py",
+                 "tests/test_model.py", "tests/test_checkpoint.py"],
+}
+SUITES = [*PYTEST_SUITES, "grad_checks"]
+# The worst errors shown, in this order: (column title, key recorded by the tests).
+WORST_COLUMNS = [("parity f32", "parity-float32"), ("parity f64", "parity-float64"),
+                 ("kernels f32", "kernels-float32"), ("kernels f64", "kernels-float64"),
+                 ("decode gap", "decode-vs-torch-score-float64")]
+
+# Asks a child process what it really runs on (the variables are read when the libraries load).
+PROBE = r"""
+import ctypes, json, os
+import numpy as np
+from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+core = "?"
+for line in open("/proc/self/maps"):
+    if "openblas" in line and ".so" in line:
+        path = line.split()[-1]
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename64_",
+                     "openblas_get_corename"):
+            if hasattr(lib, name):
+                fn = getattr(lib, name); fn.restype = ctypes.c_char_p; core = fn().decode(); break
+        break
+from numformer.kernels.threads import get_num_threads
+print(json.dumps({"openblas": core, "numpy": [d for d in __cpu_dispatch__ if __cpu_features__.get(d)],
+                  "threads": get_num_threads()}))
+"""
+
+
+def cpu_flags() -> set:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def numpy_dispatch_found() -> list:
+    """numpy's runtime dispatch targets that this CPU supports (what NPY_DISABLE_CPU_FEATURES can switch off)."""
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__  # noqa: PLC0415
+    return [d for d in __cpu_dispatch__ if __cpu_features__.get(d)]
+
+
+def configurations() -> dict:
+    """name -> environment variables, for this CPU (a kernel the CPU cannot run is left out)."""
+    flags = cpu_flags()
+    older = "Sandybridge" if "avx" in flags else "Nehalem"
+    baseline = " ".join(numpy_dispatch_found())
+    configs = {"native": {}}
+    if "avx512f" in flags:
+        configs["openblas-SkylakeX"] = {"OPENBLAS_CORETYPE": "SkylakeX"}
+    if "avx2" in flags and "fma" in flags:
+        configs["openblas-Haswell"] = {"OPENBLAS_CORETYPE": "Haswell"}
+    configs[f"openblas-{older}"] = {"OPENBLAS_CORETYPE": older}
+    if baseline:
+        configs["numpy-baseline"] = {"NPY_DISABLE_CPU_FEATURES": baseline}
+    configs["threads-1"] = {"NUMFORMER_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    configs["threads-3"] = {"NUMFORMER_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "3"}
+    configs["oldest"] = {"OPENBLAS_CORETYPE": older, "NUMFORMER_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "3",
+                         "ATEN_CPU_CAPABILITY": "default", **({"NPY_DISABLE_CPU_FEATURES": baseline} if baseline else {})}
+    return configs
+
+
+def probe(env: dict) -> dict:
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"openblas": "?", "numpy": ["?"], "threads": "?", "error": out.stderr.strip().splitlines()[-1:]}
+    return json.loads(out.stdout)
+
+
+def run_pytest(suites: list, env: dict, select: str | None, work: Path) -> tuple[dict, dict, str]:
+    """One pytest process over the suites' files: ({suite: (passed, failed)}, {worst key: value}, tail)."""
+    files = [f for s in suites for f in PYTEST_SUITES[s]]
+    junit, cache = work / "junit.xml", work / "cache"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-o", f"cache_dir={cache}", f"--junitxml={junit}", *files]
+    if select:
+        cmd += ["-k", select]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    counts = {s: [0, 0] for s in suites}
+    owner = {f: s for s in suites for f in PYTEST_SUITES[s]}
+    if junit.exists():
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            path = case.get("classname", "").replace(".", "/")  # tests.test_kernels -> tests/test_kernels
+            suite = next((s for f, s in owner.items() if path.startswith(f[:-3])), None)
+            if suite is None or case.find("skipped") is not None:
+                continue
+            failed = case.find("failure") is not None or case.find("error") is not None
+            counts[suite][1 if failed else 0] += 1
+    if proc.returncode not in (0, 1) and not any(sum(c) for c in counts.values()):  # collection broke
+        for s in suites:
+            counts[s][1] += 1
+    worst_file = cache / "v" / "numformer" / "worst_error"
+    worst = {k: v["value"] for k, v in json.loads(worst_file.read_text()).items()} if worst_file.exists() else {}
+    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+    return {s: tuple(c) for s, c in counts.items()}, worst, tail
+
+
+def run_grad_checks(env: dict) -> tuple[tuple, float, str]:
+    proc = subprocess.run([sys.executable, "-m", "grad_checks", "--json"], env=env, cwd=ROOT, capture_output=True,
+                          text=True)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return (0, 1), float("nan"), (proc.stdout + proc.stderr)[-2000:]
+    return (report["checks"] - report["failed"], report["failed"]), report["max_rel_error"], ""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 tests/cpu_matrix.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", help="comma-separated configuration names (default: all); --list shows them")
+    ap.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated, of {', '.join(SUITES)}")
+    ap.add_argument("-k", dest="select", help="pytest -k expression for the pytest suites (e.g. float32)")
+    ap.add_argument("--ci", action="store_true",
+                    help="CI's run: the 'oldest' configuration, parity and kernels, float32 cases only")
+    ap.add_argument("--list", action="store_true", help="print the configurations and their variables")
+    ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    args = ap.parse_args(argv)
+
+    configs = configurations()
+    if args.list:
+        for name, env in configs.items():
+            print(f"{name:20s} {' '.join(f'{k}={v}' for k, v in env.items()) or '(nothing set)'}")
+        return 0
+    if args.ci:
+        args.configs, args.suites, args.select = "oldest", "parity,kernels", "float32"
+    names = args.configs.split(",") if args.configs else list(configs)
+    suites = args.suites.split(",")
+    unknown = [n for n in names if n not in configs] + [s for s in suites if s not in SUITES]
+    if unknown:
+        print(f"cpu_matrix: unknown configuration or suite {', '.join(unknown)} (see --list and --help)",
+              file=sys.stderr)
+        return 2
+
+    rows, tails = [], {}
+    pytest_suites = [s for s in suites if s in PYTEST_SUITES]
+    for i, name in enumerate(names, 1):
+        env = {**os.environ, **configs[name], "PYTHONUNBUFFERED": "1"}
+        start = time.monotonic()
+        print(f"[{i}/{len(names)}] {name}: {' '.join(f'{k}={v}' for k, v in configs[name].items()) or 'as is'}",
+              flush=True)
+        info = probe(env)
+        row = {"config": name, "env": configs[name], **info, "suites": {}, "worst": {}}
+        with tempfile.TemporaryDirectory() as tmp:
+            if pytest_suites:
+                counts, worst, tail = run_pytest(pytest_suites, env, args.select, Path(tmp))
+                row["suites"].update(counts)
+                row["worst"].update(worst)
+                if any(f for _, f in counts.values()):
+                    tails[name] = tail
+        if "grad_checks" in suites:
+            counts, worst, tail = run_grad_checks(env)
+            row["suites"]["grad_checks"] = counts
+            row["worst"]["grad_checks"] = worst
+            if counts[1]:
+                tails[f"{name} grad_checks"] = tail
+        row["seconds"] = round(time.monotonic() - start)
+        rows.append(row)
+        print(f"    {row['seconds']} s: " + ", ".join(f"{s} {p} passed {f} failed" for s, (p, f) in
+                                                      row["suites"].items()), flush=True)
+
+    print_table(rows, suites)
+    for name, tail in tails.items():
+        print(f"\n--- {name}: the end of its output\n{tail}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    passed = sum(p for r in rows for p, _ in r["suites"].values())
+    failed = sum(f for r in rows for _, f in r["suites"].values())
+    print(f"cpu_matrix: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def print_table(rows: list, suites: list) -> None:
+    columns = [(title, key) for title, key in WORST_COLUMNS if any(key in r["worst"] for r in rows)]
+    if "grad_checks" in suites:
+        columns.append(("grad checks", "grad_checks"))
+    head = ["configuration", "OpenBLAS", "numpy dispatch", "threads", *[f"{s} pass/fail" for s in suites],
+            *[f"worst {t}" for t, _ in columns], "s"]
+    print("\n| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        cells = [r["config"], str(r["openblas"]), " ".join(r["numpy"]) or "baseline", str(r["threads"])]
+        cells += [f"{r['suites'][s][0]}/{r['suites'][s][1]}" if s in r["suites"] else "-" for s in suites]
+        cells += [f"{r['worst'][k]:.2e}" if k in r["worst"] else "-" for _, k in columns]
+        cells.append(str(r["seconds"]))
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
