@@ -65,29 +65,33 @@ def param_norm(p, grad: bool = True) -> float:
     return float(to_host(xp.sqrt(xp.vdot(a, a).astype(xp.float64))))
 
 
-def bible_data(folder, log=print):
+def bible_data(folder, log=print, vocab_size: int | None = None):
     """The ``bible-en-es`` corpus prepared into ``folder`` (vocabulary and encoded splits), built from the
-    installed SWORD modules on first use and reused after (numformer.prepare)."""
+    installed SWORD modules on first use and reused after (numformer.prepare). ``vocab_size``: None for
+    the corpus's default (8,000 pieces), else that many, in ``folder/vN`` (so both can be kept)."""
     from ..prepare import prepare  # noqa: PLC0415  (only the studies that use real sentences need it)
 
-    return prepare(Path(folder), corpus="bible-en-es", log=lambda line: log(f"data: {line}"))
+    folder = Path(folder) if vocab_size is None else Path(folder) / f"v{vocab_size}"
+    return prepare(folder, corpus="bible-en-es", vocab_size=vocab_size, log=lambda line: log(f"data: {line}"))
 
 
 class Budget:
-    """Progress of a study against the time its docstring states: ``[name] 3/24 done, 0.6 min, ~1.2 min left
-    (stated: at most 4 min on 2 cores)``, one line per unit of work."""
+    """Progress of a study against the time its docstring states, one line per piece of work:
+    ``[name] 3/24 xavier post-LN seed 1 | 0.6 min, ~1.2 min left (stated: at most 6 min on 2 cores)``.
+    ``units`` is the total work; each :meth:`step` adds ``weight`` of it (e.g. the layers of a model)."""
 
-    def __init__(self, name: str, units: int, minutes: float, log=print):
+    def __init__(self, name: str, units: float, minutes: float, log=print):
         self.name, self.units, self.minutes, self.log = name, max(units, 1), minutes, log
-        self.done = 0
+        self.done, self.pieces = 0.0, 0
         self.start = time.perf_counter()
 
-    def step(self, what: str = "") -> None:
-        self.done += 1
+    def step(self, what: str = "", weight: float = 1) -> None:
+        self.done += weight
+        self.pieces += 1
         spent = time.perf_counter() - self.start
-        left = spent / self.done * (self.units - self.done)
-        self.log(f"[{self.name}] {self.done}/{self.units} {what} | {spent / 60:.1f} min, ~{left / 60:.1f} min left "
-                 f"(stated: at most {self.minutes:g} min on 2 cores)")
+        left = spent / self.done * max(self.units - self.done, 0)
+        self.log(f"[{self.name}] {self.pieces} {what} | {100 * self.done / self.units:.0f}% of the work, "
+                 f"{spent / 60:.1f} min, ~{left / 60:.1f} min left (stated: at most {self.minutes:g} min on 2 cores)")
 
     @property
     def seconds(self) -> float:
