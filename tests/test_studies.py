@@ -48,7 +48,8 @@ def test_output_change_post_ln_amplifies_updates_with_depth():
     results = output_change.measure(output_change.SMALL, log=_quiet)
     assert output_change.check(results) == []
     rows = {(r["update"], r["placement"]): r for r in output_change.findings(results)}
-    assert rows["random", "post-LN"]["exponent"] > rows["random", "pre-LN"]["exponent"] + 0.25
+    assert rows["random", "post-LN"]["exponent"] > 1.0  # O(N) or faster; pre-LN's is lower (check())
+    assert rows["adam", "post-LN"]["post_over_pre_deepest"] > output_change.POST_OVER_PRE_MIN
 
 
 def test_output_change_check_fails_when_both_placements_are_post_ln(monkeypatch):
@@ -66,8 +67,10 @@ def test_warmup_post_ln_fails_without_warmup_where_the_others_learn(warmup_runs)
     results = warmup.measure(warmup.SMALL, warmup_runs, log=_quiet)
     assert warmup.check(results) == []
     rows = {r["run"]: r for r in warmup.findings(results)}
-    assert not rows["post-LN-nowarmup"]["learns"]
-    assert rows["post-LN-warmup40"]["learns"] and rows["pre-LN-nowarmup"]["learns"]
+    cfg = warmup.SMALL
+    assert not rows[warmup.run_name("post-LN", False, cfg)]["learns"]
+    assert all(rows[warmup.run_name(p, w, cfg)]["learns"] for p, w in (("post-LN", True), ("pre-LN", True),
+                                                                        ("pre-LN", False)))
 
 
 def test_warmup_check_fails_when_both_placements_are_post_ln(warmup_runs, monkeypatch):
