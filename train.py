@@ -162,10 +162,11 @@ def parse_args(argv=None):
     r.add_argument("--log-grads", type=nonneg_int, metavar="N",
                    help="every N steps write per-tensor gradient, weight, update and activation statistics to "
                         "OUT/grad_stats.jsonl (0: off; default off); draw them with python -m numformer.plot OUT")
-    r.add_argument("--tensorboard", action="store_true", default=None,
+    r.add_argument("--tensorboard", action=argparse.BooleanOptionalAction, default=None,
                    help="also write TensorBoard event files into OUT (scalars; with --log-grads N, weight and "
                         "gradient histograms per layer; attention images at each validation); view them with "
-                        "tensorboard --logdir OUT. Needs pip install 'numformer[tensorboard]'")
+                        "tensorboard --logdir OUT (default off; with --resume, the run's). Needs pip install "
+                        "'numformer[tensorboard]'; see docs/tensorboard.md")
     r.add_argument("--beam", type=positive_int, default=4, help="beam size for the final test translation")
     r.add_argument("--alpha", type=nonneg_float, default=0.6, help="length penalty for the final test translation")
     r.add_argument("--no-test", action="store_true", help="skip translating the test set at the end")

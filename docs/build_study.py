@@ -218,11 +218,12 @@ study = ln_placement.run(Path(tempfile.mkdtemp()), ln_placement.SMALL, log=lambd
 print(open(study["files"][1]).read())
 display(Image(filename=study["files"][0]))"""),
     ("markdown", """\
-Read the decoder row: with Xavier initialisation post-LN's gradient rises toward the last layer and
-pre-LN's does not, the paper's picture. With numformer's default initialisation the rise is gone: its
-residual branches start small (the `branch` column, `std(F(x)) / std(x)`), so each post-LN LayerNorm barely
-rescales the stream and the gradient no longer shrinks on its way down. The encoder is flat in every case.
-A finding that depends on the initialisation is still a finding: the theorem needs its assumptions."""),
+Read the decoder rows: with Xavier initialisation post-LN's gradient rises toward the last layer and
+pre-LN's does not (it falls gently), the paper's picture. With numformer's default initialisation the rise
+is gone: its residual branches start small (the `branch` column, `std(F(x)) / std(x)`), so each post-LN
+LayerNorm barely rescales the stream and the gradient no longer shrinks on its way down. The encoder's
+post-LN gradient does not rise even with Xavier. A finding that depends on the initialisation is still a
+finding: the theorem needs its assumptions."""),
 ]
 CELLS[-1:-1] = LN_PLACEMENT_CELLS
 

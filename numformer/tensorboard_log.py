@@ -45,7 +45,8 @@ def require_writer():
     try:
         from tensorboardX import SummaryWriter  # noqa: PLC0415
     except ImportError:
-        raise UsageError(f"--tensorboard needs tensorboardX (and tensorboard to view the files): {INSTALL}") from None
+        raise UsageError(f"--tensorboard needs tensorboardX (and tensorboard to view the files): {INSTALL} "
+                         "(or train without event files: --no-tensorboard)") from None
     return SummaryWriter
 
 
@@ -104,11 +105,19 @@ class TensorBoardLog:
         self.sentence = pick_sentence(data)
         self._writer = None
 
+    def open(self, step: int = 0) -> None:
+        """Start writing at optimizer step ``step`` (when training starts, after a resume). A resumed run
+        asks TensorBoard to hide the events after ``step`` that an earlier attempt wrote (purge_step): its
+        checkpoint does not hold that work, as the trainer drops those lines of metrics.jsonl too."""
+        if self._writer is None:
+            self._writer = self._writer_class(logdir=str(self.out), flush_secs=30,
+                                              purge_step=step + 1 if step > 0 else None)
+
     @property
     def writer(self):
-        """Opened on first use: the run folder exists (and passed the trainer's checks) by then."""
+        """The open writer (opened at step 0 if :meth:`open` was not called)."""
         if self._writer is None:
-            self._writer = self._writer_class(logdir=str(self.out), flush_secs=30)
+            self.open(0)
         return self._writer
 
     def metrics(self, record: dict) -> None:

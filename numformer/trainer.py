@@ -589,6 +589,8 @@ class Trainer:
         cfg, world = self.cfg, self.world
         world.on_main(self._prepare_folder)  # rank 0's run folder; a failure there stops every rank
         self._sync_replicas()
+        if self.tensorboard is not None:  # after a resume: events past the checkpoint's step are hidden
+            self.tensorboard.open(self.optimizer.step_count)
         self._interrupted = self._stop_requested = False
         self.model.train()
         bar = None

@@ -2,6 +2,7 @@
 its check() clear the measured figures with margin), and a planted change (both placements made the same)
 makes that check fail. The CLI lists the studies and writes the picture, table and numbers of one."""
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -80,7 +81,7 @@ def test_warmup_check_fails_when_both_placements_are_post_ln(warmup_runs, monkey
 
 
 def test_cli_lists_the_studies_and_refuses_an_unknown_one():
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     listed = subprocess.run([sys.executable, "-m", "numformer.studies", "--list"], capture_output=True, text=True,
                             env=env, cwd=ROOT)
     assert listed.returncode == 0

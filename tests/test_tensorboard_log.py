@@ -18,6 +18,7 @@ pytest.importorskip("tensorboard", reason="the tensorboard extra: pip install -e
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
+from numformer.checkpoint import step_checkpoint_path  # noqa: E402
 from numformer.tensorboard_log import attention_image, scalar_tag, tensor_tag  # noqa: E402
 
 STEPS, LOG_GRADS, EVAL_EVERY = 20, 10, 10
@@ -164,3 +165,22 @@ def test_no_extra_host_read_per_step(monkeypatch, tmp_path):
     assert at_save[0] == {"get": steps}, at_save
     ea = _events(tmp_path)
     assert [e.step for e in ea.Scalars("train/loss")] == list(range(1, steps + 1))
+
+
+def test_a_resumed_run_hides_the_events_its_checkpoint_does_not_hold(tmp_path):
+    """Killed after step 8's log line but before its checkpoint: --resume continues from step 4, and
+    TensorBoard shows steps 6 and 8 once, from the resumed run (as metrics.jsonl keeps them once)."""
+    out = tmp_path / "run"
+    args = ["--task", "copy", "--preset", "tiny", "--max-tokens", "600", "--out", str(out), "--no-progress",
+            "--no-test", "--log-every", "2", "--eval-every", "0", "--average-last", "1", "--save-every", "4",
+            "--max-steps", "8", "--tensorboard"]
+    assert train.main(args) == 0
+    step_checkpoint_path(out, 8).unlink()
+    assert train.main(args + ["--resume"]) == 0
+    assert len(list(out.glob("events.out.tfevents.*"))) == 2
+    ea = EventAccumulator(str(out), size_guidance={"scalars": 0})
+    ea.Reload()
+    metrics = {r["step"]: r["train_loss"] for r in _jsonl(out / "metrics.jsonl") if "train_loss" in r}
+    events = ea.Scalars("train/loss")
+    assert [e.step for e in events] == sorted(metrics) == [2, 4, 6, 8]
+    assert all(math.isclose(e.value, metrics[e.step], rel_tol=1e-6) for e in events)
