@@ -76,7 +76,8 @@ def test_warmup_post_ln_fails_without_warmup_where_the_others_learn(warmup_runs)
 
 def test_warmup_check_fails_when_both_placements_are_post_ln(warmup_runs, monkeypatch):
     monkeypatch.setattr(warmup, "PRE_NORM", SAME)
-    failed = warmup.check(warmup.measure(warmup.SMALL, warmup_runs, log=_quiet))
+    # the planted change leaves the post-LN runs as they were: only the "pre-LN" ones are run again
+    failed = warmup.check(warmup.measure(replace(warmup.SMALL, placements=("pre-LN",)), warmup_runs, log=_quiet))
     assert any("pre-LN-nowarmup" in f for f in failed), failed
 
 

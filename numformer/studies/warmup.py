@@ -64,9 +64,10 @@ MINUTES = 10
 #: The placements compared, by name -> ModelConfig.pre_norm (a test plants a change here).
 PRE_NORM = {"post-LN": False, "pre-LN": True}
 
-# The qualitative finding as margins against the context-free floor (checked by check()), in nats.
-LEARNS_BELOW = 0.1      # a run "learns" when its late loss is at least this far below the floor
-FAILS_ABOVE = -0.05     # post-LN without warm-up "fails" when its late loss is no more than this below it
+# The qualitative finding (checked by check()): a run learns when its late loss is more than LEARNED nats
+# below the context-free floor; post-LN without warm-up must not, the three others must. Measured: FULL
+# post-LN without warm-up 0.07 above the floor, the others 0.14 to 0.6 below; SMALL 0.00, 0.32 to 0.88.
+LEARNED = 0.1
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class Config:
     warmup: int = 50
     seed: int = 1
     log_every: int = 5
+    placements: tuple = ("post-LN", "pre-LN")   # keys of PRE_NORM to run
 
 
 FULL = Config()
@@ -134,8 +136,9 @@ def measure(cfg: Config = FULL, out="runs/studies", log=print) -> dict:
     out = Path(out)
     data = load_data(cfg, out / "data", log)
     runs = {}
-    budget = Budget(NAME, 2 * len(PRE_NORM), MINUTES, log)
-    for placement, pre_norm in PRE_NORM.items():
+    budget = Budget(NAME, 2 * len(cfg.placements), MINUTES, log)
+    for placement in cfg.placements:
+        pre_norm = PRE_NORM[placement]
         for warm in (True, False):
             name = run_name(placement, warm, cfg)
             folder = out / NAME / name
@@ -178,7 +181,7 @@ def findings(results: dict) -> list[dict]:
         late = late_loss(r)
         rows.append({"run": name, "placement": r["placement"], "warmup": r["warmup"], "late_loss": late,
                      "below_floor": floor - late, "peak_grad_norm": float(max(r["grad_norm"])),
-                     "learns": floor - late > LEARNS_BELOW})
+                     "learns": floor - late > LEARNED})
     return rows
 
 
@@ -189,16 +192,15 @@ def expectation(row: dict) -> str:
 
 
 def check(results: dict) -> list[str]:
-    """post-LN without warm-up stays at the floor (less than -FAILS_ABOVE below it); the three other runs
-    get more than LEARNS_BELOW below it. Returns what fails."""
+    """post-LN without warm-up does not get more than LEARNED below the floor; the three other runs do.
+    Returns what fails (empty: the finding holds)."""
     failed = []
     for r in findings(results):
         gap = r["below_floor"]
-        if expectation(r) == "fails to learn":
-            if not gap < -FAILS_ABOVE:
-                failed.append(f"{r['run']}: {gap:.2f} below the floor, expected less than {-FAILS_ABOVE} (no learning)")
-        elif not gap > LEARNS_BELOW:
-            failed.append(f"{r['run']}: {gap:.2f} below the floor, expected more than {LEARNS_BELOW} (learning)")
+        if expectation(r) == "fails to learn" and r["learns"]:
+            failed.append(f"{r['run']}: {gap:.2f} below the floor, expected less than {LEARNED} (no learning)")
+        elif expectation(r) == "learns" and not r["learns"]:
+            failed.append(f"{r['run']}: {gap:.2f} below the floor, expected more than {LEARNED} (learning)")
     return failed
 
 
@@ -211,8 +213,8 @@ def table(results: dict) -> str:
             f"Context-free floor (entropy of the smoothed target unigram distribution): {floor['loss']:.3f} "
             f"(NLL {floor['nll']:.3f}). late loss = mean training loss over the last quarter of the steps.\n\n")
     failed = check(results)
-    tail = ("\nCheck: " + (f"the finding holds (post-LN without warm-up less than {-FAILS_ABOVE} below the floor, "
-                           f"the others more than {LEARNS_BELOW} below it)" if not failed
+    tail = ("\nCheck: " + (f"the finding holds (post-LN without warm-up less than {LEARNED} below the floor, "
+                           f"the others more than {LEARNED} below it)" if not failed
                            else "FAILED: " + "; ".join(failed)) + f"\n\nMeasured in {results['seconds']:.0f} s.\n")
     return head + markdown_table(["run", "placement", "warm-up", "late loss", "below floor", "peak grad norm",
                                   "numformer", "paper"], rows) + tail
