@@ -44,6 +44,12 @@ def runs(tmp_path_factory):
     return base / "with", base / "without"
 
 
+@pytest.fixture(scope="module")
+def events(runs):
+    """The --tensorboard run's event files, read once."""
+    return _events(runs[0])
+
+
 def _events(folder: Path) -> EventAccumulator:
     files = list(folder.glob("events.out.tfevents.*"))
     assert len(files) == 1, files
@@ -52,8 +58,8 @@ def _events(folder: Path) -> EventAccumulator:
     return ea
 
 
-def test_scalars_are_the_numbers_of_metrics_jsonl(runs):
-    ea = _events(runs[0])
+def test_scalars_are_the_numbers_of_metrics_jsonl(runs, events):
+    ea = events
     metrics = _jsonl(runs[0] / "metrics.jsonl")
     expected = {}
     for record in metrics:
@@ -72,8 +78,8 @@ def test_scalars_are_the_numbers_of_metrics_jsonl(runs):
     assert sorted(expected["valid/loss"]) == list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY))
 
 
-def test_histograms_per_layer_hold_every_gradient_of_the_logged_steps(runs):
-    ea = _events(runs[0])
+def test_histograms_per_layer_hold_every_gradient_of_the_logged_steps(runs, events):
+    ea = events
     stats = _jsonl(runs[0] / "grad_stats.jsonl")
     assert [s["step"] for s in stats] == list(range(LOG_GRADS, STEPS + 1, LOG_GRADS))
     tags = set(ea.Tags()["histograms"])
@@ -89,8 +95,8 @@ def test_histograms_per_layer_hold_every_gradient_of_the_logged_steps(runs):
             assert h.max <= row["grad_max"] * (1 + 1e-6) + 1e-30 and -h.min <= row["grad_max"] * (1 + 1e-6) + 1e-30
 
 
-def test_attention_images_of_each_validation(runs):
-    ea = _events(runs[0])
+def test_attention_images_of_each_validation(events):
+    ea = events
     want = {f"attention/{kind}_layer{i}" for kind in ("encoder", "decoder", "cross") for i in (1, 2)}
     assert set(ea.Tags()["images"]) == want
     for tag in want:
