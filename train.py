@@ -51,6 +51,7 @@ from numformer.precision import check_precision
 from numformer.prepare import (CORPORA, DEFAULT_VOCAB_SAMPLE, PreparedData, manifest_digest, open_shared_train,
                                prepare)
 from numformer.presets import PRESETS, ModelConfig, get_preset
+from numformer.tensorboard_log import require_writer
 from numformer.trainer import TrainConfig, Trainer
 from numformer.translation import DecodeOptions, score_translations, translate_lines
 
@@ -96,7 +97,7 @@ RUN_DEFAULTS = dict(clip_norm=0.0, max_len=256, keep_last=5, average_last=5, eva
                     seed=1, log_grads=0)
 TRAIN_FLAGS = ("max_steps", "max_minutes", "max_tokens", "accum", "warmup", "lr_factor", "clip_norm", "max_len",
                "save_every", "save_every_minutes", "keep_last", "average_last", "eval_every", "eval_sentences",
-               "log_every", "seed", "max_nonfinite_in_a_row", "log_grads", "dropout_rng", "precision")
+               "log_every", "seed", "max_nonfinite_in_a_row", "log_grads", "dropout_rng", "precision", "tensorboard")
 
 
 def parse_args(argv=None):
@@ -161,6 +162,11 @@ def parse_args(argv=None):
     r.add_argument("--log-grads", type=nonneg_int, metavar="N",
                    help="every N steps write per-tensor gradient, weight, update and activation statistics to "
                         "OUT/grad_stats.jsonl (0: off; default off); draw them with python -m numformer.plot OUT")
+    r.add_argument("--tensorboard", action=argparse.BooleanOptionalAction, default=None,
+                   help="also write TensorBoard event files into OUT (scalars; with --log-grads N, weight and "
+                        "gradient histograms per layer; attention images at each validation); view them with "
+                        "tensorboard --logdir OUT (default off; with --resume, the run's). Needs pip install "
+                        "'numformer[tensorboard]'; see docs/tensorboard.md")
     r.add_argument("--beam", type=positive_int, default=4, help="beam size for the final test translation")
     r.add_argument("--alpha", type=nonneg_float, default=0.6, help="length penalty for the final test translation")
     r.add_argument("--no-test", action="store_true", help="skip translating the test set at the end")
@@ -316,6 +322,8 @@ def _settle(args, device: str):
     out, prev, flags, preset = _settle_run(args, device)
     tcfg = _train_config(args, preset, prev, device)
     check_precision(tcfg.precision, device)  # refused now, before the run folder is written
+    if tcfg.tensorboard:
+        require_writer()  # a missing optional package: one line with the pip command, exit 2
     overrides = dict(pre_norm=args.pre_norm, tie_embeddings=not args.untied)
     if prev is not None and isinstance(prev.get("model_config"), dict):
         run_cfg = prev["model_config"]

@@ -195,6 +195,38 @@ Where to go next: `docs/backward.md` derives the attention and LayerNorm backwar
 pictures for any run trained with `--log-grads N`."""),
 ]
 
+# --- Section 6: a study from the literature (numformer/studies/ln_placement.py; docs/studies.md) -----------------
+# Its own cells, placed before the closing "Where to go next" cell. The notebook runs the study's small
+# configuration (the one its CI test runs: seconds); the full study is one command.
+LN_PLACEMENT_CELLS = [
+    ("markdown", """\
+## 6. A study from the literature: where LayerNorm sits
+
+Xiong et al. 2020 ("On Layer Normalization in the Transformer Architecture", Figure 3 and Theorem 1) showed
+that at initialisation the gradient of each layer's feed-forward weights grows toward the output in a
+post-LN Transformer (the paper's `LN(x + F(x))`) and stays about flat in a pre-LN one (`x + F(LN(x))`),
+which is why post-LN needs a learning-rate warm-up. `numformer.studies.ln_placement` measures it on
+numformer: the gradient norm of every layer's $W_2$ at initialisation, both placements, both of numformer's
+initialisations (`xavier`, the theorem's assumption, and `pytorch`, numformer's default). Here its small
+configuration (6 + 6 layers, d_model 128, random tokens, two seeds); the full study (base's shape, random
+tokens and real sentences, three seeds) is `python -m numformer.studies ln-placement`, and
+`docs/studies.md` has its numbers."""),
+    ("code", """\
+from numformer.studies import ln_placement
+
+study = ln_placement.run(Path(tempfile.mkdtemp()), ln_placement.SMALL, log=lambda line: None)
+print(open(study["files"][1]).read())
+display(Image(filename=study["files"][0]))"""),
+    ("markdown", """\
+Read the decoder rows: with Xavier initialisation post-LN's gradient rises toward the last layer and
+pre-LN's does not (it falls gently), the paper's picture. With numformer's default initialisation the rise
+is gone: its residual branches start small (the `branch` column, `std(F(x)) / std(x)`), so each post-LN
+LayerNorm barely rescales the stream and the gradient no longer shrinks on its way down. The encoder's
+post-LN gradient does not rise even with Xavier. A finding that depends on the initialisation is still a
+finding: the theorem needs its assumptions."""),
+]
+CELLS[-1:-1] = LN_PLACEMENT_CELLS
+
 
 def build():
     import nbformat  # noqa: PLC0415

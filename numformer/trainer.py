@@ -70,6 +70,7 @@ from .backend import to_host
 from .data import plan_batches
 from .distributed import SINGLE, GradientBucket, broadcast_arrays_, mark_collective, shard_batches
 from .grad_stats import GradStats
+from .tensorboard_log import TensorBoardLog
 from .loss import LabelSmoothedCrossEntropy
 from .data import DataError
 from .optim import Adam, NoamSchedule, clip_grad_norm, grad_norm
@@ -100,6 +101,7 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 1
     log_grads: int = 0             # record per-layer gradient statistics every N steps (0: off)
+    tensorboard: bool = False      # also write TensorBoard event files (numformer/tensorboard_log.py)
     dropout_rng: str = "stream"    # "stream": one generator per run; "batch": reseeded per batch (see above)
     precision: str = "fp32"        # matmuls: fp32, tf32 (GPU) or fp16 with loss scaling (numformer/precision.py)
     max_nonfinite_in_a_row: int = 10  # this many skipped (non-finite) steps in a row stop training
@@ -174,6 +176,7 @@ class Trainer:
 
     world = SINGLE  # (class defaults: one process, for instances made without __init__)
     _bucket = None
+    tensorboard = None  # a TensorBoardLog with cfg.tensorboard (rank 0)
     _stop_requested = False
     _batch_seeded = False
 
@@ -203,6 +206,7 @@ class Trainer:
         self._epoch_batches = None
         self.metrics_path = self.out / "metrics.jsonl"
         self.grad_stats = GradStats(model, self.out / "grad_stats.jsonl") if cfg.log_grads and world.is_main else None
+        self.tensorboard = TensorBoardLog(self.out, model, data) if cfg.tensorboard and world.is_main else None
         self._interrupted = False
         self._stop_requested = False  # a signal seen by this rank, acted on once all ranks know (several ranks)
         # Several ranks: every gradient a view into one buffer (two extra slots carry the loss and the
@@ -310,6 +314,8 @@ class Trainer:
             return loss_total, nll_total, n_tokens, gnorm, False
         if stats is not None:
             stats.before_step()
+            if self.tensorboard is not None:  # weight and gradient histograms on the same steps
+                self.tensorboard.histograms(self.optimizer.step_count + 1)
         self.optimizer.step(zero_grad=True)  # each gradient zeroed as soon as its update has read it
         if stats is not None:
             stats.after_step(self.optimizer.step_count)  # uses the gradient norms before_step took
@@ -555,6 +561,8 @@ class Trainer:
             return
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:  # the same numbers as event files (and attention images after validation)
+            self.tensorboard.metrics(record)
 
     # -- the loop ------------------------------------------------------------------------
     def _done(self) -> bool:
@@ -581,6 +589,8 @@ class Trainer:
         cfg, world = self.cfg, self.world
         world.on_main(self._prepare_folder)  # rank 0's run folder; a failure there stops every rank
         self._sync_replicas()
+        if self.tensorboard is not None:  # after a resume: events past the checkpoint's step are hidden
+            self.tensorboard.open(self.optimizer.step_count)
         self._interrupted = self._stop_requested = False
         self.model.train()
         bar = None
@@ -648,6 +658,8 @@ class Trainer:
                 signal.signal(sig, handler)
             if bar is not None:
                 bar.close()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
         if world.is_main:
             found = self.checkpoints()
             if not found or found[-1] != step_checkpoint_path(self.ckpt_dir.parent, self.optimizer.step_count):

@@ -1,0 +1,64 @@
+"""``python -m numformer.studies NAME [--out DIR] [--small]`` runs one study; ``--list`` names them all.
+
+Writes ``DIR/NAME.png``, ``DIR/NAME.md`` (the paper's claim beside numformer's measurement) and
+``DIR/NAME.json``; prints progress against the study's stated time, then the table. Exit status 0 when
+the study ran (whether or not its finding held: a finding that does not reproduce is a result, and the
+table says so), 2 for a usage error (an unknown study, matplotlib missing), 1 for a bug.
+"""
+from __future__ import annotations
+
+import sys
+
+from ..kernels.blas_threads import tune_blas_threads
+
+tune_blas_threads()  # before numpy loads, as train.py does: the warmup study trains
+
+from ..cli_common import OneLineParser, one_line_errors  # noqa: E402
+from ..errors import UsageError  # noqa: E402
+from . import STUDIES, get  # noqa: E402
+
+PROG = "python -m numformer.studies"
+
+
+def describe() -> str:
+    """One paragraph per study: name, stated time, title and citation."""
+    lines = []
+    for name in STUDIES:
+        m = get(name)
+        lines.append(f"{name}  (at most {m.MINUTES:g} min on 2 cores)\n    {m.TITLE}\n    {m.CITATION}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
+    ap.add_argument("name", nargs="?", help=f"the study: {', '.join(STUDIES)}")
+    ap.add_argument("--list", action="store_true", help="name every study, its stated time and its paper")
+    ap.add_argument("--out", default="runs/studies", help="folder for the picture, table and numbers "
+                                                           "(default runs/studies; prepared data goes in OUT/data)")
+    ap.add_argument("--small", action="store_true", help="the small configuration the CI test runs (seconds)")
+    args = ap.parse_args(argv)
+    if args.list:
+        print(describe())
+        return 0
+    if args.name is None:
+        ap.error(f"name a study ({', '.join(STUDIES)}) or pass --list")
+    if args.name not in STUDIES:
+        ap.error(f"unknown study {args.name!r}: choose one of {', '.join(STUDIES)}")
+    with one_line_errors(PROG):
+        try:
+            import matplotlib  # noqa: F401, PLC0415
+        except ImportError:
+            raise UsageError("the studies draw with matplotlib: pip install 'numformer[plot]'") from None
+        study = get(args.name)
+        cfg = study.SMALL if args.small else study.FULL
+        print(f"{args.name}: {study.TITLE}\n{study.CITATION}\n", flush=True)
+        results = study.run(args.out, cfg, log=lambda line: print(line, flush=True))
+        print()
+        print(open(results["files"][1], encoding="utf-8").read())
+        for path in results["files"]:
+            print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
