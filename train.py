@@ -31,7 +31,7 @@ import traceback
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from numformer.kernels.blas_threads import tune_blas_threads
+from numformer.host.blas_threads import tune_blas_threads
 
 tune_blas_threads()  # before numpy loads: OpenBLAS reads its thread settings then (see the module)
 

@@ -334,7 +334,7 @@ def decode_worker(args) -> dict:
                 row["bleu"] = round(score_translations(hyps, ref)["bleu"], 2)
             rows.append(row)
     return {"rows": rows, "torch": {"status": "not implemented",
-                                    "note": "no PyTorch beam search over bench/torch_reference.py's model yet"}}
+                                    "note": "no PyTorch beam search over tests/reference/torch_reference.py's model yet"}}
 
 
 # -- orchestration -----------------------------------------------------------------------------

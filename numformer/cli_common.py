@@ -153,13 +153,6 @@ def _bug(prog: str, exc: BaseException, crash_folder) -> None:
     sys.exit(BUG_EXIT)
 
 
-def find_checkpoint(path) -> Path:
-    """A model file (checkpoint .npz or exported .safetensors), or a run folder: its averaged.npz when
-    that averages the run's newest checkpoint, else the newest checkpoint (a stale average, left by an
-    earlier attempt before ``--resume`` trained on, never shadows newer checkpoints)."""
-    return newest_model_file(path)
-
-
 def check_vocab(vocab, meta: dict, vocab_path, what) -> None:
     """The vocabulary must be the one the model was trained with: same size, and the same file when the
     checkpoint recorded its fingerprint (checkpoints written before fingerprints only have the size)."""
@@ -181,7 +174,7 @@ def load_model(checkpoint, vocab_path=None, device: str | None = None):
     model); else ``spm.model`` beside the run (older checkpoints). It must be the one the model was
     trained with (size, and sha256 when the file recorded it).
     """
-    path = find_checkpoint(checkpoint)
+    path = newest_model_file(checkpoint)  # a run folder: its fresh average, else its newest checkpoint
     ck = load_checkpoint(path, with_optimizer=False)
     if "model_config" not in ck.meta:
         raise CheckpointError(f"{path} has no model config in its metadata: not a numformer training checkpoint")

@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numformer.backend import to_host  # noqa: E402
-from numformer.kernels.threads import set_num_threads  # noqa: E402
+from numformer.host.threads import set_num_threads  # noqa: E402
 from numformer.distributed import init_world  # noqa: E402
 from numformer.model import Transformer  # noqa: E402
 from numformer.prepare import PreparedData  # noqa: E402
@@ -93,9 +93,9 @@ def main(argv=None) -> int:
     opt = trainer.optimizer
     model.eval()  # what the trained model computes, on a fixed batch: logits (B, T, V)
     src, tgt = pairs(8, seed=99)
-    from numformer.data import make_batches  # noqa: PLC0415
+    from numformer.data import TokenPairs  # noqa: PLC0415
 
-    probe = make_batches(src, tgt, 10 ** 6)[0]
+    probe = TokenPairs.from_lists(src, tgt).batch(np.arange(len(src)), 0, 2, 3)
     logits = to_host(model(probe.src, probe.tgt_in))
     arrays = {f"param/{n}": to_host(p.data) for n, p in model.named_parameters()}
     arrays.update({f"m/{i}": to_host(a) for i, a in enumerate(opt.m)})

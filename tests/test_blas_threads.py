@@ -1,4 +1,4 @@
-"""numformer.kernels.blas_threads: OpenBLAS's thread timeout is set for training, before numpy loads, and only then.
+"""numformer.host.blas_threads: OpenBLAS's thread timeout is set for training, before numpy loads, and only then.
 
 Each case runs in a fresh interpreter, since the point is what happens before numpy is imported.
 """
@@ -33,7 +33,7 @@ REPORT = "import os; print(tuned, os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
     ("", {"OPENBLAS_THREAD_TIMEOUT": "12"}, "False 12"),             # the user's value is kept
 ])
 def test_tune_blas_threads_only_before_numpy_and_never_over_the_user(before, env, expected):
-    code = before + "from numformer.kernels.blas_threads import tune_blas_threads; tuned = tune_blas_threads(); " + REPORT
+    code = before + "from numformer.host.blas_threads import tune_blas_threads; tuned = tune_blas_threads(); " + REPORT
     assert run_python(code, **env) == expected
 
 

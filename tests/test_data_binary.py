@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numformer.data import DataError, SubwordVocab, TokenPairs, make_batches, pad_sequences, plan_batches, read_lines
+from numformer.data import DataError, SubwordVocab, TokenPairs, plan_batches, read_lines
 from numformer.data.binary import NpyAppender
 from numformer.data.encoding import CachedEncoder
 from numformer.data.parallel import count_lines, iter_line_blocks
@@ -20,7 +20,7 @@ def random_pairs(rng, n, longest=30):
 
 
 def greedy_reference(src_len, tgt_len, max_tokens, seed, epoch, max_len):
-    """The cut as a loop over pairs (what make_batches did before plans): lists of pair indices."""
+    """The cut as a loop over pairs (what batching did before plans): lists of pair indices."""
     n = len(src_len)
     keep = np.arange(n) if max_len is None else np.flatnonzero((src_len + 1 <= max_len) & (tgt_len + 1 <= max_len))
     s, t = src_len[keep] + 1, tgt_len[keep] + 1
@@ -89,29 +89,27 @@ def test_plan_uses_four_bytes_per_pair():
         plan[len(plan)]
 
 
+def padded(rows, prefix=None, suffix=None):
+    """Lists of ids -> the right-padded array a batch must hold, written out row by row."""
+    rows = [([prefix] if prefix is not None else []) + r + ([suffix] if suffix is not None else []) for r in rows]
+    out = np.full((len(rows), max(map(len, rows))), PAD, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
 def test_a_batch_gathered_from_flat_arrays_equals_padding_the_lists():
     rng = np.random.default_rng(1)
     src, tgt = random_pairs(rng, 50)
     pairs = TokenPairs.from_lists(src, tgt)
     index = np.array([7, 3, 49, 0, 12])
     b = pairs.batch(index, PAD, BOS, EOS)
-    assert np.array_equal(b.src, pad_sequences([src[i] for i in index], PAD, suffix=EOS))
-    assert np.array_equal(b.tgt_in, pad_sequences([tgt[i] for i in index], PAD, prefix=BOS))
-    assert np.array_equal(b.tgt_out, pad_sequences([tgt[i] for i in index], PAD, suffix=EOS))
+    assert np.array_equal(b.src, padded([src[i] for i in index], suffix=EOS))
+    assert np.array_equal(b.tgt_in, padded([tgt[i] for i in index], prefix=BOS))
+    assert np.array_equal(b.tgt_out, padded([tgt[i] for i in index], suffix=EOS))
     assert b.n_src_tokens == sum(len(src[i]) + 1 for i in index) and b.n_tgt_tokens == int((b.tgt_out != PAD).sum())
     assert b.index.tolist() == index.tolist()
     assert pairs.side_lists("tgt") == tgt and [len(s) for s in src] == pairs.lengths[0].tolist()
-
-
-def test_make_batches_takes_token_pairs_too():
-    rng = np.random.default_rng(2)
-    src, tgt = random_pairs(rng, 80)
-    a = make_batches(src, tgt, 300, PAD, BOS, EOS, shuffle_seed=3, epoch=1, max_len=25)
-    b = make_batches(TokenPairs.from_lists(src, tgt), None, 300, PAD, BOS, EOS, shuffle_seed=3, epoch=1, max_len=25)
-    assert len(a) == len(b) and a.n_filtered == b.n_filtered
-    assert all(np.array_equal(x.src, y.src) and np.array_equal(x.tgt_out, y.tgt_out) for x, y in zip(a, b))
-    with pytest.raises(DataError, match="2 source sequences but 1 target"):
-        TokenPairs.from_lists([[1], [2]], [[1]])
 
 
 def test_npy_written_in_chunks_opens_memory_mapped(tmp_path):

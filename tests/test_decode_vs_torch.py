@@ -1,4 +1,4 @@
-"""numformer's searches against the PyTorch decoder of ``bench/torch_decode.py`` on the same weights.
+"""numformer's searches against the PyTorch decoder of ``tests/reference/torch_decode.py`` on the same weights.
 
 In float64 the two systems (numformer's layers and search; torch ops with ``F.scaled_dot_product_attention``,
 a ``torch.cat`` key/value cache and a torch re-write of the search rules) must find the same best hypothesis
@@ -9,20 +9,15 @@ output budget (a * source length + b) short enough that EOS is forced for some.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import torch_decode as td  # noqa: E402
-
-from numformer.model import Transformer  # noqa: E402
-from numformer.presets import ModelConfig  # noqa: E402
-from numformer.translation import DecodeOptions, translate_ids  # noqa: E402
-from worst_error import record_worst  # noqa: E402
+from numformer.model import Transformer
+from numformer.presets import ModelConfig
+from numformer.translation import DecodeOptions, translate_ids
+from reference import torch_decode as td
+from worst_error import record_worst
 
 BOS, EOS = 1, 2
 

@@ -14,7 +14,8 @@ import pytest
 
 from numformer import kernels
 from numformer.decode import beam_candidates, greedy_pick
-from numformer.kernels.decoding import take_rows_, top_n
+from numformer.kernels.decoding import top_n
+from numformer.model import take_rows_
 
 PAD, BOS, EOS = 0, 1, 2
 

@@ -1,7 +1,7 @@
 """PyTorch parity of the whole model on CuPy arrays (run with a GPU: ``pytest -m gpu``).
 
 numformer's Transformer runs on the GPU (cupy); the independent PyTorch mirror
-(``tests/torch_mirror.py``, float64 autograd) gets the same weights and numformer's own
+(``tests/reference/torch_mirror.py``, float64 autograd) gets the same weights and numformer's own
 dropout masks (drawn by cupy's generator, copied to the host), so dropout is on, as in
 training, and in float32 numformer's ReLU active sets (see tests/relu_replay.py). The
 logits, the label-smoothed loss and every parameter gradient are compared per tensor with ``norm(a - b) / norm(b)``, as in ``tests/test_torch_parity.py``
@@ -18,7 +18,7 @@ from numformer.presets import get_preset
 from relu_replay import record_relu_sets
 
 torch = pytest.importorskip("torch")
-tm = pytest.importorskip("torch_mirror")
+tm = pytest.importorskip("reference.torch_mirror")
 
 pytestmark = pytest.mark.gpu
 

@@ -1,7 +1,7 @@
 """numformer.kernels: every fast kernel equals the plain math it replaces, at the sizes training runs.
 
 For each registered kernel (``numformer.kernels.registered()``), the fast and the plain
-function run on the same inputs (``grad_checks/kernel_cases.py``) at the small preset's training shape (64 sentences x
+function run on the same inputs (``tests/reference/kernel_cases.py``) at the small preset's training shape (64 sentences x
 about 40 tokens, d_model 256, 4 heads, vocabulary 8,000), at base's layer shapes
 (d_model 512, 8 heads, d_ff 2048) and on a batch of one, with odd lengths, padding and
 a source row that is all padding (fully masked attention rows), in float64 and float32,
@@ -35,11 +35,11 @@ import pytest
 
 from numformer import kernels
 from numformer.backend import RandomState, to_host
-from numformer.kernels import threads as kthreads
+from numformer.host import threads as kthreads
 from numformer.layers.dropout import dropout_mask
 from numformer.layers.layernorm import layernorm_forward
 from numformer.optim import adam_update
-from grad_checks.kernel_cases import PLAIN, SIZES, inputs
+from reference.kernel_cases import PLAIN, SIZES, inputs
 from numformer.decode import ban_special, force_end, log_softmax
 from worst_error import record_worst
 

@@ -17,8 +17,8 @@ sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
 from numformer import checkpoint as checkpoint_module  # noqa: E402
-from numformer.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from numformer.cli_common import find_checkpoint, load_model  # noqa: E402
+from numformer.checkpoint import load_checkpoint, newest_model_file, save_checkpoint  # noqa: E402
+from numformer.cli_common import load_model  # noqa: E402
 from numformer.decode import log_softmax  # noqa: E402
 from numformer.presets import ModelConfig  # noqa: E402
 
@@ -126,10 +126,7 @@ def test_pytorch_loads_the_safetensors_file_into_the_mirror_with_the_same_logits
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    try:
-        import torch_mirror as tm
-    except ImportError:
-        from tests import torch_mirror as tm
+    from reference import torch_mirror as tm
 
     tensors = load_file(str(exported))  # torch tensors: what a PyTorch user gets
     with safe_open(str(exported), framework="pt") as f:
@@ -173,7 +170,7 @@ def test_a_stale_average_never_shadows_newer_checkpoints(run, tmp_path, monkeypa
     assert train.main(copy_args(r, 9, "--resume", "--average-last", "1")) == 0
     newest = r / "checkpoints" / "step_0000009.npz"
     assert load_checkpoint(r / "averaged.npz").meta["step"] == 6  # the earlier attempt's average is still there
-    assert find_checkpoint(r) == newest
+    assert newest_model_file(r) == newest
     code, out, err = translate(r, tmp_path)
     assert code == 0 and f"with {newest}" in err, err
 
@@ -188,4 +185,4 @@ def test_a_stale_average_never_shadows_newer_checkpoints(run, tmp_path, monkeypa
 
 
 def test_a_fresh_average_is_preferred(run):
-    assert find_checkpoint(run) == run / "averaged.npz"
+    assert newest_model_file(run) == run / "averaged.npz"

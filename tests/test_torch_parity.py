@@ -1,6 +1,6 @@
 """Parity with PyTorch: every layer, the whole model + loss, and Adam with the warmup schedule.
 
-The reference is ``tests/torch_mirror.py``, an independent PyTorch float64 implementation
+The reference is ``tests/reference/torch_mirror.py``, an independent PyTorch float64 implementation
 loaded with numformer's weights. For each case, in float64 and in float32:
 
 * numformer runs forward, then backward from a *random* upstream gradient (never ones);
@@ -42,10 +42,6 @@ import numpy as np
 import pytest
 import torch
 
-try:
-    import torch_mirror as tm
-except ImportError:  # tests/ imported as a package (rootdir on sys.path instead of tests/)
-    from tests import torch_mirror as tm
 from numformer.backend import RandomState
 from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, Linear, MultiHeadAttention,
                               OutputProjection, PositionalEncoding, ReLU, Residual, ScaledDotProductAttention)
@@ -57,6 +53,7 @@ from numformer.optim import Adam, NoamSchedule, clip_grad_norm
 from numformer.presets import ModelConfig
 from grad_checks.cases import (B, D, DFF, HEADS, PAD, S, T, V, Holder, SoftmaxFunction, padded_batch, padded_ids,
                                small_config)
+from reference import torch_mirror as tm
 from worst_error import record_worst
 
 

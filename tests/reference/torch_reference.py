@@ -5,7 +5,7 @@ scaled by sqrt(d_model), source/target embeddings and the pre-softmax projection
 into one (vocab, d_model) matrix, dropout 0.1 on embeddings and sub-layer outputs,
 masked attention scores replaced by -1e9 (``masked_fill``), label-smoothed
 cross-entropy (``F.cross_entropy(label_smoothing=eps)``), Adam(betas=(0.9, 0.98),
-eps=1e-9). Nothing here imports numformer. Used by ``bench/train_step.py``.
+eps=1e-9). Nothing here imports numformer. Used by ``bench/train_step.py`` and ``bench/gpu_train_step.py``.
 
 Two attention variants, picked by ``make(..., variant=)``:
 

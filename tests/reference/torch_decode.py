@@ -1,7 +1,7 @@
 """Incremental decoding in PyTorch eager: numformer's searches re-written in torch, on numformer's weights.
 
 The reference side of ``bench/decode.py``. A numformer model's weights are loaded into the
-mirror's parameter layout (``bench/torch_mirror.py``: torch's (d_out, d_in) Linear weights) and a
+mirror's parameter layout (``torch_mirror.py`` beside this file: torch's (d_out, d_in) Linear weights) and a
 decoder written the way a PyTorch user would write one for inference:
 
 * ``torch.inference_mode``, weights as plain tensors of the chosen dtype;
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from torch_mirror import Arch, sinusoid_table
+from .torch_mirror import Arch, sinusoid_table
 
 
 @dataclass

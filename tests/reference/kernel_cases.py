@@ -4,7 +4,7 @@
 one of ``SIZES``: the ``small`` preset's training shape (64 sentences of about 40 tokens,
 d_model 256, 4 heads, vocabulary 8,000), ``base``'s layer shapes (d_model 512, 8 heads, d_ff
 2048) and a batch of one, with odd lengths, padding and a source row that is all padding (fully
-masked attention rows). Shared by ``tests/test_kernels.py`` (fast equals plain) and
+masked attention rows). Shared by ``tests/kernels/test_kernels.py`` (fast equals plain) and
 ``bench/kernel_speed.py`` (what each fast kernel buys over its plain function).
 """
 from __future__ import annotations
