@@ -21,7 +21,7 @@ train_step and decode run after it, alone on the device, so their timings are cl
 Everything stops at ``--budget-s`` (default 530 s): parts not started by then are
 recorded as 'out of time'.
 
-Output (at most 8 files, no sub-folders; the format is described in docs/gpu_acceptance.md):
+Output (at most 8 files, no sub-folders; the format is described in docs/gpu.md ("The acceptance run")):
 
     OUT/summary.json        one JSON object: versions, every part's status, seconds and figures
     OUT/log.txt             each part's command and its whole output, in order

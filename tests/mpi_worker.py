@@ -24,7 +24,8 @@ from numformer.distributed import init_world  # noqa: E402
 from numformer.model import Transformer  # noqa: E402
 from numformer.prepare import PreparedData  # noqa: E402
 from numformer.presets import get_preset  # noqa: E402
-from numformer.trainer import TrainConfig, Trainer  # noqa: E402
+from numformer.train_config import TrainConfig  # noqa: E402
+from numformer.trainer import Trainer  # noqa: E402
 
 VOCAB = 40
 

@@ -295,7 +295,8 @@ def test_nccl_training_step_matches_one_process_on_one_gpu(tmp_path):
     from numformer.model import Transformer
     from numformer.prepare import PreparedData
     from numformer.presets import get_preset
-    from numformer.trainer import TrainConfig, Trainer
+    from numformer.train_config import TrainConfig
+    from numformer.trainer import Trainer
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("mpi_worker", WORKER)

@@ -2,7 +2,7 @@
 
 ``bench/gpu_acceptance.py`` is meant for the first minutes of a lent GPU; this runs the
 same script on the CPU with tiny shapes, so it cannot rot before a GPU appears. The
-output format checked here is the one ``docs/gpu_acceptance.md`` describes.
+output format checked here is the one ``docs/gpu.md`` ("The acceptance run") describes.
 """
 import json
 import subprocess

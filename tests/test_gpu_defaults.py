@@ -1,7 +1,7 @@
 """``train.py --device cuda`` with no other flags: base with a stated time budget that fits bible-en-es.
 
 The paper's recipe (2 x 25k tokens, warmup 4000, 100k steps, no time limit) would be 2,400
-epochs of the 28k-pair corpus; the GPU recipe (train.py's GPU_TRAIN_PRESETS) is checked
+epochs of the 28k-pair corpus; the GPU recipe (numformer/train_config.py's GPU_RECIPES) is checked
 here, and that every flag still overrides it and the CPU defaults are untouched.
 """
 import sys
@@ -10,10 +10,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import train  # noqa: E402
+from numformer.train_config import default_out, default_preset, settle  # noqa: E402
 
 
 def _cfg(*flags, device="cuda", preset="base"):
-    return train._train_config(train.parse_args(["--corpus", "bible-en-es", *flags]), preset, None, device)
+    return settle(vars(train.parse_args(["--corpus", "bible-en-es", "--preset", preset, *flags])), device, None,
+                  "runs/x").train
 
 
 def test_cuda_base_has_a_time_budget_and_a_recipe_for_the_corpus():
@@ -37,6 +39,7 @@ def test_cpu_defaults_are_unchanged():
 
 
 def test_the_default_preset_on_cuda_is_base():
-    args = train.parse_args(["--corpus", "bible-en-es", "--device", "cuda"])
-    out, prev, flags, preset = train._settle_run(args, "cuda")
-    assert preset == "base" and out == Path("runs/bible-en-es-base") and prev is None
+    flags = vars(train.parse_args(["--corpus", "bible-en-es", "--device", "cuda"]))
+    preset = settle(flags, "cuda", None, "runs/x").preset
+    assert preset == default_preset("cuda") == "base"
+    assert default_out(flags, preset) == Path("runs/bible-en-es-base")

@@ -5,7 +5,7 @@ Every read of a device value on the host (``float(x)``, ``bool(x)``, ``.item()``
 training step needs exactly one such read: the loss and the global gradient norm,
 fetched together (``numformer.trainer.read_scalars``), for the non-finite check, the
 fp16 loss scaler and the log line. The list of every read, and why each is there, is in
-``docs/gpu_acceptance.md`` ("Host syncs").
+``docs/gpu.md`` ("Host syncs in the training step").
 
 The CuPy stand-in (``tests/cupy_standin.py``) makes numformer take numpy arrays for
 device arrays and counts each read; ``Trainer.train`` runs whole steps through it
@@ -38,7 +38,8 @@ def test_one_host_read_per_training_step(monkeypatch, tmp_path, precision, clip)
     from numformer.model import Transformer
     from numformer.prepare import PreparedData
     from numformer.presets import get_preset
-    from numformer.trainer import TrainConfig, Trainer
+    from numformer.train_config import TrainConfig
+    from numformer.trainer import Trainer
 
     helper = _worker_helpers()
     xp = cs.install(monkeypatch)

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
 import translate  # noqa: E402
+from numformer import run_folder as run_folder_module  # noqa: E402
 from numformer import trainer as trainer_module  # noqa: E402
 from numformer import translation  # noqa: E402
 from numformer.checkpoint import load_checkpoint, save_checkpoint, vocab_fingerprint  # noqa: E402
@@ -33,6 +34,9 @@ from numformer.data import CORPUS_FILES, SubwordVocab, make_synthetic, normalize
 from numformer.decode import Hypothesis  # noqa: E402
 from numformer.model import Transformer  # noqa: E402
 from numformer.presets import get_preset  # noqa: E402
+from numformer.distributed import SINGLE  # noqa: E402
+from numformer.run_folder import RunFolder  # noqa: E402
+from numformer.train_config import TrainConfig  # noqa: E402
 from numformer.translation import DecodeOptions, split_long, translate_lines  # noqa: E402
 
 TEXT = [
@@ -198,11 +202,12 @@ RESUME_MISMATCH = {
 
 @pytest.mark.parametrize("case", list(RESUME_MISMATCH))
 def test_resume_with_contradicting_flags_is_one_line_and_changes_nothing(case, run_copy, capsys):
-    before = {p.name: p.read_bytes() for p in run_copy.rglob("*") if p.is_file()}
+    # run.lock records who last held the folder (this process, now): everything else must stay as it was
+    before = {p.name: p.read_bytes() for p in run_copy.rglob("*") if p.is_file() and p.name != "run.lock"}
     flags, needle = RESUME_MISMATCH[case]
     code, _, err = run_main(train.main, resume_args(run_copy, 9, *flags), capsys)
     assert_one_line_error(code, err, "train.py", needle)
-    after = {p.name: p.read_bytes() for p in run_copy.rglob("*") if p.is_file()}
+    after = {p.name: p.read_bytes() for p in run_copy.rglob("*") if p.is_file() and p.name != "run.lock"}
     assert after == before
 
 
@@ -286,7 +291,7 @@ def test_full_disk_is_reported_before_training(tmp_path, capsys, monkeypatch):
 
 
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypatch):
-    real = trainer_module.save_checkpoint
+    real = run_folder_module.save_checkpoint
     calls = []
 
     def failing(path, *a, **k):
@@ -295,7 +300,7 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, capsys, 
             raise OSError(28, "No space left on device")
         return real(path, *a, **k)
 
-    monkeypatch.setattr(trainer_module, "save_checkpoint", failing)
+    monkeypatch.setattr(run_folder_module, "save_checkpoint", failing)
     out = tmp_path / "run"
     code, _, err = run_main(train.main, copy_args(out, 9), capsys)
     assert_one_line_error(code, err, "train.py", "No space left on device")
@@ -361,10 +366,10 @@ def test_a_run_of_non_finite_steps_stops_training_and_keeps_the_last_good_checkp
 def test_the_default_limit_is_ten_in_a_row(tmp_path, monkeypatch):
     logged = []
     trainer = trainer_module.Trainer.__new__(trainer_module.Trainer)
-    trainer.cfg = trainer_module.TrainConfig(max_steps=1)
+    trainer.cfg = TrainConfig(max_steps=1)
     trainer.skipped_steps = trainer.nonfinite_in_a_row = 0
     trainer.log, trainer.elapsed, trainer.epoch = logged.append, 0.0, 0
-    trainer.metrics_path, trainer.ckpt_dir = tmp_path / "metrics.jsonl", tmp_path / "checkpoints"
+    trainer.world, trainer.folder = SINGLE, RunFolder(tmp_path)
     for _ in range(9):
         trainer._skipped(7, float("nan"), float("inf"))
     with pytest.raises(trainer_module.StopTraining, match="10 steps in a row"):

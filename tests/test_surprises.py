@@ -32,6 +32,7 @@ from numformer.model import Transformer  # noqa: E402
 from numformer.prepare import prepare  # noqa: E402
 from numformer.presets import ModelConfig, get_preset  # noqa: E402
 from numformer.progress import budget_fraction, budget_text  # noqa: E402
+from numformer.train_config import recipe  # noqa: E402
 from numformer.trainer import Trainer  # noqa: E402
 from test_robustness import run_main  # noqa: E402  (one in-process CLI runner for both files)
 
@@ -183,11 +184,9 @@ def test_progress_bar_of_a_minutes_budget_shows_minutes_left(tmp_path, capsys):
 
 # -- Section 6.1: big averages 20 ---------------------------------------------------------------------------------
 def test_big_averages_the_last_20_checkpoints():
-    args = train.parse_args(["--task", "copy", "--preset", "big"])
-    tcfg = train._train_config(args, "big", None)
+    tcfg = recipe("big")
     assert tcfg.average_last == 20 and tcfg.keep_last >= 20
-    base = train._train_config(train.parse_args(["--task", "copy", "--preset", "base"]), "base", None)
-    assert base.average_last == 5
+    assert recipe("base").average_last == 5
 
 
 # -- EOS at the length limit ----------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def test_fp16_training_follows_fp32_and_checkpoints_its_scale(tmp_path):
     assert "loss_scale" not in a[-1]
     ck = load_checkpoint(tmp_path / "f16" / "checkpoints" / "step_0000010.npz")
     assert ck.meta["loss_scaler"]["scale"] == 2.0 ** 15
-    assert ck.meta["train_config"]["precision"] == "fp16"
+    assert json.loads((tmp_path / "f16" / "run.json").read_text())["train_config"]["precision"] == "fp16"
     assert load_checkpoint(tmp_path / "f32" / "checkpoints" / "step_0000010.npz").meta["loss_scaler"] is None
 
 
