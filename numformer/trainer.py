@@ -46,6 +46,7 @@ from .backend import to_host
 from .checkpoint import CheckpointError, vocab_fingerprint
 from .data import DataError, plan_batches
 from .distributed import SINGLE, GradientBucket, mark_collective, shard_batches
+from .errors import StopTraining
 from .grad_stats import GradStats
 from .loss import LabelSmoothedCrossEntropy
 from .optim import Adam, NoamSchedule, clip_grad_norm, grad_norm
@@ -57,13 +58,6 @@ from .train_config import TrainConfig
 from .translation import DecodeOptions, score_translations, translate_lines
 
 OVERFLOW = "overflow"  # train_step's status for an fp16 step skipped by the loss scaler (not a failure)
-
-
-class StopTraining(RuntimeError):
-    """Training cannot go on (a run of non-finite steps); the message is one line, the last good
-    checkpoint is untouched."""
-
-    exit_code = 3
 
 
 class Trainer:

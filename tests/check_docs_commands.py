@@ -126,7 +126,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     # -- speed --------------------------------------------------------------------------------------------------
     "python3 bench/train_step.py --preset tiny,small,base --steps 15 --repeat 3":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-compile"),
-    "NUMFORMER_KERNELS=plain python3 bench/train_step.py --preset tiny,small,base --steps 15 --repeat 3":
+    "NUMFORMER_KERNELS=plain python3 bench/train_step.py --preset tiny,small,base --steps 15 --repeat 3 --no-torch":
         ("small", "NUMFORMER_KERNELS=plain python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-torch"),
     "python3 bench/train_step.py --preset tiny,small --steps 6 --repeat 2 --threads 1":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --threads 1 --no-compile"),

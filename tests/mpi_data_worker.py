@@ -1,4 +1,4 @@
-"""train.py's data set-up under ``mpirun -n 2`` for tests/test_prepare.py: ``mpirun -n 2 python tests/mpi_data_worker.py
+"""train.py's data set-up under ``mpirun -n 2`` for tests/data/test_prepare.py: ``mpirun -n 2 python tests/mpi_data_worker.py
 CORPUS OUT REPORT_DIR [--hide]``.
 
 Runs what train.py runs before training (rank 0 prepares the corpus into OUT, then every rank gets the

@@ -1,4 +1,4 @@
-"""A small data-parallel training run for tests/test_distributed.py: ``mpirun -n K python tests/mpi_worker.py ...``
+"""A small data-parallel training run for tests/training/test_distributed.py: ``mpirun -n K python tests/mpi_worker.py ...``
 or plain ``python tests/mpi_worker.py ...`` (one process).
 
 Trains a small Transformer on random in-memory sentence pairs (no vocabulary, no files to read) with

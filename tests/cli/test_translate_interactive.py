@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from numformer.checkpoint import save_checkpoint, vocab_fingerprint
@@ -22,7 +21,7 @@ from numformer.data.vocab import SubwordVocab
 from numformer.model import Transformer
 from numformer.presets import ModelConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LINES = ["in the beginning", "and the earth was without form", "light"]
 
 

@@ -1,6 +1,7 @@
 """Presets match Table 3 of the paper, and the closed-form count matches the built model."""
 import pytest
 
+from numformer.errors import UsageError
 from numformer.model import Transformer
 from numformer.presets import PRESETS, TABLE3, ModelConfig, count_parameters, get_preset
 
@@ -43,3 +44,10 @@ def test_unknown_preset_message():
 def test_config_round_trip():
     cfg = get_preset("small", pre_norm=True)
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_an_impossible_config_is_refused_up_front():
+    with pytest.raises(UsageError, match="d_model 128 is not divisible by heads 3"):
+        get_preset("tiny", heads=3)
+    with pytest.raises(UsageError, match="dropout must be in"):
+        ModelConfig(dropout=1.5).validate()

@@ -1,7 +1,6 @@
-"""numformer.host.blas_threads: OpenBLAS's thread timeout is set for training, before numpy loads, and only then.
-
-Each case runs in a fresh interpreter, since the point is what happens before numpy is imported.
-"""
+"""numformer/host/: OpenBLAS's thread timeout is set for training, before numpy loads, and only then (each
+case in a fresh interpreter, since the point is what happens before numpy is imported); the thread pool's
+splitters give what one call on the whole arrays gives, with 2 and 3 threads."""
 from __future__ import annotations
 
 import os
@@ -9,9 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from numformer.host import threads as kthreads
+from support import threads  # noqa: F401  (the host thread count, a fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_python(code: str, **env_changes) -> str:
@@ -48,3 +51,37 @@ def test_train_py_sets_the_timeout_before_numpy_loads_and_translate_py_does_not(
     out_translate = run_python(template.format(script=str(ROOT / "translate.py")))
     assert out_train.splitlines()[-1] == "5 True"
     assert out_translate.splitlines()[-1] == "None True"
+
+
+# -- the host thread pool's splitters: each gives what one call on the whole arrays gives ----------------
+def test_parallel_rows_matches_one_call(threads):
+    x = np.random.default_rng(0).standard_normal((1000, 300))
+    out = np.empty_like(x)
+
+    def f(xb, ob):
+        np.exp(xb, out=ob)
+        return ob.sum()
+
+    parts = kthreads.parallel_rows(f, x, out, chunk_elements=10_000)
+    np.testing.assert_allclose(out, np.exp(x))
+    assert sum(parts) == pytest.approx(np.exp(x).sum())
+    assert len(kthreads.parallel_rows(lambda a: a.shape, x[:3])) == 1  # small inputs: one call
+
+
+def test_parallel_ranges_cover_once(threads):
+    hits = np.zeros(37, dtype=int)
+
+    def f(i, j):
+        hits[i:j] += 1
+        return j - i
+
+    parts = kthreads.parallel_ranges(f, 37, work=10**9)
+    assert (hits == 1).all() and sum(parts) == 37
+    assert kthreads.parallel_ranges(lambda i, j: (i, j), 37, work=10) == [(0, 37)]
+
+
+def test_parallel_tasks_runs_every_task_once(threads):
+    hits = np.zeros(50, dtype=int)
+    kthreads.parallel_tasks(lambda i: hits.__setitem__(i, hits[i] + 1), [(i,) for i in range(50)],
+                            sizes=range(1, 51))
+    assert (hits == 1).all()

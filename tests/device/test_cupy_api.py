@@ -14,7 +14,7 @@ greedy and beam search, ``Module.to``, ``state_dict``):
 * both searches decode the same tokens as on the host.
 
 What this cannot see: cupy behaviour that differs behind the same name, speed, CUDA
-errors. ``tests/test_gpu.py`` (``pytest -m gpu``) covers those on a real GPU.
+errors. ``tests/device/test_gpu.py`` (``pytest -m gpu``) covers those on a real GPU.
 """
 import numpy as np
 import pytest

@@ -36,11 +36,13 @@ import pytest
 from numformer import kernels
 from numformer.backend import RandomState, to_host
 from numformer.host import threads as kthreads
-from numformer.layers.dropout import dropout_mask
+from numformer.kernels.decoding import top_n
+from numformer.decode import beam_candidates, greedy_pick
 from numformer.layers.layernorm import layernorm_forward
 from numformer.optim import adam_update
 from reference.kernel_cases import PLAIN, SIZES, inputs
 from numformer.decode import ban_special, force_end, log_softmax
+from support import threads  # noqa: F401  (the host thread count, a fixture)
 from worst_error import record_worst
 
 TOL = {np.float64: 1e-9, np.float32: 1e-4}
@@ -56,12 +58,6 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(diff) / nb) if nb else float(np.linalg.norm(diff))
 
 
-@pytest.fixture(params=[2, 3], ids=lambda n: f"{n}threads")
-def threads(request):
-    old = kthreads.get_num_threads()
-    kthreads.set_num_threads(request.param)
-    yield request.param
-    kthreads.set_num_threads(old)
 
 
 # Arguments a kernel may consume (their contents are unspecified afterwards): not compared.
@@ -313,46 +309,10 @@ def test_every_kernel_has_a_planted_bug():
     assert covered == set(kernels.registered())
 
 
-# -- the machinery's own pieces ----------------------------------------------------------------
-def test_parallel_rows_matches_one_call(threads):
-    x = np.random.default_rng(0).standard_normal((1000, 300))
-    out = np.empty_like(x)
-
-    def f(xb, ob):
-        np.exp(xb, out=ob)
-        return ob.sum()
-
-    parts = kthreads.parallel_rows(f, x, out, chunk_elements=10_000)
-    np.testing.assert_allclose(out, np.exp(x))
-    assert sum(parts) == pytest.approx(np.exp(x).sum())
-    assert len(kthreads.parallel_rows(lambda a: a.shape, x[:3])) == 1  # small inputs: one call
 
 
-def test_parallel_ranges_cover_once(threads):
-    hits = np.zeros(37, dtype=int)
-
-    def f(i, j):
-        hits[i:j] += 1
-        return j - i
-
-    parts = kthreads.parallel_ranges(f, 37, work=10**9)
-    assert (hits == 1).all() and sum(parts) == 37
-    assert kthreads.parallel_ranges(lambda i, j: (i, j), 37, work=10) == [(0, 37)]
 
 
-def test_parallel_tasks_runs_every_task_once(threads):
-    hits = np.zeros(50, dtype=int)
-    kthreads.parallel_tasks(lambda i: hits.__setitem__(i, hits[i] + 1), [(i,) for i in range(50)],
-                            sizes=range(1, 51))
-    assert (hits == 1).all()
-
-
-def test_dropout_mask_values_and_rate():
-    """Kept elements are scaled by 1/(1 - p') with p' = round(p * 2^16) / 2^16; about p' are dropped."""
-    mask = dropout_mask(RandomState(5), (200, 1000), 0.1, np.float32)
-    threshold = round(0.1 * 65536)
-    assert set(np.unique(mask)) == {0.0, np.float32(65536 / (65536 - threshold))}
-    assert abs((mask == 0).mean() - threshold / 65536) < 3e-3
 
 
 def test_switch_runs_the_plain_math():
@@ -387,3 +347,73 @@ def test_environment_switch_reaches_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "NUMFORMER_KERNELS": "plain"})
     assert out.stdout.split() == ["plain", "True"]
+
+
+# -- the decoding kernels against the math written out here ----------------------------------------------------
+# Beam candidates: the best n of ``scores + log_softmax(logits)`` per sentence with padding/BOS banned and,
+# where the length budget is spent, EOS the only extension at the model's own EOS log-probability; greedy
+# pick: the arg-max of the same log-probabilities and its value; top_n: the n largest entries of each row.
+PAD, BOS, EOS = 0, 1, 2
+
+
+def _expected_logp(logits, force):
+    """log_softmax over the vocabulary, PAD and BOS at -inf, forced rows: only EOS, with its own value."""
+    z = logits.astype(np.float64)
+    logp = z - z.max(axis=-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(axis=-1, keepdims=True))
+    logp[..., [PAD, BOS]] = -np.inf
+    eos = logp[..., EOS].copy()
+    logp[force] = -np.inf
+    logp[..., EOS][force] = eos[force]
+    return logp
+
+
+@pytest.fixture(params=["fast", "plain"])
+def mode(request):
+    with kernels.kernel_mode(request.param):
+        yield request.param
+
+
+def test_beam_candidates_are_the_best_of_scores_plus_log_softmax(mode):
+    rng = np.random.default_rng(0)
+    m, k, v = 5, 3, 50
+    logits = rng.standard_normal((m * k, v)) * 3
+    scores = np.log(rng.uniform(0.01, 1, (m, k)))
+    scores[1, 1:] = -np.inf  # a sentence at its first step: only beam 0 is live
+    force = np.array([False, False, True, False, False])
+    logp = _expected_logp(logits.reshape(m, k, v), force)
+    cand = (scores[:, :, None] + logp).reshape(m, k * v)
+    top, top_scores = kernels.kernel(beam_candidates)(logits.copy(), scores, 2 * k, PAD, BOS, EOS, force)
+    expected = np.sort(cand, axis=1)[:, ::-1][:, : 2 * k]
+    np.testing.assert_allclose(top_scores, expected, rtol=1e-12)
+    np.testing.assert_allclose(np.take_along_axis(cand, top, axis=1), top_scores, rtol=1e-12)  # indices match values
+    assert set((top[2][np.isfinite(top_scores[2])] % v).tolist()) == {EOS}  # forced: only EOS is finite
+    # forced EOS keeps the model's own log-probability: beam j's candidate is scores[j] + log p(EOS | beam j)
+    forced = top_scores[2][np.isfinite(top_scores[2])]
+    np.testing.assert_allclose(np.sort(forced), np.sort(scores[2] + logp[2, :, EOS]), rtol=1e-12)
+    assert (forced < scores[2].max()).all()  # a free EOS (log p 0) would score scores[2] itself
+    assert not np.isin(top % v, [PAD, BOS])[np.isfinite(top_scores)].any()  # -inf ones are mere filler
+
+
+def test_greedy_pick_is_the_argmax_of_log_softmax(mode):
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((6, 40)) * 4
+    logits[3, PAD] = 100.0  # padding would win without the ban
+    force = np.array([False, True, False, False, False, True])
+    logp = _expected_logp(logits, force)
+    nxt, gained = kernels.kernel(greedy_pick)(logits.copy(), PAD, BOS, EOS, force)
+    np.testing.assert_array_equal(nxt, logp.argmax(axis=1))
+    np.testing.assert_allclose(gained, logp.max(axis=1), rtol=1e-12, atol=1e-12)
+    assert (gained[force] < 0).all()  # the model's own EOS log-probability, not a free 0
+
+
+def test_top_n_finds_the_largest_entries_of_each_row():
+    rng = np.random.default_rng(3)
+    for width in (32000, 4 * 37, 97):  # grouped (16 | 32000), a smaller divisor (4), prime: whole-row fallback
+        a = rng.standard_normal((7, width)).astype(np.float32)
+        a[0, :] = -np.inf        # a row of -inf (all beams dead) still yields n entries
+        a[1, ::3] = 5.0          # ties at the top
+        idx, vals = top_n(a, 8)
+        np.testing.assert_array_equal(np.take_along_axis(a, idx, axis=1), vals)
+        np.testing.assert_array_equal(np.sort(vals, axis=1), np.sort(a, axis=1)[:, -8:])
+        assert all(len(set(row)) == 8 for row in idx.tolist())  # 8 distinct columns

@@ -27,7 +27,7 @@ ACCUM = 2
 
 
 def _worker_helpers():
-    spec = importlib.util.spec_from_file_location("mpi_worker", Path(__file__).with_name("mpi_worker.py"))
+    spec = importlib.util.spec_from_file_location("mpi_worker", Path(__file__).resolve().parents[1] / "mpi_worker.py")
     helper = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(helper)
     return helper

@@ -1,16 +1,14 @@
-"""``train.py --device cuda`` with no other flags: base with a stated time budget that fits bible-en-es.
+"""The training recipes (numformer/train_config.py). ``train.py --device cuda`` with no other flags: base
+with a stated time budget that fits bible-en-es; big averages the last 20 checkpoints (Section 6.1).
 
 The paper's recipe (2 x 25k tokens, warmup 4000, 100k steps, no time limit) would be 2,400
 epochs of the 28k-pair corpus; the GPU recipe (numformer/train_config.py's GPU_RECIPES) is checked
 here, and that every flag still overrides it and the CPU defaults are untouched.
 """
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import train  # noqa: E402
-from numformer.train_config import default_out, default_preset, settle  # noqa: E402
+import train
+from numformer.train_config import default_out, default_preset, recipe, settle
 
 
 def _cfg(*flags, device="cuda", preset="base"):
@@ -43,3 +41,9 @@ def test_the_default_preset_on_cuda_is_base():
     preset = settle(flags, "cuda", None, "runs/x").preset
     assert preset == default_preset("cuda") == "base"
     assert default_out(flags, preset) == Path("runs/bible-en-es-base")
+
+
+def test_big_averages_the_last_20_checkpoints():
+    tcfg = recipe("big")
+    assert tcfg.average_last == 20 and tcfg.keep_last >= 20
+    assert recipe("base").average_last == 5

@@ -4,7 +4,7 @@ numformer's Transformer runs on the GPU (cupy); the independent PyTorch mirror
 (``tests/reference/torch_mirror.py``, float64 autograd) gets the same weights and numformer's own
 dropout masks (drawn by cupy's generator, copied to the host), so dropout is on, as in
 training, and in float32 numformer's ReLU active sets (see tests/relu_replay.py). The
-logits, the label-smoothed loss and every parameter gradient are compared per tensor with ``norm(a - b) / norm(b)``, as in ``tests/test_torch_parity.py``
+logits, the label-smoothed loss and every parameter gradient are compared per tensor with ``norm(a - b) / norm(b)``, as in ``tests/checks/test_torch_parity.py``
 (which runs on numpy arrays).
 """
 import numpy as np

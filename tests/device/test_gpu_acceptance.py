@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_acceptance.py"
 PARTS = ["env", "gpu_tests", "grad_checks", "torch_parity", "kernels", "train", "train_step", "decode"]
 STATUSES = {"ok", "failed", "timeout", "skipped", "missing", "no tests", "out of time"}

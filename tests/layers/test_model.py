@@ -1,8 +1,8 @@
-"""Whole-model behaviour: masks, padding invariance, incremental decoding equals the full pass."""
+"""Whole-model behaviour: masks, padding invariance, incremental decoding equals the full pass, cache reordering."""
 import numpy as np
 
 from numformer.layers import ScaledDotProductAttention
-from numformer.model import Transformer, causal_mask, padding_mask
+from numformer.model import Transformer, causal_mask, padding_mask, take_rows_
 from numformer.presets import get_preset
 
 
@@ -128,3 +128,16 @@ def test_growing_decoder_cache_and_reorder():
         step = m.decode_step(tgt[prefix_rows, t], memory, src_mask, caches, position=t)
     full = m(src[prefix_rows], tgt[prefix_rows])[:, -1]
     np.testing.assert_allclose(step, full, rtol=1e-10, atol=1e-10)
+
+
+def test_take_rows_in_place_permutation_and_shrink():
+    rng = np.random.default_rng(2)
+    buf = rng.standard_normal((5, 2, 8, 3))
+    view = buf[:, :, :4]  # a cache view of the first 4 positions
+    index = np.array([0, 0, 3, 2, 4])
+    expected = view[index].copy()
+    assert take_rows_(view, index) is view
+    np.testing.assert_array_equal(view, expected)
+    np.testing.assert_array_equal(buf[:, :, :4], expected)  # written through to the buffer
+    shrunk = take_rows_(buf, np.array([4, 1]))
+    np.testing.assert_array_equal(shrunk, buf[[4, 1]])

@@ -13,7 +13,6 @@ processes on two cores (oversubscription allowed, one numformer and BLAS thread 
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,23 +23,10 @@ import pytest
 from numformer.checkpoint import load_checkpoint
 from numformer.distributed import SINGLE, GradientBucket, init_world, shard_batches
 from numformer.trainer import dropout_seed
-from same_state import assert_same_training_state
+from support import ENV, assert_same_training_state, mpirun
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "mpi_worker.py"
-# One thread per process: two ranks share the two cores, and equal thread counts keep BLAS's arithmetic
-# the same in the 1-process run and the 2-process run.
-ENV = dict(os.environ, NUMFORMER_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-           OMPI_MCA_btl="^openib")  # no InfiniBand probing (and no warning about it) on a plain machine
-
-
-def mpirun(n=2):
-    """The launch prefix: Open MPI's mpirun, as root in CI, more ranks than cores allowed, no core binding."""
-    exe = shutil.which("mpirun")
-    if exe is None:
-        pytest.fail("mpirun not found: bash .ci/setup installs openmpi-bin and mpi4py")
-    root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-    return [exe, "-n", str(n), *root, "--oversubscribe", "--bind-to", "none"]
 
 
 def run(cmd, check=True, timeout=240):
@@ -262,6 +248,24 @@ def test_a_user_error_under_mpirun_is_one_line(whole_run, tmp_path):
     proc = run(mpirun() + [sys.executable, "-c", code], check=False)
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("train.py")]
     assert proc.returncode == 2 and len(lines) == 1 and "pip install mpi4py" in lines[0], proc.stderr
+
+
+def test_a_folder_in_use_stops_every_rank_with_one_line(tmp_path):
+    """The ranks of one run share rank 0's lock of the run folder (every run above trains under it, rank 1
+    never touching the folder); a folder another process holds stops every rank: one line from rank 0,
+    naming the holder, exit 2."""
+    from numformer.run_lock import lock_run_folder  # noqa: PLC0415
+
+    out = tmp_path / "run"
+    lock = lock_run_folder(out)  # this test's process holds the folder
+    try:
+        proc = run(mpirun() + train_cmd(out, 2), check=False)
+    finally:
+        lock.release()
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("train.py")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"is in use by process {os.getpid()} " in lines[0] and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["run.lock"]  # nothing else was written
 
 
 # -- GPUs: NCCL (skipped without cupy and CUDA) ---------------------------------------------------------

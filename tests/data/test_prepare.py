@@ -1,8 +1,6 @@
 """Preparing a corpus once (numformer/prepare.py): the binary dataset, its reuse, re-preparation after a change,
 the vocabulary's sample, errors with file and line, and two MPI ranks sharing one prepared dataset."""
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,11 +9,12 @@ import numpy as np
 import pytest
 
 import train
+from support import ENV, mpirun
 from numformer.data import DataError, SubwordVocab, read_lines
 from numformer.data.encoding import CachedEncoder
 from numformer.prepare import MANIFEST, PREPARED_DIR, prepare
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORDS = ("the a of and to in is was he for it with as his on be at by i this had not are but from or have an they "
          "which one you were her all she there would their we him been has when who will more no if out so said "
          "what up its about into than them can only other new some could time these two may then do first any my "
@@ -188,7 +187,6 @@ def test_the_prepare_command_prepares_what_train_py_reuses(corpus, tmp_path):
 
 # -- two ranks ------------------------------------------------------------------------------------------------
 def _two_rank_setup(corpus, tmp_path, *extra):
-    from test_distributed import ENV, mpirun
 
     report = tmp_path / ("report" + "".join(extra))
     report.mkdir()
