@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
-SMALL_BIBLE = "--max-steps 4 --save-every 2 --save-every-minutes 0 --eval-every 0 --no-test"
+SMALL_BIBLE = "--max-steps 4 --save-every 2 --save-every-minutes 0 --eval-every 0 --log-every 1 --no-test"
 NO_GPU = "expect-no-gpu"   # run; it must stop with the one-line error of a machine without a GPU (exit 2)
 
 # shown command -> (kind, what runs). kind: "run" (exactly that), "small" (a smaller version, given),

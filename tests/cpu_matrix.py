@@ -131,7 +131,7 @@ def run_pytest(suites: list, env: dict, select: str | None, work: Path) -> tuple
     owner = {f: s for s in suites for f in PYTEST_SUITES[s]}
     if junit.exists():
         for case in ET.parse(junit).getroot().iter("testcase"):
-            path = case.get("classname", "").replace(".", "/")  # tests.test_kernels -> tests/test_kernels
+            path = case.get("classname", "").replace(".", "/")  # tests.kernels.test_kernels -> tests/kernels/test_kernels
             suite = next((s for f, s in owner.items() if path.startswith(f[:-3])), None)
             if suite is None or case.find("skipped") is not None:
                 continue

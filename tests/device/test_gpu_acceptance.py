@@ -42,7 +42,7 @@ def test_quick_cpu_dry_run_writes_the_documented_summary(tmp_path):
     assert p["grad_checks"]["status"] == "ok" and p["grad_checks"]["checks"] > 100 and p["grad_checks"]["failed"] == 0
     assert p["grad_checks"]["dtype"] == "float64"
     assert p["torch_parity"]["status"] == "skipped"
-    assert p["kernels"]["status"] in ({"ok"} if (ROOT / "tests" / "test_kernels.py").exists() else {"missing"})
+    assert p["kernels"]["status"] in ({"ok"} if (ROOT / "tests" / "kernels" / "test_kernels.py").exists() else {"missing"})
     train = p["train"]
     assert train["status"] == "ok" and train["steps"] == 6 and train["learned"]
     assert [step for step, _ in train["valid_loss_curve"]] == [2, 4, 6]
