@@ -6,7 +6,7 @@ and the cost of one step by position.
    ``translate.py`` does (length-sorted batches of ``--max-tokens`` source tokens), once
    with beam ``--beam`` (default 4, alpha 0.6) and once greedily. Reported: sentences/s
    and output tokens/s (subword pieces of the best hypothesis, EOS not counted).
-   The same weights are loaded into a PyTorch eager decoder (``bench/torch_decode.py``:
+   The same weights are loaded into a PyTorch eager decoder (``tests/reference/torch_decode.py``:
    fused Q/K/V, ``F.scaled_dot_product_attention``, a key/value cache, the same search rules,
    the same batches) that runs the same searches right after numformer's; reported beside
    numformer's: its sentences/s and tokens/s, the ratio numformer/PyTorch of sentences/s,
@@ -100,8 +100,8 @@ def time_search(model, vocab, ids, opts, sync):
 
 
 def time_torch_search(dec, vocab, ids, opts):
-    """The same search in PyTorch (bench/torch_decode.py) -> (speed dict, best token lists)."""
-    import torch_decode  # noqa: PLC0415
+    """The same search in PyTorch (tests/reference/torch_decode.py) -> (speed dict, best token lists)."""
+    from reference import torch_decode  # noqa: PLC0415
 
     t0 = time.perf_counter()
     found = torch_decode.translate_ids(dec, ids, vocab.bos_id, vocab.eos_id, opts.beam, opts.alpha,
@@ -153,7 +153,7 @@ def main(argv=None):
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMFORMER_NUM_THREADS"):
             os.environ[var] = str(args.threads)
     sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "tests"))  # the reference decoder (tests/reference/)
     from numformer.backend import describe  # noqa: PLC0415
     from numformer.cli_common import load_model  # noqa: PLC0415
     from numformer.translation import DecodeOptions, source_batch  # noqa: PLC0415
@@ -166,7 +166,7 @@ def main(argv=None):
     if args.torch:
         import torch  # noqa: PLC0415
 
-        from torch_decode import TorchDecoder  # noqa: PLC0415
+        from reference.torch_decode import TorchDecoder  # noqa: PLC0415
 
         if args.threads:
             torch.set_num_threads(args.threads)

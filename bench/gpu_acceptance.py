@@ -8,10 +8,10 @@ Parts, each in its own child process with its own time box (a part that fails or
 out of time is recorded as such and the others still run):
 
     env           nvidia-smi, driver/CUDA/cupy/torch versions, the device's name
-    gpu_tests     python -m pytest -m gpu tests/ (tests/test_gpu_parity.py apart, see torch_parity)
+    gpu_tests     python -m pytest -m gpu tests/ (tests/device/test_gpu_parity.py apart, see torch_parity)
     grad_checks   every grad_checks case on the device in float64 (bench/gpu_grad_checks.py)
-    torch_parity  python -m pytest -m gpu tests/test_gpu_parity.py (whole model on cupy vs the torch mirror)
-    kernels       NUMFORMER_TEST_DEVICE=<device> python -m pytest tests/test_kernels.py ('missing' if absent)
+    torch_parity  python -m pytest -m gpu tests/device/test_gpu_parity.py (whole model on cupy vs the torch mirror)
+    kernels       NUMFORMER_TEST_DEVICE=<device> python -m pytest tests/kernels/test_kernels.py ('missing' if absent)
     train         train.py --preset base --device cuda --max-minutes 4 on the corpus: validation loss curve
     train_step    bench/gpu_train_step.py: base, 25,000 target tokens, fp32/tf32/fp16, numformer vs PyTorch
     decode        greedy and beam 4 on the test set: a fresh small model and the base model of the train part
@@ -21,7 +21,7 @@ train_step and decode run after it, alone on the device, so their timings are cl
 Everything stops at ``--budget-s`` (default 530 s): parts not started by then are
 recorded as 'out of time'.
 
-Output (at most 8 files, no sub-folders; the format is described in docs/gpu_acceptance.md):
+Output (at most 8 files, no sub-folders; the format is described in docs/gpu.md ("The acceptance run")):
 
     OUT/summary.json        one JSON object: versions, every part's status, seconds and figures
     OUT/log.txt             each part's command and its whole output, in order
@@ -218,19 +218,20 @@ def _pytest(run, name, targets, box, extra=(), env=None) -> dict:
 
 def part_gpu_tests(run, args, out):
     return _pytest(run, "gpu_tests", ["tests/"], 150 if not args.quick else 120,
-                   ["-m", "gpu", "--ignore=tests/test_gpu_parity.py"])
+                   ["-m", "gpu", "--ignore=tests/device/test_gpu_parity.py"])
 
 
 def part_torch_parity(run, args, out):
-    return _pytest(run, "torch_parity", ["tests/test_gpu_parity.py"], 90, ["-m", "gpu"])
+    return _pytest(run, "torch_parity", ["tests/device/test_gpu_parity.py"], 90, ["-m", "gpu"])
 
 
 def part_kernels(run, args, out):
-    if not (ROOT / "tests" / "test_kernels.py").exists():
-        return {"status": "missing", "seconds": 0.0, "note": "tests/test_kernels.py does not exist in this tree"}
+    if not (ROOT / "tests" / "kernels" / "test_kernels.py").exists():
+        return {"status": "missing", "seconds": 0.0, "note": "tests/kernels/test_kernels.py does not exist in this tree"}
     # the dry run checks the plumbing: the batch-of-one comparisons and the planted bugs (the main suite runs all)
     extra = ["-k", "batch-of-one or planted"] if args.quick else []
-    return _pytest(run, "kernels", ["tests/test_kernels.py"], 90, extra, env={"NUMFORMER_TEST_DEVICE": args.device})
+    return _pytest(run, "kernels", ["tests/kernels/test_kernels.py"], 90, extra,
+                   env={"NUMFORMER_TEST_DEVICE": args.device})
 
 
 def part_grad_checks(run, args, out):
@@ -339,7 +340,7 @@ def decode_worker(args) -> dict:
                 row["bleu"] = round(score_translations(hyps, ref)["bleu"], 2)
             rows.append(row)
     return {"rows": rows, "torch": {"status": "not implemented",
-                                    "note": "no PyTorch beam search over bench/torch_reference.py's model yet"}}
+                                    "note": "no PyTorch beam search over tests/reference/torch_reference.py's model yet"}}
 
 
 # -- orchestration -----------------------------------------------------------------------------

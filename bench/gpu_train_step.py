@@ -21,7 +21,7 @@ which only grows; PyTorch: ``max_memory_reserved``; on the CPU: peak RSS).
     python bench/gpu_train_step.py --device cuda                       # base, ~25k target tokens, 3 precisions
     python bench/gpu_train_step.py --device cpu --quick --json         # tiny shapes (the acceptance dry run)
 
-Imports ``bench/torch_reference.py`` for the PyTorch model.
+Imports ``tests/reference/torch_reference.py`` for the PyTorch model.
 """
 from __future__ import annotations
 
@@ -126,10 +126,10 @@ def worker_numformer(args, s):
 
 
 def worker_torch(args, s):
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "tests"))  # the reference models (tests/reference/)
     import torch  # noqa: PLC0415
 
-    from torch_reference import make  # noqa: PLC0415
+    from reference.torch_reference import make  # noqa: PLC0415
 
     dev = torch.device("cuda" if args.device.startswith("cuda") else "cpu")
     on_gpu = dev.type == "cuda"

@@ -1,6 +1,6 @@
 """What each fast kernel buys over the plain function it replaces, one call at a time.
 
-Every kernel of ``numformer.kernels`` and its plain function (``grad_checks/kernel_cases.py``:
+Every kernel of ``numformer.kernels`` and its plain function (``tests/reference/kernel_cases.py``:
 ``PLAIN``) run on the same real-size inputs (default: the ``small`` preset's training shape, 64
 sentences of about 40 tokens, d_model 256, 4 heads, vocabulary 8,000; float32), alternating call
 by call; each call gets a fresh copy of its inputs (kernels write in place; the copy is not timed).
@@ -21,17 +21,19 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from numformer.kernels.blas_threads import tune_blas_threads  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the kernel inputs (tests/reference/kernel_cases.py)
+from numformer.host.blas_threads import tune_blas_threads  # noqa: E402
 
 tune_blas_threads()  # as train.py does, before numpy is imported
 
 import numpy as np  # noqa: E402
 
-from grad_checks.kernel_cases import PLAIN, SIZES, inputs  # noqa: E402
+from reference.kernel_cases import PLAIN, SIZES, inputs  # noqa: E402
 from numformer import kernels  # noqa: E402
 from numformer.backend import RandomState  # noqa: E402
-from numformer.kernels import threads  # noqa: E402
+from numformer.host import threads  # noqa: E402
 
 
 def fresh(args):

@@ -1,6 +1,6 @@
 """Time full training steps (forward, backward, Adam) of numformer against PyTorch.
 
-PyTorch columns (``bench/torch_reference.py``, same architecture and recipe):
+PyTorch columns (``tests/reference/torch_reference.py``, same architecture and recipe):
 
 * ``pytorch``: plain eager code: separate Q/K/V maps, a written-out softmax, default Adam;
 * ``best eager``: Q/K/V fused into one in-projection (as ``nn.MultiheadAttention``),
@@ -137,7 +137,7 @@ def worker_peak(args):
 
 def worker_numformer(args, s):
     sys.path.insert(0, str(ROOT))
-    from numformer.kernels.blas_threads import tune_blas_threads  # noqa: PLC0415
+    from numformer.host.blas_threads import tune_blas_threads  # noqa: PLC0415
 
     tune_blas_threads()  # as train.py does, before numpy is imported
     from numformer.backend import describe, to_xp, xp_for  # noqa: PLC0415
@@ -183,10 +183,10 @@ def worker_numformer(args, s):
 
 
 def worker_torch(args, s, variant="plain", compiled=False):
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "tests"))  # the reference models (tests/reference/)
     import torch  # noqa: PLC0415
 
-    from torch_reference import make  # noqa: PLC0415
+    from reference.torch_reference import make  # noqa: PLC0415
 
     torch.set_num_threads(args.threads)
     dev = torch.device("cuda" if args.device.startswith("cuda") else "cpu")

@@ -5,7 +5,7 @@
     python docs/build_study.py --check    # exit 1 if docs/study.ipynb's cells differ from CELLS below
 
 CELLS is the notebook's source: edit it here, then rebuild, so the committed notebook always holds the
-outputs of its own code. tests/test_study_notebook.py runs the notebook in CI (nbclient) and checks that
+outputs of its own code. tests/checks/test_study_notebook.py runs the notebook in CI (nbclient) and checks that
 its cells are these. The notebook uses numformer's public names only: layer classes with forward and
 backward, numformer.gradcheck.run_case, grad_checks.cases.build_cases, train.py and translate.py's
 functions, numformer.plot and numformer.attention_maps.

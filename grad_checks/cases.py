@@ -318,14 +318,14 @@ def checkpoint_cases(layers, checkpoint, seed: int = 0) -> list[GradCase]:
     width, with padding in the batch; ``Transformer`` checks the whole model + loss.
     """
     from numformer.checkpoint import load_checkpoint  # noqa: PLC0415
-    from numformer.cli_common import find_checkpoint  # noqa: PLC0415
+    from numformer.checkpoint import newest_model_file  # noqa: PLC0415
 
     names = list(layers) if layers else list(TRAINED)
     unknown = [n for n in names if n not in TRAINED]
     if unknown:
         raise KeyError(f"--checkpoint checks {unknown[0]!r} only on random weights: with a checkpoint choose from "
                        f"{', '.join(TRAINED)}")
-    ck = load_checkpoint(find_checkpoint(checkpoint), with_optimizer=False)
+    ck = load_checkpoint(newest_model_file(checkpoint), with_optimizer=False)
     cfg = ModelConfig.from_dict(ck.meta["model_config"]).replace(dropout=0.0, attn_dropout=0.0, relu_dropout=0.0)
     model = Transformer(cfg, seed=0, dtype=F64)
     model.load_state_dict(ck.model)

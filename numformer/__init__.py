@@ -1,6 +1,7 @@
 """numformer: the Transformer of "Attention Is All You Need" in NumPy/CuPy, every backward pass by hand.
 
 The math is in ``numformer.layers``, ``numformer.loss`` and ``numformer.optim``; the fast
-versions of its pieces are in ``numformer.kernels`` (``NUMFORMER_KERNELS=plain`` turns them off).
+versions of its pieces are in ``numformer.kernels`` (``NUMFORMER_KERNELS=plain`` turns them off);
+the host thread pool and the process tunings are in ``numformer.host``.
 """
-from .kernels import allocator as _allocator  # noqa: F401  (tunes glibc's allocator once, see the module)
+from .host import allocator as _allocator  # noqa: F401  (tunes glibc's allocator once, see the module)

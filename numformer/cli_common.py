@@ -26,11 +26,10 @@ from .backend import BackendError, resolve_device, xp_for
 from .checkpoint import CheckpointError, load_checkpoint, newest_model_file, vocab_fingerprint
 from .data import DataError, SubwordVocab
 from .distributed import DistributedError
-from .errors import UsageError
+from .errors import StopTraining, UsageError
 from .model import Transformer
 from .precision import PrecisionError
 from .presets import ModelConfig
-from .trainer import StopTraining
 
 # Errors raised on purpose for bad input or a run that had to stop: one line, no traceback. Not ValueError
 # or OSError at large: a shape mismatch inside numformer is a ValueError too, and it is a bug.
@@ -153,13 +152,6 @@ def _bug(prog: str, exc: BaseException, crash_folder) -> None:
     sys.exit(BUG_EXIT)
 
 
-def find_checkpoint(path) -> Path:
-    """A model file (checkpoint .npz or exported .safetensors), or a run folder: its averaged.npz when
-    that averages the run's newest checkpoint, else the newest checkpoint (a stale average, left by an
-    earlier attempt before ``--resume`` trained on, never shadows newer checkpoints)."""
-    return newest_model_file(path)
-
-
 def check_vocab(vocab, meta: dict, vocab_path, what) -> None:
     """The vocabulary must be the one the model was trained with: same size, and the same file when the
     checkpoint recorded its fingerprint (checkpoints written before fingerprints only have the size)."""
@@ -181,7 +173,7 @@ def load_model(checkpoint, vocab_path=None, device: str | None = None):
     model); else ``spm.model`` beside the run (older checkpoints). It must be the one the model was
     trained with (size, and sha256 when the file recorded it).
     """
-    path = find_checkpoint(checkpoint)
+    path = newest_model_file(checkpoint)  # a run folder: its fresh average, else its newest checkpoint
     ck = load_checkpoint(path, with_optimizer=False)
     if "model_config" not in ck.meta:
         raise CheckpointError(f"{path} has no model config in its metadata: not a numformer training checkpoint")

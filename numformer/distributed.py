@@ -139,10 +139,6 @@ class World:
         """Sum a few host numbers over all ranks: float64 array of ``len(values)``."""
         return np.asarray(values, dtype=np.float64)
 
-    def agree_any(self, flag: bool) -> bool:
-        """True on every rank when ``flag`` is true on any rank."""
-        return bool(self.allreduce_scalars([1.0 if flag else 0.0])[0] > 0)
-
     def broadcast_(self, array):
         """Overwrite ``array`` (numpy or cupy, contiguous) with rank 0's copy; returns it."""
         return array

@@ -1,4 +1,4 @@
-"""The one error class for a bad request on the command line that no more specific class names.
+"""Error classes of the command lines that no more specific module owns: a bad request, a training stopped.
 
 The command-line tools (``train.py``, ``translate.py``, ``python -m numformer.checkpoint`` ...) print
 an error raised on purpose for bad input as one line and exit 2; every such error has its own class
@@ -14,3 +14,10 @@ class UsageError(ValueError):
 
     A ValueError, so code that called these checks expecting ValueError keeps working.
     """
+
+
+class StopTraining(RuntimeError):
+    """Training cannot go on (a run of non-finite steps, numformer/trainer.py); the message is one line,
+    the last good checkpoint is untouched. Exit status 3."""
+
+    exit_code = 3

@@ -245,8 +245,6 @@ class Transformer(Module):
         rows are all equal). A permutation that keeps the row count is applied in place, copying
         only the rows whose parent changed, and only their first T positions.
         """
-        from .kernels.decoding import take_rows_  # noqa: PLC0415
-
         if not hasattr(index, "shape"):
             index = np.asarray(index)
         for cache in caches:
@@ -264,3 +262,16 @@ class Transformer(Module):
                     continue
                 for key in list(part):
                     part[key] = part[key][index]
+
+
+def take_rows_(buf, index):
+    """``buf[index]`` along axis 0 (cache bookkeeping for :meth:`Transformer.reorder_caches`, the same in
+    both kernel modes); in place (only rows whose source moved are copied) when ``index`` keeps the row
+    count, a new array otherwise. Returns the result."""
+    xp = get_array_module(buf)
+    if index.shape[0] != buf.shape[0]:
+        return buf[index]
+    moved = xp.nonzero(index != xp.arange(index.shape[0]))[0]
+    if moved.size:
+        buf[moved] = buf[index[moved]]  # the right side is a copy: rows read before any is written
+    return buf

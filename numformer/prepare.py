@@ -345,11 +345,15 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=positive_int, help="sentencepiece threads (default: every core)")
     args = ap.parse_args(argv)
     with one_line_errors("prepare"):
+        from .run_lock import lock_run_folder  # noqa: PLC0415
+
+        lock = lock_run_folder(args.out)  # the run folder is this process's while it prepares (train.py's lock)
         data = prepare(args.out, args.corpus, args.data, args.task, args.vocab_size, args.seed,
                        args.vocab_sample, args.threads, log=print)
         n = len(data.ids["train"])
         print(f"{'already prepared' if data.reused else 'prepared'}: {data.source}: {n:,} training pairs, "
               f"vocabulary {data.vocab.size} in {data.folder} ({data.seconds:.1f} s)")
+        lock.release()
     return 0
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from .errors import UsageError
+from .layers.init import DEFAULT_SCHEME, SCHEMES
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class ModelConfig:
     max_len: int = 1024
     ln_eps: float = 1e-5
     pad_id: int = 0
-    init: str = "pytorch"   # weight initialisation of the linear maps: "pytorch" or "xavier" (layers/init.py)
+    init: str = DEFAULT_SCHEME  # weight initialisation of the linear maps: one of layers/init.py's SCHEMES
 
     @property
     def n_decoder_layers(self) -> int:
@@ -86,7 +87,7 @@ class ModelConfig:
         need(isinstance(self.max_len, int) and self.max_len >= 2,
              f"max_len (the positional table) must be at least 2, got {self.max_len!r}")
         need(isinstance(self.ln_eps, (int, float)) and self.ln_eps > 0, f"ln_eps must be positive, got {self.ln_eps!r}")
-        need(self.init in INIT_NAMES, f"init must be one of {', '.join(INIT_NAMES)}, got {self.init!r}")
+        need(self.init in SCHEMES, f"init must be one of {', '.join(SCHEMES)}, got {self.init!r}")
         return self
 
     def to_dict(self) -> dict:
@@ -103,8 +104,6 @@ class ModelConfig:
     def replace(self, **changes) -> "ModelConfig":
         return replace(self, **changes)
 
-
-INIT_NAMES = ("pytorch", "xavier")  # the schemes of layers/init.py (tests/test_presets.py checks they agree)
 
 _BASE = ModelConfig()
 

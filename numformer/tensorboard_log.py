@@ -24,6 +24,7 @@ validation.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -110,8 +111,11 @@ class TensorBoardLog:
         asks TensorBoard to hide the events after ``step`` that an earlier attempt wrote (purge_step): its
         checkpoint does not hold that work, as the trainer drops those lines of metrics.jsonl too."""
         if self._writer is None:
+            # the file's name holds the second it was opened in: a resume within that second would reuse the
+            # name and truncate the first attempt's events, so the starting step and the process go in too
             self._writer = self._writer_class(logdir=str(self.out), flush_secs=30,
-                                              purge_step=step + 1 if step > 0 else None)
+                                              purge_step=step + 1 if step > 0 else None,
+                                              filename_suffix=f".{os.getpid()}.from-step-{step}")
 
     @property
     def writer(self):

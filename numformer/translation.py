@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .data.batching import pad_rows
 from .data.parallel import normalize_line
 from .decode import beam_search, greedy_search
 
@@ -45,11 +46,9 @@ class DecodeOptions:
 
 def source_batch(sentences, pad_id: int, eos_id: int):
     """Token-id sentences -> (B, S) int64 array: each sentence + EOS, right-padded (the encoder's input)."""
-    width = max(len(s) for s in sentences) + 1
-    src = np.full((len(sentences), width), pad_id, dtype=np.int64)
-    for row, ids in enumerate(sentences):
-        src[row, : len(ids) + 1] = list(ids) + [eos_id]
-    return src
+    lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+    flat = np.concatenate([np.asarray(s, dtype=np.int64).reshape(-1) for s in sentences])
+    return pad_rows(flat, lengths, pad_id, suffix=eos_id)
 
 
 def _batches_by_length(lengths, max_tokens: int):

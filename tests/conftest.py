@@ -1,18 +1,11 @@
 """Shared pytest set-up: the ``gpu`` marker skips without cupy and a CUDA device; the worst errors
-the tolerance-based suites measured are printed at the end of the run (tests/worst_error.py)."""
+the tolerance-based suites measured are printed at the end of the run (tests/worst_error.py); the
+session-wide run folders of tests/support.py (a trained copy run, a random-weight run) are fixtures of
+every test file. Test files live in subject folders and import helpers from tests/ (on the path here)."""
 import pytest
 
+from support import copy_run, cuda_available, random_run, run_copy  # noqa: F401  (shared fixtures)
 from worst_error import CACHE_KEY, WORST, summary_lines
-
-
-def cuda_available() -> bool:
-    try:
-        from numformer.backend import import_cupy
-
-        import_cupy()
-        return True
-    except Exception:
-        return False
 
 
 def pytest_collection_modifyitems(config, items):

@@ -18,9 +18,9 @@ kernels can be changed without changing the machine:
 
 Suites (each a fresh process per configuration):
 
-* ``parity``: tests/test_torch_parity.py (numformer against the PyTorch mirror, float64 and float32);
-* ``kernels``: tests/test_kernels.py (every fast kernel against the plain math);
-* ``decoding``: tests/test_decode_vs_torch.py (the searches against a PyTorch decoder);
+* ``parity``: tests/checks/test_torch_parity.py (numformer against the PyTorch mirror, float64 and float32);
+* ``kernels``: tests/kernels/test_kernels.py (every fast kernel against the plain math);
+* ``decoding``: tests/decoding/test_decode_vs_torch.py (the searches against a PyTorch decoder);
 * ``numerics``: the other tests with floating-point bounds (precision modes, gradient statistics,
   the checker's own tests, cached decoding, checkpoint averaging);
 * ``grad_checks``: ``python -m grad_checks --json`` (float64 finite differences, fast kernels).
@@ -43,11 +43,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST_SUITES = {
-    "parity": ["tests/test_torch_parity.py"],
-    "kernels": ["tests/test_kernels.py"],
-    "decoding": ["tests/test_decode_vs_torch.py"],
-    "numerics": ["tests/test_precision.py", "tests/test_grad_stats.py", "tests/test_gradcheck.py",
-                 "tests/test_model.py", "tests/test_checkpoint.py"],
+    "parity": ["tests/checks/test_torch_parity.py"],
+    "kernels": ["tests/kernels/test_kernels.py"],
+    "decoding": ["tests/decoding/test_decode_vs_torch.py"],
+    "numerics": ["tests/device/test_precision.py", "tests/training/test_grad_stats.py", "tests/checks/test_gradcheck.py",
+                 "tests/layers/test_model.py", "tests/training/test_checkpoint.py"],
 }
 SUITES = [*PYTEST_SUITES, "grad_checks"]
 # The worst errors shown, in this order: (column title, key recorded by the tests).
@@ -70,7 +70,7 @@ for line in open("/proc/self/maps"):
             if hasattr(lib, name):
                 fn = getattr(lib, name); fn.restype = ctypes.c_char_p; core = fn().decode(); break
         break
-from numformer.kernels.threads import get_num_threads
+from numformer.host.threads import get_num_threads
 print(json.dumps({"openblas": core, "numpy": [d for d in __cpu_dispatch__ if __cpu_features__.get(d)],
                   "threads": get_num_threads()}))
 """
@@ -131,7 +131,7 @@ def run_pytest(suites: list, env: dict, select: str | None, work: Path) -> tuple
     owner = {f: s for s in suites for f in PYTEST_SUITES[s]}
     if junit.exists():
         for case in ET.parse(junit).getroot().iter("testcase"):
-            path = case.get("classname", "").replace(".", "/")  # tests.test_kernels -> tests/test_kernels
+            path = case.get("classname", "").replace(".", "/")  # tests.kernels.test_kernels -> tests/kernels/test_kernels
             suite = next((s for f, s in owner.items() if path.startswith(f[:-3])), None)
             if suite is None or case.find("skipped") is not None:
                 continue

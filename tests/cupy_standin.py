@@ -23,7 +23,7 @@ one and knows its own API, so this helper builds a stand-in that
 
 Numbers are computed by numpy, so results can be compared with the host path.
 What it cannot see: behaviour that differs behind the same name (cupy's dtype
-promotion rules, its random streams), speed, and CUDA errors; ``tests/test_gpu.py``
+promotion rules, its random streams), speed, and CUDA errors; ``tests/device/test_gpu.py``
 (``pytest -m gpu``) covers those on a real GPU.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""train.py's data set-up under ``mpirun -n 2`` for tests/test_prepare.py: ``mpirun -n 2 python tests/mpi_data_worker.py
+"""train.py's data set-up under ``mpirun -n 2`` for tests/data/test_prepare.py: ``mpirun -n 2 python tests/mpi_data_worker.py
 CORPUS OUT REPORT_DIR [--hide]``.
 
 Runs what train.py runs before training (rank 0 prepares the corpus into OUT, then every rank gets the
-training pairs: ``train._settle`` and ``train._share``), counts the blocks each rank encoded, and writes per
+training pairs: ``train._settle`` and ``numformer.replicas.share_run``), counts the blocks each rank encoded, and writes per
 rank ``REPORT_DIR/rank<r>.json``: whether its training ids are memory-mapped and from which file, the number
 of pairs, and the first batch of epoch 0 as the trainer would build it. ``--hide``: rank 1 acts as if it ran
 on another host without the files (its map is refused), so rank 0 sends it the arrays.
@@ -18,7 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train  # noqa: E402
 from numformer.data import plan_batches  # noqa: E402
 from numformer.data.encoding import CachedEncoder  # noqa: E402
+from numformer import prepare as prepare_module  # noqa: E402
 from numformer.distributed import init_world  # noqa: E402
+from numformer.replicas import share_run  # noqa: E402
 
 
 def main() -> int:
@@ -34,9 +36,11 @@ def main() -> int:
 
     CachedEncoder.encode = counting
     if hide and world.rank == 1:
-        train.open_shared_train = lambda *a: None
+        prepare_module.open_shared_train = lambda *a: None  # share_run looks it up when it runs
     args = train.parse_args(["--data", corpus, "--out", out, "--preset", "tiny", "--max-steps", "1", "--no-progress"])
-    _, _, tcfg, _, data, _ = train._share(world, world.on_main(train._settle, args, "cpu"))
+    settled = world.on_main(train._settle, args, "cpu", Path(out), world.size)  # rank 0: (its locked folder, ...)
+    run, _, data = share_run(world, settled[1:] if settled is not None else None)
+    tcfg = run.train
     pairs = data.ids["train"]
     plan = plan_batches(*pairs.lengths, tcfg.max_tokens, shuffle_seed=tcfg.seed, epoch=0, max_len=tcfg.max_len)
     batch = pairs.batch(plan[0], data.vocab.pad_id, data.vocab.bos_id, data.vocab.eos_id)

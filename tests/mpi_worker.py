@@ -1,4 +1,4 @@
-"""A small data-parallel training run for tests/test_distributed.py: ``mpirun -n K python tests/mpi_worker.py ...``
+"""A small data-parallel training run for tests/training/test_distributed.py: ``mpirun -n K python tests/mpi_worker.py ...``
 or plain ``python tests/mpi_worker.py ...`` (one process).
 
 Trains a small Transformer on random in-memory sentence pairs (no vocabulary, no files to read) with
@@ -19,12 +19,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numformer.backend import to_host  # noqa: E402
-from numformer.kernels.threads import set_num_threads  # noqa: E402
+from numformer.host.threads import set_num_threads  # noqa: E402
 from numformer.distributed import init_world  # noqa: E402
 from numformer.model import Transformer  # noqa: E402
 from numformer.prepare import PreparedData  # noqa: E402
 from numformer.presets import get_preset  # noqa: E402
-from numformer.trainer import TrainConfig, Trainer  # noqa: E402
+from numformer.train_config import TrainConfig  # noqa: E402
+from numformer.trainer import Trainer  # noqa: E402
 
 VOCAB = 40
 
@@ -93,9 +94,9 @@ def main(argv=None) -> int:
     opt = trainer.optimizer
     model.eval()  # what the trained model computes, on a fixed batch: logits (B, T, V)
     src, tgt = pairs(8, seed=99)
-    from numformer.data import make_batches  # noqa: PLC0415
+    from numformer.data import TokenPairs  # noqa: PLC0415
 
-    probe = make_batches(src, tgt, 10 ** 6)[0]
+    probe = TokenPairs.from_lists(src, tgt).batch(np.arange(len(src)), 0, 2, 3)
     logits = to_host(model(probe.src, probe.tgt_in))
     arrays = {f"param/{n}": to_host(p.data) for n, p in model.named_parameters()}
     arrays.update({f"m/{i}": to_host(a) for i, a in enumerate(opt.m)})

@@ -5,7 +5,7 @@ agree to rounding, except where a ReLU input lies within rounding of zero: there
 take the other branch, and every gradient upstream of that unit then differs by far more than
 rounding. Which inputs land there depends on the hardware's instructions and BLAS kernels, not
 on the code under test, so comparisons replay one run's active sets in the other.
-(tests/test_torch_parity.py shows that replaying cannot hide a wrong ReLU.)
+(tests/checks/test_torch_parity.py shows that replaying cannot hide a wrong ReLU.)
 """
 from __future__ import annotations
 

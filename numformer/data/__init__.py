@@ -1,22 +1,20 @@
 """Data for numformer: corpora, the shared subword vocabulary, token batching.
 
-Typical use::
+Typical use (what ``numformer.prepare`` and the trainer do)::
 
-    from numformer.data import (build_bible_corpus, load_parallel_dir,
-                                SubwordVocab, default_vocab_size, make_batches)
+    from numformer.data import SubwordVocab, TokenPairs, load_parallel_dir, plan_batches
 
-    splits = load_parallel_dir(build_bible_corpus())     # or a user folder
-    src, tgt = splits["train"]
-    vocab = SubwordVocab.train(src + tgt, "run/spm", default_vocab_size(len(src)))
-    batches = make_batches(vocab.encode(src), vocab.encode(tgt), max_tokens=2500,
-                           pad_id=vocab.pad_id, bos_id=vocab.bos_id, eos_id=vocab.eos_id,
-                           shuffle_seed=1, epoch=0, max_len=256)
+    src, tgt = load_parallel_dir("my_corpus/")["train"]           # or build_bible_corpus()
+    vocab = SubwordVocab.train(src + tgt, "run/spm")               # shared subword vocabulary
+    pairs = TokenPairs.from_lists(vocab.encode(src), vocab.encode(tgt))
+    plan = plan_batches(*pairs.lengths, max_tokens=2500, shuffle_seed=1, epoch=0, max_len=256)
+    batch = pairs.batch(plan[0], vocab.pad_id, vocab.bos_id, vocab.eos_id)   # src, tgt_in, tgt_out
 
 Every user-facing problem raises :class:`DataError` (a ValueError) with a
 one-line message saying what is wrong and what to do.
 """
 
-from .batching import Batch, BatchList, BatchPlan, filter_long_pairs, make_batches, pad_sequences, plan_batches
+from .batching import Batch, BatchPlan, pad_rows, plan_batches
 from .binary import TokenPairs
 from .errors import DataError
 from .parallel import CORPUS_FILES, SPLITS, load_parallel_dir, normalize_line, read_lines, write_parallel_dir
@@ -25,7 +23,7 @@ from .synthetic import make_synthetic
 from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SubwordVocab, default_vocab_size
 
 __all__ = [
-    "Batch", "BatchList", "BatchPlan", "filter_long_pairs", "make_batches", "pad_sequences", "plan_batches",
+    "Batch", "BatchPlan", "pad_rows", "plan_batches",
     "TokenPairs",
     "DataError",
     "CORPUS_FILES", "SPLITS", "load_parallel_dir", "normalize_line", "read_lines", "write_parallel_dir",

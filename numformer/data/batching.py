@@ -19,7 +19,6 @@ source/target length plus one):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -38,8 +37,8 @@ class Batch:
         n_src_tokens: non-pad entries of ``src`` (eos included).
         n_tgt_tokens: non-pad entries of ``tgt_out`` (eos included): the
             number of tokens the loss is averaged over.
-        index: (B,) positions of these pairs in the lists given to
-            :func:`make_batches` (to put translations back in input order).
+        index: (B,) positions of these pairs among all the pairs (``TokenPairs`` rows), to put
+            results back in input order.
     """
 
     src: np.ndarray
@@ -58,47 +57,6 @@ class Batch:
     def n_padded_tokens(self) -> int:
         """``B * (S + T)``: the quantity bounded by ``max_tokens``."""
         return int(self.src.size + self.tgt_in.size)
-
-
-class BatchList(list):
-    """A list of :class:`Batch` plus what was left out.
-
-    Attributes:
-        n_filtered: pairs dropped by ``max_len`` (training must log it).
-        n_pairs: pairs that made it into the batches.
-    """
-
-    n_filtered: int = 0
-    n_pairs: int = 0
-
-
-def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, prefix: int | None = None,
-                  suffix: int | None = None) -> np.ndarray:
-    """Stack id sequences into a right-padded (N, L) int64 array.
-
-    ``prefix``/``suffix`` (e.g. bos/eos) are added to every sequence; L is
-    the longest resulting length (at least 1). Vectorised over tokens: one
-    concatenation and one masked assignment (the only loop is over
-    sentences, to turn each into an array).
-    """
-    n = len(seqs)
-    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=n)
-    offset = 1 if prefix is not None else 0
-    total = lengths + offset + (1 if suffix is not None else 0)
-    width = max(int(total.max()) if n else 0, 1)
-    out = np.full((n, width), pad_id, dtype=np.int64)
-    if n == 0:
-        return out
-    if prefix is not None:
-        out[:, 0] = prefix
-    if lengths.sum():
-        flat = np.concatenate([np.asarray(s, dtype=np.int64).reshape(-1) for s in seqs])
-        cols = np.arange(width)[None, :]
-        # Row-major order of the mask matches the concatenation order.
-        out[(cols >= offset) & (cols < offset + lengths[:, None])] = flat
-    if suffix is not None:
-        out[np.arange(n), offset + lengths] = suffix
-    return out
 
 
 def pad_rows(flat: np.ndarray, lengths: np.ndarray, pad_id: int, prefix: int | None = None,
@@ -125,30 +83,6 @@ def pad_rows(flat: np.ndarray, lengths: np.ndarray, pad_id: int, prefix: int | N
     if suffix is not None:
         out[np.arange(n), offset + lengths] = suffix
     return out
-
-
-def filter_long_pairs(src_ids, tgt_ids, max_len: int | None) -> tuple[np.ndarray, int]:
-    """Indices of the pairs that fit ``max_len``, and how many do not.
-
-    A pair fits when ``len(src) + 1 <= max_len`` and ``len(tgt) + 1 <= max_len``: the +1 is the eos
-    (or bos) that batching adds, so max_len bounds the array lengths S and T (and hence the positions
-    the model must support). ``max_len=None`` keeps everything. See :func:`keep_short` for lengths.
-    """
-    n = len(src_ids)
-    src_len = np.fromiter((len(s) for s in src_ids), dtype=np.int64, count=n)
-    tgt_len = np.fromiter((len(t) for t in tgt_ids), dtype=np.int64, count=len(tgt_ids))
-    return keep_short(src_len, tgt_len, max_len)
-
-
-def keep_short(src_len: np.ndarray, tgt_len: np.ndarray, max_len: int | None) -> tuple[np.ndarray, int]:
-    """:func:`filter_long_pairs` on (N,) token counts (without bos/eos): (kept indices int64, dropped count)."""
-    n = len(src_len)
-    if max_len is None:
-        return np.arange(n, dtype=np.int64), 0
-    if max_len < 1:
-        raise DataError(f"max_len must be at least 1 (it counts the eos token), got {max_len}")
-    keep = np.flatnonzero((src_len < max_len) & (tgt_len < max_len))
-    return keep.astype(np.int64), int(n - keep.size)
 
 
 class BatchPlan:
@@ -184,7 +118,12 @@ def index_dtype(n: int) -> np.dtype:
 
 
 def _kept(src_len: np.ndarray, tgt_len: np.ndarray, max_len: int | None, dtype, block: int = 1 << 20):
-    """:func:`keep_short` in ``dtype`` and in blocks (no (N,) int64 temporary); None when all are kept."""
+    """(indices of the pairs that fit ``max_len``, in ``dtype``; how many do not); (None, 0) when all fit.
+
+    A pair fits when ``src_len + 1 <= max_len`` and ``tgt_len + 1 <= max_len``: the +1 is the eos (or
+    bos) that batching adds, so ``max_len`` bounds the array lengths S and T (the positions the model
+    must hold). Built in blocks: no (N,) int64 temporary.
+    """
     n = len(src_len)
     if max_len is None:
         return None, 0
@@ -204,13 +143,21 @@ def _kept(src_len: np.ndarray, tgt_len: np.ndarray, max_len: int | None, dtype, 
 
 def plan_batches(src_len, tgt_len, max_tokens: int, shuffle_seed: int | None = None, epoch: int = 0,
                  max_len: int | None = None) -> BatchPlan:
-    """Cut N pairs, given by their token counts, into token-bounded batches (see :func:`make_batches`).
+    """Cut N pairs, given by their token counts, into token-bounded batches (Section 5.1).
 
     Args:
         src_len, tgt_len: (N,) token counts per pair, without bos/eos.
-        max_tokens, shuffle_seed, epoch, max_len: as in :func:`make_batches`.
+        max_tokens: bound on ``B * (S + T)``, padding and the added bos/eos included. A single pair
+            larger than that still gets a batch of its own (every kept pair is in exactly one batch).
+        shuffle_seed: None = no randomness: batches in length order (evaluation). An int = training
+            order: ties within a (src_len, tgt_len) are broken at random and the batch order is
+            shuffled, both from ``default_rng([shuffle_seed, epoch])``.
+        epoch: mixes into the seed, so each epoch has its own order.
+        max_len: leave out pairs whose S or T would exceed it (see :func:`_kept`); the count is in
+            ``.n_filtered``.
     Returns:
-        A :class:`BatchPlan`; the batches, and their order, are those of :func:`make_batches`.
+        A :class:`BatchPlan`; :meth:`TokenPairs.batch <numformer.data.binary.TokenPairs.batch>` builds
+        batch ``i`` from ``plan[i]`` when it is trained on.
 
     Vectorised over pairs: one sort per epoch, and the greedy cut takes one window of numpy work
     per batch (not a Python step per sentence), so millions of pairs are planned in seconds. The
@@ -299,42 +246,3 @@ def _greedy_cut(s_len: np.ndarray, t_len: np.ndarray, max_tokens: int) -> np.nda
         start += max(fit, 1)  # the first pair always goes in
         bounds.append(start)
     return np.asarray(bounds, dtype=np.int64)
-
-
-def make_batches(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], max_tokens: int,
-                 pad_id: int = 0, bos_id: int = 2, eos_id: int = 3, shuffle_seed: int | None = None,
-                 epoch: int = 0, max_len: int | None = None) -> BatchList:
-    """Cut encoded sentence pairs into token-bounded batches.
-
-    Args:
-        src_ids, tgt_ids: N id sequences each (no bos/eos), pair i =
-            (src_ids[i], tgt_ids[i]); or ``src_ids`` a :class:`~numformer.data.binary.TokenPairs`
-            and ``tgt_ids`` None.
-        max_tokens: bound on ``B * (S + T)``, padding and the added
-            bos/eos included. A single pair larger than that still gets a
-            batch of its own (every kept pair is in exactly one batch).
-        pad_id, bos_id, eos_id: special ids (numformer's vocabulary: 0, 2, 3).
-        shuffle_seed: None = no randomness: batches in length order (for
-            evaluation and translation). An int = training order: ties
-            within a (src_len, tgt_len) are broken at random and the batch
-            order is shuffled, both from ``default_rng([shuffle_seed, epoch])``.
-        epoch: mixes into the seed, so each epoch has its own order.
-        max_len: drop pairs whose S or T would exceed it (see
-            :func:`filter_long_pairs`); the count is in ``.n_filtered``.
-    Returns:
-        A :class:`BatchList` of :class:`Batch`, every batch built (for data that fits in memory;
-        training plans with :func:`plan_batches` and builds one batch at a time).
-    """
-    from .binary import TokenPairs  # noqa: PLC0415  (binary builds on this module)
-
-    if isinstance(src_ids, TokenPairs):
-        pairs = src_ids
-    else:
-        if len(src_ids) != len(tgt_ids):
-            raise DataError(f"{len(src_ids)} source sequences but {len(tgt_ids)} target sequences: "
-                            "pass the two sides of the same pairs")
-        pairs = TokenPairs.from_lists(src_ids, tgt_ids)
-    plan = plan_batches(*pairs.lengths, max_tokens, shuffle_seed, epoch, max_len)
-    result = BatchList(pairs.batch(plan[i], pad_id, bos_id, eos_id) for i in range(len(plan)))
-    result.n_filtered, result.n_pairs = plan.n_filtered, plan.n_pairs
-    return result

@@ -1,33 +1,31 @@
-"""The machinery: fast versions of pieces of the math, and the one switch that turns them off.
+"""The kernels: fast versions of pieces of the math, and the one switch that turns them off.
 
-``numformer/layers/``, ``loss.py`` and ``optim.py`` hold the plain math: each piece of
+``numformer/layers/``, ``loss.py``, ``optim.py`` and ``decode.py`` hold the plain math: each piece of
 a forward or backward pass is a function written as the paper's equations (for example
-:func:`numformer.layers.attention.attention_backward`). This package holds faster
-versions of some of those functions: the same inputs, the same outputs (equal to the
-plain ones up to float rounding; tested at real training sizes in
-``tests/test_kernels.py``), computed with host threads, cache-sized blocks, ``out=``
-buffers and fused passes. A layer calls a piece of math through :func:`kernel`::
+:func:`numformer.layers.attention.attention_backward`). This package holds faster versions of some
+of those functions, each named after its plain twin with ``_fast`` (``attention_backward_fast``):
+the same inputs, the same outputs (equal to the plain ones up to float rounding; tested at real
+training sizes in ``tests/kernels/test_kernels.py``), computed with host threads, cache-sized
+blocks, ``out=`` buffers and fused passes. A layer calls a piece of math through :func:`kernel`::
 
-    dq, dk, dv = kernel(attention_backward)(dout, q, k, v, p, masked, scale)
+    dq, dk, dv = kernel(attention_backward)(dout, q, k, v, p, p_used, masked, scale, dropout_backward)
 
-which returns the fast version registered for ``attention_backward`` when kernels are
-on, the plain function itself when they are off. Fast versions run on host (numpy)
-arrays; given cupy arrays each one hands the call to the plain math (the GPU runs its
-own kernels for every array operation).
+which returns the fast version registered for ``attention_backward`` when kernels are on, the plain
+function itself when they are off. The training kernels (attention, LayerNorm, the embedding's
+scatter-add, the loss, Adam) run on host (numpy) arrays and hand cupy arrays to the plain math (the
+GPU runs its own kernels for every array operation); the two decoding kernels go through ``xp`` and
+run on both.
 
-The switch: ``NUMFORMER_KERNELS=plain`` in the environment, or
-``numformer.kernels.use_kernels("plain")`` (``"fast"`` is the default), runs the whole
-model on the plain math, on CPU and GPU; the process-wide tunings made at start-up
-(glibc's allocator, :mod:`~numformer.kernels.allocator`; OpenBLAS's thread spin,
-:mod:`~numformer.kernels.blas_threads`) are skipped too when the environment says
-``plain``. What each piece buys is measured in the README ("Speed").
+The switch: ``NUMFORMER_KERNELS=plain`` in the environment, or ``numformer.kernels.use_kernels("plain")``
+(``"fast"`` is the default), runs the whole model on the plain math, on CPU and GPU; the process
+tunings of :mod:`numformer.host` (glibc's allocator, OpenBLAS's thread spin) are skipped too when
+the environment says ``plain``. ``NUMFORMER_KERNELS_OFF=attention,loss`` leaves out single kernel
+files (to measure what each buys: ``bench/kernel_speed.py``, ``docs/speed.md``).
 
-Files: ``threads`` (the host thread pool and the row/range/task splitters),
-``allocator``, ``blas_threads``, and one file per piece of math: ``attention``,
-``layernorm``, ``embedding``, ``loss``, ``adam``, and ``decoding`` (the per-step pieces
-of the searches in :mod:`numformer.decode`). Dropout, ReLU and the linear maps have no
-kernel: their threaded and fused versions measured slower than the plain math at the
-training shapes (``bench/kernel_speed.py``), so they were removed.
+Files, one per piece of math: ``attention``, ``layernorm``, ``embedding``, ``loss``, ``adam`` and
+``decoding`` (the per-step pieces of the searches). Dropout, ReLU and the linear maps have no kernel:
+their threaded and fused versions measured slower than the plain math at the training shapes, so
+they were removed. The host thread pool the kernels split work over is :mod:`numformer.host.threads`.
 """
 from __future__ import annotations
 
@@ -97,11 +95,6 @@ def set_disabled(names) -> frozenset:
         raise KernelModeError(f"unknown kernel {sorted(unknown)[0]!r}: choose from {', '.join(_FAST_MODULES)}")
     previous, _off = _off, names
     return previous
-
-
-def kernel_names() -> tuple:
-    """The kernel files, one per piece of math: what :func:`set_disabled` takes."""
-    return _FAST_MODULES
 
 
 def registered() -> dict:

@@ -18,6 +18,7 @@ from ..backend import DEFAULT_DTYPE, get_array_module
 from ..kernels import kernel
 from ..module import Module
 from .dropout import Dropout
+from .init import DEFAULT_SCHEME
 from .linear import Linear
 from .softmax import softmax, softmax_backward
 
@@ -141,7 +142,7 @@ class MultiHeadAttention(Module):
 
     def __init__(self, d_model: int, heads: int, d_k: int | None = None, d_v: int | None = None,
                  attn_dropout: float = 0.0, rng=None, dropout_rng=None, dtype=DEFAULT_DTYPE,
-                 init: str = "xavier"):
+                 init: str = DEFAULT_SCHEME):
         super().__init__()
         if d_k is None:
             if d_model % heads:

@@ -11,6 +11,7 @@ import numpy as np
 from ..backend import DEFAULT_DTYPE
 from ..module import Module
 from .dropout import Dropout
+from .init import DEFAULT_SCHEME
 from .linear import Linear
 from .relu import ReLU
 
@@ -19,7 +20,7 @@ class FeedForward(Module):
     """Linear(d_model, d_ff) -> ReLU -> [Dropout] -> Linear(d_ff, d_model)."""
 
     def __init__(self, d_model: int, d_ff: int, relu_dropout: float = 0.0, rng=None, dropout_rng=None,
-                 dtype=DEFAULT_DTYPE, init: str = "xavier"):
+                 dtype=DEFAULT_DTYPE, init: str = DEFAULT_SCHEME):
         super().__init__()
         rng = rng if rng is not None else np.random.default_rng(0)
         self.w_1 = Linear(d_model, d_ff, rng=rng, dtype=dtype, init=init)

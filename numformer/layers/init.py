@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import math
 
-SCHEMES = ("pytorch", "xavier")
+SCHEMES = ("pytorch", "xavier")  # the one list of schemes (ModelConfig.init and train.py --init take these)
+DEFAULT_SCHEME = "pytorch"       # the one default: the model and every layer class
 ROLES = ("qkv", "out", "ffn")
 
 
-def linear_bound(d_in: int, d_out: int, scheme: str = "xavier", role: str = "ffn") -> float:
+def linear_bound(d_in: int, d_out: int, scheme: str = DEFAULT_SCHEME, role: str = "ffn") -> float:
     """Half-width of the uniform distribution for a (d_in, d_out) weight.
 
     Args:

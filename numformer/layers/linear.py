@@ -13,7 +13,7 @@ import numpy as np
 from ..backend import DEFAULT_DTYPE
 from ..module import Module, Parameter
 from ..precision import matmul
-from .init import linear_bound
+from .init import DEFAULT_SCHEME, linear_bound
 
 
 def linear_forward(x, w, b):
@@ -29,10 +29,10 @@ def linear_backward(dy, x, w, with_bias: bool):
 
 
 class Linear(Module):
-    """Affine map on the last axis; uniform weights (Xavier unless told, see ``init.py``), zero bias."""
+    """Affine map on the last axis; uniform weights (``init.py``'s scheme and role), zero bias."""
 
     def __init__(self, d_in: int, d_out: int, bias: bool = True, rng=None, dtype=DEFAULT_DTYPE,
-                 init: str = "xavier", role: str = "ffn"):
+                 init: str = DEFAULT_SCHEME, role: str = "ffn"):
         super().__init__()
         rng = rng if rng is not None else np.random.default_rng(0)
         bound = linear_bound(d_in, d_out, init, role)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from ..kernels.blas_threads import tune_blas_threads
+from ..host.blas_threads import tune_blas_threads
 
 tune_blas_threads()  # before numpy loads, as train.py does: the warmup study trains
 

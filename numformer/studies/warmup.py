@@ -57,7 +57,8 @@ import numpy as np
 from ..checkpoint import CHECKPOINT_DIR
 from ..model import Transformer
 from ..presets import get_preset
-from ..trainer import Trainer, TrainConfig
+from ..train_config import TrainConfig
+from ..trainer import Trainer
 from .common import Budget, bible_data, markdown_table, pyplot, write_outputs
 
 NAME = "warmup"

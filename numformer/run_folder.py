@@ -1,0 +1,268 @@
+"""A training run's folder: everything written into it, and the checks on what is found there.
+
+Layout::
+
+    RUN/run.lock                  the lock of the process training into it (numformer/run_lock.py)
+    RUN/run.json                  the run's settings: preset, device, data source, model and training config
+    RUN/spm.model                 the shared sentencepiece vocabulary; RUN/prepared/ the encoded corpus
+    RUN/metrics.jsonl             one JSON object per log line (plot with any tool)
+    RUN/grad_stats.jsonl          with --log-grads N: per-tensor statistics every N steps
+    RUN/checkpoints/step_*.npz    the last ``keep_last`` checkpoints (atomic writes; each one is a whole model)
+    RUN/averaged.npz              the average of the last ``average_last`` (Section 6.1)
+    RUN/test.hyp, test_scores.json, plots/, crash.log
+
+:class:`RunFolder` owns it for the trainer and for ``train.py``: the exclusive lock, taken first
+(:func:`~numformer.run_lock.lock_run_folder`); ``run.json``, written once per start; the checks of
+a new run (the folder holds no other run, no vocabulary of another corpus) and of the vocabulary
+it may reuse; the preflight (the checkpoint folder is writable and the disk holds what training
+will write); checkpoints written atomically and rotated; the newest readable checkpoint found for
+``--resume`` (leftover temporaries deleted, an unreadable one renamed ``*.corrupt``) and checked
+against the model and vocabulary; metrics appended, and cut back on resume to the checkpoint's
+step; the last checkpoints averaged. What a checkpoint holds is the trainer's business
+(:meth:`numformer.trainer.Trainer.save`).
+
+Faults it guarantees against: a SIGKILL at any moment leaves the previous checkpoint loadable; a
+full disk while saving stops training with a line naming the intact previous checkpoint; a disk
+without room for the checkpoints is reported before the first step, not after an hour.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from .checkpoint import (AVERAGED, CHECKPOINT_DIR, Checkpoint, CheckpointError, atomic_write, average_checkpoints,
+                         load_checkpoint, remove_stale_temporaries, run_checkpoints, save_checkpoint,
+                         step_checkpoint_path)
+from .errors import UsageError
+from .run_lock import lock_run_folder
+
+SETTINGS = "run.json"
+METRICS = "metrics.jsonl"
+VOCAB = "spm.model"
+INIT_ONLY_FIELDS = ("init",)  # model config fields that only matter before the first step
+
+
+class RunFolder:
+    """The folder ``path`` of one training run, locked for this process when ``lock`` (rank 0)."""
+
+    def __init__(self, path, lock: bool = True):
+        self.path = Path(path)
+        self.checkpoint_dir = self.path / CHECKPOINT_DIR
+        self.metrics_path = self.path / METRICS
+        self.lock = lock_run_folder(self.path) if lock else None  # before anything in the folder is read
+
+    def close(self) -> None:
+        """Release the lock (the folder may then be taken by another process)."""
+        if self.lock is not None:
+            self.lock.release()
+
+    # -- the run's settings -----------------------------------------------------------------------------
+    def read_settings(self) -> dict | None:
+        """``run.json`` as a dict (None when there is none); an unreadable one is a one-line UsageError."""
+        path = self.path / SETTINGS
+        if not path.is_file():
+            return None
+        try:
+            settings = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+            raise UsageError(f"{path} is unreadable ({reason}): give the data, preset and settings flags again, "
+                             "or delete it") from None
+        if not isinstance(settings, dict):
+            raise UsageError(f"{path} is unreadable (not a JSON object): give the data, preset and settings flags "
+                             "again, or delete it")
+        return settings
+
+    def write_settings(self, settings: dict) -> None:
+        """Write ``run.json`` (atomically): the one record of the run's settings."""
+        write_json(self.path / SETTINGS, settings)
+
+    def check_new_run(self, source: str) -> None:
+        """A new run (no ``--resume``) may not start over an existing one, nor reuse the vocabulary an
+        earlier attempt on another corpus left here."""
+        if self.checkpoints():
+            raise UsageError(f"{self.path} already holds a run: pass --resume to continue it or choose another --out")
+        if (self.path / VOCAB).exists():
+            old = self.read_settings()
+            if old is not None and old.get("data") not in (None, source):
+                raise UsageError(f"{self.path} holds the vocabulary of a run on {old['data']}: choose another --out "
+                                 f"(or delete its {VOCAB})")
+
+    def settle_vocabulary(self, vocab_size: int | None, resume: bool, asked_before: int | None, log=print) -> None:
+        """``spm.model`` left by an earlier attempt is reused by preparation: never silently against
+        ``--vocab-size``. A new run (no checkpoint yet) retrains it when the size asked for differs; a
+        resumed run keeps the vocabulary its checkpoints were trained with, so another size is refused.
+        ``asked_before``: the ``--vocab-size`` the run asked for (run.json; the data may allow fewer)."""
+        from .data import SubwordVocab  # noqa: PLC0415  (sentencepiece only when a vocabulary is there)
+
+        path = self.path / VOCAB
+        if not path.exists():
+            return
+        vocab = SubwordVocab.load(path)
+        if vocab_size is None or vocab_size == vocab.size:
+            log(f"vocabulary: reusing {path} ({vocab.size} pieces)")
+            return
+        if resume and self.checkpoints():
+            if asked_before == vocab_size:  # the size the run asked for; the data allowed fewer pieces
+                return
+            raise UsageError(f"--vocab-size {vocab_size} differs from the run's vocabulary ({vocab.size} pieces in "
+                             f"{path}): a resumed run keeps its vocabulary: leave --vocab-size out, or start a new "
+                             "run with another --out")
+        if asked_before == vocab_size:
+            log(f"vocabulary: reusing {path} ({vocab.size} pieces: all that --vocab-size {vocab_size} allowed on "
+                "this data)")
+            return
+        log(f"vocabulary: {path} has {vocab.size} pieces, --vocab-size asks for {vocab_size}: retraining it")
+        path.unlink()
+
+    # -- checkpoints --------------------------------------------------------------------------------------
+    def checkpoints(self) -> list[Path]:
+        """The run's checkpoint files, oldest first."""
+        return run_checkpoints(self.path)
+
+    def preflight(self, checkpoint_bytes: int, keep_last: int) -> None:
+        """Fail now, in one line, if the folder cannot hold the checkpoints (not after an hour).
+
+        The checkpoint folder must be writable, and the disk must have room for what training will
+        add: up to ``keep_last`` checkpoints of ``checkpoint_bytes`` plus the one being written, and the
+        average (the weights, a third of a checkpoint), with 10% to spare.
+        """
+        try:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.checkpoint_dir / ".write_probe.tmp"
+            with open(probe, "wb") as f:
+                f.write(b"numformer")
+                f.flush()
+            probe.unlink()
+        except OSError as exc:
+            raise CheckpointError(f"cannot write to {self.checkpoint_dir}: {exc.strerror or exc}: "
+                                  "choose another --out or fix the folder's permissions") from None
+        weights = (checkpoint_bytes - (1 << 20)) // 3
+        need = max(1, keep_last + 1 - len(self.checkpoints())) * checkpoint_bytes
+        if not (self.path / AVERAGED).exists():
+            need += weights
+        need = int(need * 1.1)
+        free = shutil.disk_usage(self.checkpoint_dir).free
+        if free < need:
+            mb = 1 << 20
+            raise CheckpointError(
+                f"not enough free disk space for {self.checkpoint_dir}: {keep_last} checkpoints of "
+                f"{checkpoint_bytes / mb:.0f} MB (weights and Adam moments) and their average need about "
+                f"{need / mb:.0f} MB, {free / mb:.0f} MB are free: free some space, lower --keep-last or choose "
+                "another --out")
+
+    def save_checkpoint(self, step: int, model_state: dict, meta: dict, optimizer_state: dict, vocab: bytes,
+                        keep_last: int) -> Path:
+        """Write the checkpoint of ``step`` (atomically), then delete all but the newest ``keep_last``.
+
+        A failed write (a full disk) is a one-line CheckpointError naming the previous checkpoint,
+        which is intact."""
+        path = step_checkpoint_path(self.path, step)
+        try:
+            save_checkpoint(path, model_state, meta, optimizer_state, vocab=vocab)
+        except OSError as exc:
+            previous = self.checkpoints()
+            kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no checkpoint was written"
+            raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}: {kept}; free disk space "
+                                  "or fix the folder, then continue with --resume") from None
+        for old in self.checkpoints()[:-keep_last]:
+            try:
+                old.unlink()
+            except OSError:
+                pass
+        return path
+
+    def holds_checkpoint_of(self, step: int) -> bool:
+        found = self.checkpoints()
+        return bool(found) and found[-1] == step_checkpoint_path(self.path, step)
+
+    def resumable_checkpoint(self, model_config: dict, vocab_sha256: str, log=print) -> tuple[Checkpoint, Path] | None:
+        """The newest readable checkpoint, checked to continue this run; None when there is none.
+
+        Leftover temporary files of a killed write are deleted; an unreadable checkpoint is renamed to
+        ``*.corrupt`` (so nothing picks it up again) and the next older one is used. A checkpoint of
+        another model config (``model_config``: ``ModelConfig.to_dict()``) or vocabulary, or one
+        without training state, is a one-line CheckpointError.
+        """
+        for folder in (self.path, self.checkpoint_dir):
+            for tmp in remove_stale_temporaries(folder):
+                log(f"removed {tmp}, left by an interrupted write")
+        found = self.checkpoints()
+        if not found:
+            return None
+        ck = None
+        for path in reversed(found):
+            try:
+                ck = load_checkpoint(path)
+                break
+            except CheckpointError as exc:
+                bad = path.with_name(path.name + ".corrupt")
+                try:
+                    path.rename(bad)
+                    log(f"skipping unreadable checkpoint (renamed to {bad.name}): {exc}")
+                except OSError:
+                    log(f"skipping unreadable checkpoint: {exc}")
+        if ck is None:
+            raise CheckpointError(f"no readable checkpoint in {self.checkpoint_dir}: remove the folder or start "
+                                  "without --resume")
+        saved, now = ck.meta.get("model_config"), dict(model_config)
+        if isinstance(saved, dict):  # how the weights were first drawn does not matter once they are loaded
+            saved = {k: v for k, v in saved.items() if k not in INIT_ONLY_FIELDS}
+            now = {k: v for k, v in now.items() if k not in INIT_ONLY_FIELDS}
+        if saved != now:
+            if not isinstance(saved, dict):
+                raise CheckpointError(f"{path} has no model config: it is not a numformer training checkpoint")
+            diff = [f"{k} {saved.get(k)!r} (asked: {now.get(k)!r})" for k in sorted(set(saved) | set(now))
+                    if saved.get(k) != now.get(k)]
+            raise CheckpointError(f"{path} was trained with another model: {', '.join(diff[:4])}: resume with the "
+                                  "run's --preset and model flags (or leave them out to use the run's)")
+        expected = ck.meta.get("vocab_sha256")
+        if expected and expected != vocab_sha256:
+            raise CheckpointError(f"{path} was trained with another vocabulary than {self.path / VOCAB}: "
+                                  "restore the run's spm.model or start a new run with another --out")
+        if ck.optimizer is None or not all(k in ck.meta for k in ("rng", "epoch", "batch_pos", "elapsed")):
+            raise CheckpointError(f"{path} holds no training state (optimizer, data position): it cannot be "
+                                  "resumed, only translated with")
+        return ck, path
+
+    def average(self, last: int) -> Path | None:
+        """Average the newest ``last`` checkpoints into ``averaged.npz``; None when there are fewer than 2."""
+        paths = self.checkpoints()[-last:]
+        if len(paths) < 2:
+            return None
+        ck = average_checkpoints(paths)
+        path = self.path / AVERAGED
+        save_checkpoint(path, ck.model, ck.meta, vocab=ck.vocab)
+        return path
+
+    # -- metrics ------------------------------------------------------------------------------------------
+    def append_metrics(self, record: dict) -> None:
+        """One line of ``metrics.jsonl``."""
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def truncate_metrics(self, step: int) -> None:
+        """Drop metric lines logged after ``step`` (they belong to work the checkpoint does not hold),
+        and a last line a kill cut in half."""
+        if not self.metrics_path.exists():
+            return
+        kept = []
+        for line in self.metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            at = rec.get("step", 0)
+            if at < step or (at == step and not rec.get("skipped")):
+                kept.append(line)
+        data = "".join(ln + "\n" for ln in kept).encode("utf-8")
+        atomic_write(self.metrics_path, lambda f: f.write(data))
+
+
+def write_json(path, obj) -> None:
+    """``obj`` as indented JSON, written atomically."""
+    data = (json.dumps(obj, indent=2) + "\n").encode("utf-8")
+    atomic_write(path, lambda f: f.write(data))

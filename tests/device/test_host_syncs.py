@@ -1,0 +1,77 @@
+"""The GPU training loop reads one device value set back to the host per step, and no more.
+
+Every read of a device value on the host (``float(x)``, ``bool(x)``, ``.item()``,
+``.get()``, printing) makes the host wait for the GPU to finish all queued work. The
+training step needs exactly one such read: the loss and the global gradient norm,
+fetched together (``numformer.trainer.read_scalars``), for the non-finite check, the
+fp16 loss scaler and the log line. The list of every read, and why each is there, is in
+``docs/gpu.md`` ("Host syncs in the training step").
+
+The CuPy stand-in (``tests/cupy_standin.py``) makes numformer take numpy arrays for
+device arrays and counts each read; ``Trainer.train`` runs whole steps through it
+(forward, loss, backward, norm or clipping, the loss scaler, Adam, the log line).
+"""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cupy", reason="cupy (importable without a GPU) is installed by .ci/setup")
+pytest.importorskip("cupyx")
+
+import cupy_standin as cs  # noqa: E402
+
+STEPS = 4
+ACCUM = 2
+
+
+def _worker_helpers():
+    spec = importlib.util.spec_from_file_location("mpi_worker", Path(__file__).resolve().parents[1] / "mpi_worker.py")
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    return helper
+
+
+@pytest.mark.parametrize("precision,clip", [("fp32", 0.0), ("fp32", 1.0), ("fp16", 0.0), ("tf32", 0.0)])
+def test_one_host_read_per_training_step(monkeypatch, tmp_path, precision, clip):
+    from numformer.model import Transformer
+    from numformer.prepare import PreparedData
+    from numformer.presets import get_preset
+    from numformer.train_config import TrainConfig
+    from numformer.trainer import Trainer
+
+    helper = _worker_helpers()
+    xp = cs.install(monkeypatch)
+    model = Transformer(get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=2), seed=5).to(xp)
+    data = PreparedData(helper.TinyVocab(), {}, {"train": helper.pairs(200)}, "task:syncs")
+    cfg = TrainConfig(max_tokens=300, accum=ACCUM, warmup=4, max_steps=STEPS, eval_every=0, log_every=1,
+                      save_every=0, save_every_minutes=0, clip_norm=clip, precision=precision)
+    trainer = Trainer(model, data, cfg, tmp_path, progress=False, log=lambda *a: None)
+    at_save = []
+    # the checkpoint at the end copies every weight to the host on purpose: count up to it
+    monkeypatch.setattr(trainer, "save", lambda: at_save.append((dict(cs.READS), dict(cs.UPLOADS))))
+    cs.reset_counts()
+    trainer.train()
+
+    assert trainer.optimizer.step_count == STEPS
+    reads, uploads = at_save[0]
+    assert reads == {"get": STEPS}, f"host reads in {STEPS} steps: {reads}"
+    # the batch's token ids go to the device: source, decoder input, decoder output per batch
+    assert uploads == {"asarray": 3 * ACCUM * STEPS}, uploads
+    lines = [ln for ln in (tmp_path / "metrics.jsonl").read_text().splitlines() if ln]
+    assert len(lines) == STEPS  # a log line every step, with no extra read for it
+
+
+def test_the_counter_sees_a_hidden_read(monkeypatch):
+    """The count is not vacuous: a float() of a device loss is seen."""
+    from numformer.loss import LabelSmoothedCrossEntropy
+
+    xp = cs.install(monkeypatch)
+    crit = LabelSmoothedCrossEntropy(0.1)
+    logits = xp.asarray(np.random.default_rng(0).standard_normal((2, 3, 5)))
+    loss = crit.forward(logits, xp.asarray(np.array([[1, 2, 0], [3, 0, 0]])))
+    assert not cs.READS
+    float(loss)
+    bool(loss > 0)
+    assert cs.READS == {"float": 1, "bool": 1}
