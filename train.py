@@ -51,6 +51,7 @@ from numformer.precision import check_precision
 from numformer.prepare import (CORPORA, DEFAULT_VOCAB_SAMPLE, PreparedData, manifest_digest, open_shared_train,
                                prepare)
 from numformer.presets import PRESETS, ModelConfig, get_preset
+from numformer.swap import check_layout, swapped_from_specs
 from numformer.trainer import TrainConfig, Trainer
 from numformer.translation import DecodeOptions, score_translations, translate_lines
 
@@ -121,6 +122,10 @@ def parse_args(argv=None):
     m.add_argument("--untied", action="store_true", help="separate source, target and output embeddings")
     m.add_argument("--dropout", type=probability, help="dropout probability (default: the preset's)")
     m.add_argument("--label-smoothing", type=probability, help="label smoothing epsilon (default 0.1)")
+    m.add_argument("--swap", action="append", metavar="LAYER=FILE.py:CLASS",
+                   help="train with your own layer class in place of numformer's LAYER, everywhere the model uses "
+                        "it (e.g. LayerNorm=my_layernorm.py:LayerNorm, from python -m grad_checks exercise layernorm); "
+                        "repeatable; see docs/exercises.md")
     m.add_argument("--init", choices=list(INIT_SCHEMES),
                    help="initialisation of the linear maps: pytorch (torch.nn.Transformer's, the default) or "
                         "xavier (Xavier-uniform everywhere); see numformer/layers/init.py")
@@ -464,6 +469,11 @@ def _report(exc: BaseException) -> int:
 
 
 def _main(args, world) -> int:
+    with swapped_from_specs(args.swap):  # --swap: the user's layer classes wherever numformer builds that layer
+        return _train(args, world)
+
+
+def _train(args, world) -> int:
     device = resolve_device(args.device)
     # fails now, in one line, if cuda is asked for but missing; several GPU ranks: this rank's own GPU
     xp = xp_for(world.device if world.size > 1 else device)
@@ -474,6 +484,8 @@ def _main(args, world) -> int:
         tcfg.dropout_rng = "batch"  # what the trainer does with several processes; run.json says so
     run_file = out / "run.json"
     model = Transformer(mcfg, seed=tcfg.seed)
+    if args.swap:  # the same parameter names and shapes as numformer's model: checkpoints stay portable
+        check_layout(model, lambda: Transformer(mcfg, seed=tcfg.seed))
     model.to(xp)
     print(f"model: preset {preset}, {model.num_parameters() / 1e6:.1f}M parameters, device "
           f"{world.device if world.size > 1 else device}; "
@@ -500,6 +512,8 @@ def _main(args, world) -> int:
             run["vocab_size_requested"] = asked  # the --vocab-size asked for (the data may allow fewer pieces)
         if world.size > 1:
             run["processes"] = world.size
+        if args.swap:
+            run["swap"] = args.swap
         _write_json(run_file, run)
     if trainer._done():
         print(f"already at step {trainer.optimizer.step_count}: nothing left to train "
