@@ -78,6 +78,7 @@ class Exercise:
     imports: tuple = ()
     swap: str | None = None
     paper: str = ""
+    in_place: tuple = ()  # arguments the function may change in place (the embedding's grad)
     mistake_names: dict = field(init=False)
 
     def __post_init__(self):
@@ -113,11 +114,19 @@ class Exercise:
         return using(self.layer, **{self.target.__name__: self._guarded(fn) if guard else fn})
 
     def _guarded(self, fn):
-        reference, outputs, who = self.target, self.outputs, self.target.__name__
+        reference, outputs, who, may_change = self.target, self.outputs, self.target.__name__, self.in_place
+        names = list(inspect.signature(reference).parameters)
 
         def guarded(*args, **kwargs):
+            before = detached_copy(args)
             expected = reference(*detached_copy(args), **kwargs)
             got = fn(*args, **kwargs)
+            for name, old, new in zip(names, before, args):
+                if isinstance(new, np.ndarray) and name not in may_change and not np.array_equal(old, new,
+                                                                                                 equal_nan=True):
+                    raise OutputMismatch(f"{who} changed its argument {name} in place: the layer hands the same "
+                                         "array on (to the skip path, to other layers): compute into a new array",
+                                         signature=("in place", name))
             check_outputs(got, expected, outputs, who)
             return got
         guarded.__name__ = who

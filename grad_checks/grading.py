@@ -57,6 +57,8 @@ class TensorGrade:
     verdict: str            # exact / approximate / wrong
     error: float
     index: tuple
+    mine: float = 0.0       # the student's and numformer's values at the worst entry
+    theirs: float = 0.0
     fd: object = None       # the finite-difference TensorResult, when run
 
 
@@ -125,12 +127,14 @@ class Grade:
                 continue
             w = max([len("tensor")] + [len(t.tensor) for t in case.tensors])
             ws = max([len("shape")] + [len(str(t.shape)) for t in case.tensors])
-            lines.append(f"  {'tensor':<{w}}  {'shape':<{ws}}  {'vs numformer':<35}  finite differences")
+            lines.append(f"  {'tensor':<{w}}  {'shape':<{ws}}  {'vs numformer':<24}  finite differences")
             for t in case.tensors:
-                at = f" at {t.index}" if t.verdict != "exact" else ""
+                at = f" at {t.index}" if t.verdict == "approximate" else ""
                 vs = f"{t.verdict.upper() if t.verdict == 'wrong' else t.verdict:<11} {t.error:.1e}{at}"
                 fd = "" if t.fd is None else f"{'pass' if t.fd.passed else 'FAIL'}  {t.fd.max_rel_error:.1e}"
-                lines.append(f"  {t.tensor:<{w}}  {str(t.shape):<{ws}}  {vs:<35}  {fd}")
+                lines.append(f"  {t.tensor:<{w}}  {str(t.shape):<{ws}}  {vs:<24}  {fd}")
+                if t.verdict == "wrong":
+                    lines.append(f"  {'':<{w}}  worst at {t.index}: yours {t.mine:+.6g}, numformer's {t.theirs:+.6g}")
         lines.append("")
         if self.mistake:
             lines.append(f"diagnosis: this is the catalogued mistake {self.mistake}:")
@@ -321,5 +325,9 @@ def _grade_tensors(cg: CaseGrade, mine: Outcome, reference: Outcome) -> None:
     """Each tensor of the reference's gradients against the candidate's: verdict, worst error and where."""
     tiny = _floor(reference.grads)
     for name, g in reference.grads.items():
-        err, idx = compare(mine.grads[name], g, tiny) if name in mine.grads else (float("inf"), ())
-        cg.tensors.append(TensorGrade(name, tuple(g.shape), verdict(err), err, idx))
+        if name not in mine.grads:
+            cg.tensors.append(TensorGrade(name, tuple(g.shape), "wrong", float("inf"), ()))
+            continue
+        err, idx = compare(mine.grads[name], g, tiny)
+        cg.tensors.append(TensorGrade(name, tuple(g.shape), verdict(err), err, idx,
+                                      float(mine.grads[name][idx]) if idx else 0.0, float(g[idx]) if idx else 0.0))

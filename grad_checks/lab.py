@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from numformer.cli_common import OneLineParser
+from numformer.cli_common import OneLineParser, one_line_errors
 from numformer.user_code import UserCodeError, load_file
 
 from . import exercises
@@ -113,6 +113,11 @@ def check_file(path: str, exercise: str | None = None, seed: int = 0):
 
 def main(argv) -> int:
     args = _parser().parse_args(argv)
+    with one_line_errors(PROG):  # a bug of ours: one line saying so, the traceback in a file
+        return _run(args)
+
+
+def _run(args) -> int:
     try:
         if args.command == "exercise":
             if args.list:

@@ -32,6 +32,11 @@ and measures nothing; such a probe is dropped (counted in ``kinks``, reported)
 and, for a sampled tensor or a direction, another entry or direction is drawn in
 its place (up to four times the number asked for). A tensor none of whose probes
 could be measured fails: no evidence is not a pass.
+
+:func:`check` (``check(layer, *inputs)``) runs the same check on any object with the layer
+contract, a user's own layer included, and returns a printable :class:`CheckReport`; the
+exercises (``python -m grad_checks exercise``) grade students' backward passes with it and
+with :func:`analytic_gradients`, the one forward and backward both checks start from.
 """
 from __future__ import annotations
 
@@ -416,8 +421,8 @@ def validate_gradients(tensors, who: str) -> None:
 def check(layer, *inputs, seed: int = 0, step: float = 1e-5, tolerance: float = 1e-6, **kwargs) -> CheckReport:
     """Check ``layer``'s backward against float64 central differences; returns a printable report.
 
-    ``layer``: any object with the layer contract: ``forward(*inputs, **kwargs)`` (or calling it)
-    returns an array or a tuple of arrays and caches what backward needs; ``backward(*upstream)``
+    ``layer``: any object with the layer contract: ``forward(*inputs, **kwargs)`` returns an array
+    or a tuple of arrays and caches what backward needs; ``backward(*upstream)``
     returns the gradient of each float input, in their order (one array, a tuple, or None when
     there is none, e.g. token ids) and *adds* the parameter gradients into ``.grad``. Parameters
     are found by ``named_parameters()``, ``parameters()`` or as attributes with ``.data`` and

@@ -118,7 +118,7 @@ def swapped(swaps: dict | None = None, **classes):
     pairs = [(known[name], cls) for name, cls in given.items()]
     patched = []
     try:
-        for mod in [m for name, m in list(sys.modules.items()) if name == "numformer" or name.startswith("numformer.")]:
+        for mod in _numformer_modules():
             for attr, value in list(vars(mod).items()):
                 for original, new in pairs:
                     if value is original:
@@ -131,6 +131,15 @@ def swapped(swaps: dict | None = None, **classes):
             _ACTIVE.pop()
         for mod, attr, original, _ in reversed(patched):
             setattr(mod, attr, original)
+        for mod in _numformer_modules():  # a module first imported inside the block took the swapped name too
+            for attr, value in list(vars(mod).items()):
+                for original, new in pairs:
+                    if value is new and not any(value is n for p in _ACTIVE for *_, n in p):
+                        setattr(mod, attr, original)
+
+
+def _numformer_modules() -> list:
+    return [m for name, m in list(sys.modules.items()) if name == "numformer" or name.startswith("numformer.")]
 
 
 _ACTIVE = []  # the patches of the swapped() blocks now open, innermost last

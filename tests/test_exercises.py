@@ -107,6 +107,8 @@ def test_command_line_mistakes_are_one_line_exit_2(tmp_path, capsys):
     ("    return dy, dy", "layernorm_backward returned a tuple of 2; it returns 3: (dx, dgamma, dbeta)"),
     ("    return dy @ xhat", "raised ValueError at my_layernorm.py:"),
     ("    return undefined_name", "raised NameError at my_layernorm.py:"),
+    ("    dy *= gamma\n    return dy, (dy * xhat).sum(axis=0), dy.sum(axis=0)",
+     "layernorm_backward changed its argument dy in place"),
 ])
 def test_student_errors_are_one_clear_line(body, needle, tmp_path):
     text = lab.skeleton(exercises.get("layernorm"), 5, 12, "my_layernorm.py")

@@ -12,76 +12,49 @@ from ..cases import HEADS, S, T, _replay, padded_batch
 from ..exercise import Exercise
 
 
-def scale_missing(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
-    """The 1/sqrt(d_k) is missing from dQ and dK: the scores are Q K^T * scale, so their gradient carries the scale."""
-    dv = p_used.swapaxes(-1, -2) @ dout
+def _ds(dout, v, p, masked, dropout_backward, row_sum=True, mask=True):
+    """dS, the scores' gradient, unscaled; ``row_sum`` and ``mask`` switch off one step for the mistakes below."""
     dp = dout @ v.swapaxes(-1, -2)
     if dropout_backward is not None:
         dp = dropout_backward(dp)
-    ds = softmax_backward(dp, p)
-    if masked is not None:
-        ds = np.where(masked, 0.0, ds)
-    return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+    ds = softmax_backward(dp, p) if row_sum else p * dp
+    return np.where(masked, 0.0, ds) if mask and masked is not None else ds
+
+
+def scale_missing(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
+    """The 1/sqrt(d_k) is missing from dQ and dK: the scores are Q K^T * scale, so their gradient carries the scale."""
+    ds = _ds(dout, v, p, masked, dropout_backward)
+    return ds @ k, ds.swapaxes(-1, -2) @ q, p_used.swapaxes(-1, -2) @ dout
 
 
 def masked_scores_keep_gradient(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
     """Masked scores keep gradient: forward replaced them by a constant, so dS is 0 there (it shows in fully masked rows)."""
-    dv = p_used.swapaxes(-1, -2) @ dout
-    dp = dout @ v.swapaxes(-1, -2)
-    if dropout_backward is not None:
-        dp = dropout_backward(dp)
-    ds = softmax_backward(dp, p) * scale
-    return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+    ds = _ds(dout, v, p, masked, dropout_backward, mask=False) * scale
+    return ds @ k, ds.swapaxes(-1, -2) @ q, p_used.swapaxes(-1, -2) @ dout
 
 
 def softmax_without_row_sum(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
     """The softmax backward lacks its row sum: dS = P * (dP - rowsum(dP * P)), not P * dP."""
-    dv = p_used.swapaxes(-1, -2) @ dout
-    dp = dout @ v.swapaxes(-1, -2)
-    if dropout_backward is not None:
-        dp = dropout_backward(dp)
-    ds = p * dp
-    if masked is not None:
-        ds = np.where(masked, 0.0, ds)
-    ds = ds * scale
-    return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+    ds = _ds(dout, v, p, masked, dropout_backward, row_sum=False) * scale
+    return ds @ k, ds.swapaxes(-1, -2) @ q, p_used.swapaxes(-1, -2) @ dout
 
 
 def dq_dk_swapped(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
     """dQ and dK swapped: S = Q K^T, so dQ = dS K and dK = dS^T Q (each with the scale)."""
-    dv = p_used.swapaxes(-1, -2) @ dout
-    dp = dout @ v.swapaxes(-1, -2)
-    if dropout_backward is not None:
-        dp = dropout_backward(dp)
-    ds = softmax_backward(dp, p)
-    if masked is not None:
-        ds = np.where(masked, 0.0, ds)
-    ds = ds * scale
-    return ds.swapaxes(-1, -2) @ q, ds @ k, dv
+    ds = _ds(dout, v, p, masked, dropout_backward) * scale
+    return ds.swapaxes(-1, -2) @ q, ds @ k, p_used.swapaxes(-1, -2) @ dout
 
 
 def transpose_missing_in_dv(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
     """dV = P dO misses a transpose: O = P V, so dV = P^T dO (keys by queries, times dO)."""
-    dv = p_used @ dout
-    dp = dout @ v.swapaxes(-1, -2)
-    if dropout_backward is not None:
-        dp = dropout_backward(dp)
-    ds = softmax_backward(dp, p)
-    if masked is not None:
-        ds = np.where(masked, 0.0, ds)
-    ds = ds * scale
-    return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+    ds = _ds(dout, v, p, masked, dropout_backward) * scale
+    return ds @ k, ds.swapaxes(-1, -2) @ q, p_used @ dout
 
 
 def dropout_ignored(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
     """Attention dropout ignored in backward: O = dropout(P) V, so dV = P_used^T dO and dP passes through the dropout's backward."""
-    dv = p.swapaxes(-1, -2) @ dout
-    dp = dout @ v.swapaxes(-1, -2)
-    ds = softmax_backward(dp, p)
-    if masked is not None:
-        ds = np.where(masked, 0.0, ds)
-    ds = ds * scale
-    return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+    ds = _ds(dout, v, p, masked, None) * scale
+    return ds @ k, ds.swapaxes(-1, -2) @ q, p.swapaxes(-1, -2) @ dout
 
 
 def cases(cls, seed):

@@ -70,6 +70,7 @@ def cases(cls, seed):
 EXERCISE = Exercise(
     name="loss", title="the backward of the label-smoothed cross-entropy", paper="Section 5.4",
     target=smoothed_cross_entropy_backward, layer=LabelSmoothedCrossEntropy, cases=cases, outputs=("dz",),
+    in_place=("p",),
     mistakes=(eps_over_v_minus_1, smoothing_forgotten, mean_over_all_positions, padding_positions_with_gradient),
     show=(smoothed_cross_entropy,), swap="LabelSmoothedCrossEntropy",
     notes="p is softmax(z) (N, V), kept by forward; y (N,) the target ids; weight (N,) is [not padding] / "
