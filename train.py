@@ -7,6 +7,7 @@ Examples:
     python train.py --task reverse --preset tiny --max-steps 600
     python train.py --data my_corpus/ --preset small --max-minutes 60 --out runs/mine
     python train.py --out runs/mine --resume                 # continue where it stopped
+    python train.py --task copy --preset tiny --swap LayerNorm=my_layernorm.py:LayerNorm   # your own backward
     mpirun -n 4 python train.py --corpus bible-en-es --device cuda   # 4 GPUs, one process each
 
 Under mpirun (several processes, mpi4py installed) the processes train one model

@@ -257,53 +257,15 @@ def _describe_wrong(name: str, got, ref, tiny: float) -> str:
     return f"your gradient of {name} is wrong at {n_wrong} of {got.size} entries"
 
 
-def grade(ex: Exercise, fn, who: str | None = None, file=None, seed: int = 0, finite_differences: bool = True,
+def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0, finite_differences: bool = True,
           diagnose: bool = True, check_command: str = "") -> Grade:
-    """Grade the student's ``fn`` (a function, or a method for a composition exercise) on ``ex``."""
-    with kernel_mode("plain"):
-        _, reference = run_function(ex, ex.target, seed, guard=False)
-        cases, mine = run_function(ex, fn, seed, file)
-        result = Grade(ex, who or ex.student_name, check_command=check_command)
-        stopped = next((o for o in mine if o.not_implemented), None)
-        if stopped is not None:
-            result.not_implemented = stopped.error
-            return result
-        for i, (case, me, ref) in enumerate(zip(cases, mine, reference)):
-            cg = CaseGrade(case.case)
-            result.cases.append(cg)
-            if me.error is not None:
-                cg.error = me.error
-                continue
-            _grade_tensors(cg, me, ref)
-        if finite_differences:
-            fresh = ex.cases(ex.layer_class(fn), seed)  # new layers: run_case perturbs weights and inputs
-            for i, (case, cg) in enumerate(zip(fresh, result.cases)):
-                if cg.error is not None:
-                    continue
-                by_name = {r.tensor: r for r in run_case(case, np.random.default_rng([seed, i, 1]))}
-                for t in cg.tensors:
-                    t.fd = by_name.get(t.tensor)
-        if diagnose and not result.passed:
-            found = closest_mistake(ex, mine, reference, seed)
-            if found is not None:
-                result.mistake = found[0]
-            else:
-                for case, me, ref in zip(result.cases, mine, reference):
-                    if me.error is None:
-                        worst = max(case.tensors, key=lambda t: t.error)
-                        if worst.verdict == "wrong":
-                            result.hints.append(f"{case.name}: " + _describe_wrong(
-                                worst.tensor, me.grads[worst.tensor], ref.grads[worst.tensor], _floor(ref.grads)))
-                            break
-    return result
-
-
-def grade_class(ex: Exercise, cls: type, seed: int = 0, file=None) -> Grade:
-    """Grade a whole layer class (what ``train.py --swap`` trains with) against numformer's, no finite differences."""
+    """Grade the student's ``answer`` on ``ex``: a function (or a method, for a composition) put in numformer's
+    layer class, or a whole layer class as it is (what ``train.py --swap`` trains with, helpers and all)."""
+    cls = answer if isinstance(answer, type) else ex.layer_class(answer)
     with kernel_mode("plain"):
         _, reference = run_function(ex, ex.target, seed, guard=False)
         cases, mine = run_class(ex, cls, seed, file)
-        result = Grade(ex, f"{cls.__name__} from {file}" if file else cls.__name__)
+        result = Grade(ex, who or ex.student_name, check_command=check_command)
         stopped = next((o for o in mine if o.not_implemented), None)
         if stopped is not None:
             result.not_implemented = stopped.error
@@ -315,10 +277,31 @@ def grade_class(ex: Exercise, cls: type, seed: int = 0, file=None) -> Grade:
                 cg.error = me.error
                 continue
             _grade_tensors(cg, me, ref)
-        if not result.passed:
+        if finite_differences and cases:
+            fresh = ex.cases(cls, seed)  # new layers: run_case perturbs weights and inputs in place
+            for i, (case, cg) in enumerate(zip(fresh, result.cases)):
+                if cg.error is not None:
+                    continue
+                by_name = {r.tensor: r for r in run_case(case, np.random.default_rng([seed, i, 1]))}
+                for t in cg.tensors:
+                    t.fd = by_name.get(t.tensor)
+        if diagnose and not result.passed:
             found = closest_mistake(ex, mine, reference, seed)
-            result.mistake = found[0] if found else None
+            result.mistake = found[0] if found is not None else None
+            if found is None:
+                result.hints += _hints(result, mine, reference)
     return result
+
+
+def _hints(result: Grade, mine: list, reference: list) -> list:
+    """The first case's worst wrong tensor, described (no catalogued mistake explains the answer)."""
+    for case, me, ref in zip(result.cases, mine, reference):
+        if me.error is None and case.tensors:
+            worst = max(case.tensors, key=lambda t: t.error)
+            if worst.verdict == "wrong" and worst.tensor in me.grads:
+                return [f"{case.name}: " + _describe_wrong(worst.tensor, me.grads[worst.tensor],
+                                                           ref.grads[worst.tensor], _floor(ref.grads))]
+    return []
 
 
 def _grade_tensors(cg: CaseGrade, mine: Outcome, reference: Outcome) -> None:

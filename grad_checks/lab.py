@@ -71,16 +71,16 @@ def write_exercise(name: str, out: str = ".", force: bool = False) -> Path:
 
 
 def student_code(module, ex):
-    """The student's function (or method, for a composition) in their module, or a UserCodeError."""
+    """What the student wrote, or a UserCodeError: for a composition their class (graded whole, with any
+    helper methods it has), else their function (graded inside numformer's layer)."""
     if ex.is_method:
         cls = getattr(module, ex.layer.__name__, None)
         if not isinstance(cls, type):
             raise UserCodeError(f"no class {ex.layer.__name__} in the file: it holds your {ex.student_name}")
-        fn = vars(cls).get(ex.target.__name__)
-        if fn is None:
+        if ex.target.__name__ not in vars(cls):
             raise UserCodeError(f"class {ex.layer.__name__} defines no {ex.target.__name__} of its own: write "
                                 f"{ex.student_name}")
-        return fn
+        return cls
     fn = getattr(module, ex.target.__name__, None)
     if not callable(fn):
         raise UserCodeError(f"no function {ex.target.__name__} in the file: write it (the exercise file has it)")

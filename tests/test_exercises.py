@@ -182,3 +182,17 @@ def test_the_plain_invocation_is_unchanged(capsys):
     assert grad_checks_main(["--layer", "ReLU"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("layer") and "1 tensors checked" in out
+
+
+def test_a_composition_is_graded_as_the_class_written_helpers_and_all(tmp_path):
+    path = tmp_path / "my_encoder_layer.py"
+    path.write_text('EXERCISE = "encoder_layer"\n'
+                    "from numformer.model import EncoderLayer as Base\n\n"
+                    "class EncoderLayer(Base):\n"
+                    "    def _through(self, residual, sublayer, dy):\n"
+                    "        return residual.backward(dy, sublayer)\n\n"
+                    "    def backward(self, dy):\n"
+                    "        dy = self._through(self.ffn_residual, self.ffn, dy)\n"
+                    "        return self._through(self.self_attn_residual, self.self_attn, dy)\n")
+    result, status, _ = lab.check_file(str(path))
+    assert status == 0 and result.exact, str(result)

@@ -73,7 +73,8 @@ EXERCISE = Exercise(
     mistakes=(key_value_paths_dropped, heads_merged_without_transpose, split_without_transpose,
               key_and_value_gradients_swapped),
     swap="MultiHeadAttention",
-    notes="Call the children's backward, in the reverse order of forward: self.w_o, self.attention (returns dq, dk, "
-          "dv of shape (B, h, T, d)), self.w_q, self.w_k, self.w_v; each Linear's backward returns the gradient of "
-          "its input and adds its dW, db into .grad. self._cross is True for encoder-decoder attention (forward got "
-          "a memory): return (dx, dmemory) then, dx alone otherwise. self._split and self._merge are yours to use.")
+    notes="The children and what their backward returns: self.w_q, self.w_k, self.w_v and self.w_o are Linear "
+          "maps (backward(g) returns the gradient of their input and adds dW, db into .grad); self.attention is "
+          "the scaled dot-product attention (backward(dO) returns dq, dk, dv, each (B, h, T, d)). self._cross is "
+          "True for encoder-decoder attention (forward got a memory): return (dx, dmemory) then, dx alone "
+          "otherwise. self._split and self._merge are yours to use.")
