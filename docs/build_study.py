@@ -7,8 +7,9 @@
 CELLS is the notebook's source: edit it here, then rebuild, so the committed notebook always holds the
 outputs of its own code. tests/test_study_notebook.py runs the notebook in CI (nbclient) and checks that
 its cells are these. The notebook uses numformer's public names only: layer classes with forward and
-backward, numformer.gradcheck.run_case, grad_checks.cases.build_cases, train.py and translate.py's
-functions, numformer.plot and numformer.attention_maps.
+backward, numformer.gradcheck.run_case and check, grad_checks.cases.build_cases, the exercises' grading
+(grad_checks.exercises, grad_checks.grading.grade), train.py and translate.py's functions, numformer.plot and
+numformer.attention_maps.
 """
 from __future__ import annotations
 

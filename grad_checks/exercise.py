@@ -223,7 +223,7 @@ def _header(ex: Exercise, number: int, total: int, path: str) -> str:
                  "the report says where, and names the mistake when it is a known one):\n\n" + check)
     if ex.swap:
         cls = ex.layer.__name__
-        parts.append("When it checks exact, train with it (every " + ex.swap + " of the model is yours):\n\n"
+        parts.append("When it checks exact, train with it (every " + ex.swap + " numformer builds is yours):\n\n"
                      f"    python3 train.py --task copy --preset tiny --max-steps 300 --swap {ex.swap}={path}:{cls}\n"
                      f"    python3 train.py --corpus bible-en-es --preset small --max-steps 300 "
                      f"--swap {ex.swap}={path}:{cls}")

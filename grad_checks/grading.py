@@ -137,8 +137,7 @@ class Grade:
                     lines.append(f"  {'':<{w}}  worst at {t.index}: yours {t.mine:+.6g}, numformer's {t.theirs:+.6g}")
         lines.append("")
         if self.mistake:
-            lines.append(f"diagnosis: this is the catalogued mistake {self.mistake}:")
-            lines.append(f"  {ex.explanation(ex.mistake_names[self.mistake])}")
+            lines.append(f"diagnosis: {self.mistake}: {ex.explanation(ex.mistake_names[self.mistake])}")
         for hint in self.hints:
             lines.append(f"hint: {hint}")
         lines.append(f"result: {self.summary()}")

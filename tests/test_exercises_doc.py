@@ -2,7 +2,7 @@
 root), print what the page shows; its Python blocks run; the function bodies it tells the reader to write give
 the diagnosis and then the exact grade it shows. Two changes only: train.py's 300 steps become 3 (the real
 runs are measured by hand and quoted on the page), and the bible-en-es runs are left out (a corpus build and
-minutes of training)."""
+minutes of training). The README's example of check() runs too."""
 import os
 import re
 import subprocess
@@ -11,6 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "exercises.md"
+README = ROOT / "README.md"
 NUMBER = re.compile(r"[-+]?\d\.\d+e[-+]\d\d")  # finite-difference errors: round-off differs across machines
 
 
@@ -63,3 +64,14 @@ def test_the_walk_through_runs_as_written(tmp_path):
             assert done.returncode == 0, done.stderr
             output = done.stdout
     assert any("train.py" in c and "--swap" in c for c in ran) and any(" check " in c for c in ran)
+
+
+def test_the_readme_example_checks_its_own_layer(tmp_path):
+    body = next(b for lang, b in blocks(README.read_text()) if lang == "python" and "gradcheck import check" in b)
+    script = tmp_path / "example.py"
+    script.write_text(body)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "passed: 2 tensors" in done.stdout and "input:x" in done.stdout
