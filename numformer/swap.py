@@ -236,10 +236,12 @@ def describe(swaps: dict, files: dict) -> list:
         from grad_checks.grading import grade  # noqa: PLC0415  (the exercises live beside numformer)
 
         result = grade(exercise, user_class, file=files[layer].rpartition(":")[0], finite_differences=False)
-        if result.not_implemented:
-            raise SwapError(f"--swap {layer}: {files[layer]} is not written yet ({result.not_implemented}): "
-                            f"write it, and check it with python -m grad_checks check "
-                            f"{files[layer].rpartition(':')[0]}")
+        if result.not_implemented:  # every process of a data-parallel run stops here alike
+            from .distributed import mark_collective  # noqa: PLC0415
+
+            raise mark_collective(SwapError(f"--swap {layer}: {files[layer]} is not written yet "
+                                            f"({result.not_implemented}): write it, and check it with "
+                                            f"python -m grad_checks check {files[layer].rpartition(':')[0]}"))
         if result.passed:
             lines.append(f"{where}: its backward grades {result.summary()} on {len(result.cases)} cases")
         else:
