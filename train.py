@@ -7,6 +7,7 @@ Examples:
     python train.py --corpus bible-en-es --device cuda       # the paper's base model on a GPU
     python train.py --data my_corpus/ --preset small --max-minutes 60 --out runs/mine
     python train.py --out runs/mine --resume                 # continue where it stopped
+    python train.py --task copy --preset tiny --swap LayerNorm=my_layernorm.py:LayerNorm   # your own backward
     mpirun -n 4 python train.py --corpus bible-en-es --device cuda   # 4 GPUs, one process each
 
 This file is the command line and the flow; the work is in numformer: the settings
@@ -50,6 +51,7 @@ from numformer.prepare import CORPORA, DEFAULT_VOCAB_SAMPLE, prepare
 from numformer.presets import PRESETS, get_preset
 from numformer.replicas import share_run
 from numformer.run_folder import RunFolder, write_json
+from numformer.swap import check_layout, swapped_from_specs
 from numformer.tensorboard_log import require_writer
 from numformer.train_config import GPU_RECIPES, default_out, default_preset, settle, source_of
 from numformer.trainer import Trainer
@@ -78,6 +80,10 @@ def parse_args(argv=None):
     m.add_argument("--untied", action="store_true", help="separate source, target and output embeddings")
     m.add_argument("--dropout", type=probability, help="dropout probability (default: the preset's)")
     m.add_argument("--label-smoothing", type=probability, help="label smoothing epsilon (default 0.1)")
+    m.add_argument("--swap", action="append", metavar="LAYER=FILE.py:CLASS",
+                   help="train with your own layer class in place of numformer's LAYER, everywhere the model uses "
+                        "it (e.g. LayerNorm=my_layernorm.py:LayerNorm, from python -m grad_checks exercise layernorm); "
+                        "repeatable; see docs/exercises.md")
     m.add_argument("--init", choices=list(INIT_SCHEMES),
                    help="initialisation of the linear maps: pytorch (torch.nn.Transformer's, the default) or "
                         "xavier (Xavier-uniform everywhere); see numformer/layers/init.py")
@@ -215,6 +221,11 @@ def _report(exc: BaseException) -> int:
 
 
 def _main(args, world) -> int:
+    with swapped_from_specs(args.swap):  # --swap: the user's layer classes wherever numformer builds that layer
+        return _train(args, world)
+
+
+def _train(args, world) -> int:
     """The flow: settle the run in its locked folder, build the model, train, then finish (rank 0)."""
     device = resolve_device(args.device)
     # fails now, in one line, if cuda is asked for but missing; several GPU ranks: this rank's own GPU
@@ -229,7 +240,10 @@ def _main(args, world) -> int:
         tcfg = run.train
         if world.size > 1:
             tcfg.dropout_rng = "batch"  # what the trainer does with several processes; run.json says so
-        model = Transformer(mcfg, seed=tcfg.seed).to(xp)
+        model = Transformer(mcfg, seed=tcfg.seed)
+        if args.swap:  # the same parameter names and shapes as numformer's model: checkpoints stay portable
+            check_layout(model, lambda: Transformer(mcfg, seed=tcfg.seed))
+        model.to(xp)
         print(f"model: preset {run.preset}, {model.num_parameters() / 1e6:.1f}M parameters, device "
               f"{world.device if world.size > 1 else device}; "
               f"training: {tcfg.max_tokens} tokens x {tcfg.accum} per step, warmup {tcfg.warmup}, lr factor "
@@ -246,7 +260,10 @@ def _main(args, world) -> int:
         if args.resume and not trainer.resume():
             print("no checkpoint to resume from: starting fresh")
         if world.is_main:
-            folder.write_settings(run.record(device, data.source, mcfg.to_dict(), world.size))
+            record = run.record(device, data.source, mcfg.to_dict(), world.size)
+            if args.swap:
+                record["swap"] = args.swap
+            folder.write_settings(record)
         if trainer.done():
             print(f"already at step {trainer.optimizer.step_count}: nothing left to train "
                   "(raise --max-steps or --max-minutes to train on)")

@@ -7,8 +7,9 @@
 CELLS is the notebook's source: edit it here, then rebuild, so the committed notebook always holds the
 outputs of its own code. tests/checks/test_study_notebook.py runs the notebook in CI (nbclient) and checks that
 its cells are these. The notebook uses numformer's public names only: layer classes with forward and
-backward, numformer.gradcheck.run_case, grad_checks.cases.build_cases, train.py and translate.py's
-functions, numformer.plot and numformer.attention_maps.
+backward, numformer.gradcheck.run_case and check, grad_checks.cases.build_cases, the exercises' grading
+(grad_checks.exercises, grad_checks.grading.grade), train.py and translate.py's functions, numformer.plot and
+numformer.attention_maps.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ This notebook follows the order a student learns backpropagation in, on numforme
 2. its finite-difference check;
 3. the same check for the whole model and its loss;
 4. a short training run, and pictures of how gradients flow through it;
-5. attention maps of the trained model.
+5. attention maps of the trained model;
+6. checking a backward pass of your own, and the exercises that grade it and name the mistake.
 
 It runs top to bottom in a few minutes on a laptop CPU (CI runs it on every change)."""),
     ("code", """\
@@ -195,12 +197,12 @@ Where to go next: `docs/backward.md` derives the attention and LayerNorm backwar
 pictures for any run trained with `--log-grads N`."""),
 ]
 
-# --- Section 6: a study from the literature (numformer/studies/ln_placement.py; docs/studies.md) -----------------
+# --- Section 7: a study from the literature (numformer/studies/ln_placement.py; docs/studies.md) -----------------
 # Its own cells, placed before the closing "Where to go next" cell. The notebook runs the study's small
 # configuration (the one its CI test runs: seconds); the full study is one command.
 LN_PLACEMENT_CELLS = [
     ("markdown", """\
-## 6. A study from the literature: where LayerNorm sits
+## 7. A study from the literature: where LayerNorm sits
 
 Xiong et al. 2020 ("On Layer Normalization in the Transformer Architecture", Figure 3 and Theorem 1) showed
 that at initialisation the gradient of each layer's feed-forward weights grows toward the output in a
@@ -226,6 +228,78 @@ post-LN gradient does not rise even with Xavier. A finding that depends on the i
 finding: the theorem needs its assumptions."""),
 ]
 CELLS[-1:-1] = LN_PLACEMENT_CELLS
+
+
+def exercise_cells() -> list:
+    """Section 6: check your own backward (numformer.gradcheck.check, the exercises' grading; docs/exercises.md).
+    Seconds to run: float64 checks of small layers, no training."""
+    return [
+        ("markdown", """\
+## 6. Check your own backward
+
+`numformer.gradcheck.check(layer, *inputs)` runs the same finite-difference check on any object with the layer
+contract (`forward`, `backward`, parameters whose `.grad` backward adds into), numformer's or yours. Here a layer
+that is not in numformer, RMSNorm (Zhang and Sennrich 2019), written by hand, then the same layer with the path
+through its normaliser forgotten."""),
+        ("code", """\
+from numformer.gradcheck import check
+from numformer.module import Parameter
+
+class RMSNorm:
+    \"\"\"y = x / rms(x) * g, rms(x) = sqrt(mean(x^2) + eps) over the last axis.\"\"\"
+    def __init__(self, d, eps=1e-6, forget_rms_path=False):
+        self.g, self.eps, self.forget = Parameter(np.random.default_rng(1).standard_normal(d)), eps, forget_rms_path
+
+    def forward(self, x):
+        self.r = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps)
+        self.xhat = x * self.r
+        return self.xhat * self.g.data
+
+    def backward(self, dy):
+        self.g.grad += (dy * self.xhat).reshape(-1, dy.shape[-1]).sum(0)
+        dxhat = dy * self.g.data
+        if self.forget:
+            return self.r * dxhat
+        return self.r * (dxhat - self.xhat * (dxhat * self.xhat).mean(-1, keepdims=True))
+
+x = np.random.default_rng(0).standard_normal((2, 5, 8))
+print(check(RMSNorm(8), x))
+wrong = check(RMSNorm(8, forget_rms_path=True), x)
+print("\\nwith the path through rms(x) forgotten: passed =", wrong.passed,
+      "; tensors off:", [(r.tensor, f"{r.max_rel_error:.2f}") for r in wrong.failed])"""),
+        ("markdown", """\
+The exercises (`python -m grad_checks exercise --list`) go further: each is a backward pass of the Transformer
+to write, graded against finite differences *and* numformer's own backward on several inputs, and when the answer
+is wrong the report names the classic mistake it matches. The same grading from Python: LayerNorm's backward with
+its variance term forgotten, then right."""),
+        ("code", """\
+from grad_checks import exercises
+from grad_checks.grading import grade
+
+def layernorm_backward(dy, xhat, r, gamma):
+    dxhat = dy * gamma
+    dx = r * (dxhat - dxhat.mean(axis=-1, keepdims=True))     # the variance's path forgotten
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+result = grade(exercises.get("layernorm"), layernorm_backward)
+print(result.summary())
+print("why:", exercises.get("layernorm").explanation(result.exercise.mistake_names[result.mistake]))
+
+def layernorm_backward(dy, xhat, r, gamma):
+    dxhat = dy * gamma
+    dx = r * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+print(grade(exercises.get("layernorm"), layernorm_backward).summary())"""),
+        ("markdown", """\
+`python -m grad_checks exercise layernorm` writes this exercise as a file to fill in, `python -m grad_checks check
+my_layernorm.py` grades it, and `python3 train.py ... --swap LayerNorm=my_layernorm.py:LayerNorm` trains a
+translator with it: docs/exercises.md walks through all of it."""),
+    ]
+
+
+_STUDY = CELLS.index(LN_PLACEMENT_CELLS[0])
+CELLS = CELLS[:_STUDY] + exercise_cells() + CELLS[_STUDY:]  # section 6 before section 7 (the study)
 
 
 def build():

@@ -2,6 +2,9 @@
 
 Prints a table (layer, case, tensor, probes, worst relative error, pass/fail) and
 exits 1 if any tensor fails; ``--json`` prints one JSON object instead.
+
+The exercises (grad_checks/lab.py): ``python -m grad_checks exercise --list``,
+``exercise NAME [--out DIR]``, ``check FILE``, ``mutants``.
 """
 from __future__ import annotations
 
@@ -16,10 +19,16 @@ from numformer.gradcheck import run_case
 from numformer.kernels import MODES, get_kernels, use_kernels
 
 from .cases import BUILDERS, build_cases, checkpoint_cases
+from .lab import COMMANDS as LAB_COMMANDS
+from .lab import main as lab_main
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m grad_checks", description=__doc__.splitlines()[0])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in LAB_COMMANDS:  # the exercises: a command of their own, the checks below unchanged
+        return lab_main(argv)
+    ap = argparse.ArgumentParser(prog="python -m grad_checks", description=__doc__.splitlines()[0],
+                                 epilog="exercises: python -m grad_checks exercise --list | exercise NAME | check FILE")
     ap.add_argument("--layer", action="append", metavar="NAME",
                     help=f"check only this layer (repeatable): {', '.join(BUILDERS)}")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

@@ -138,6 +138,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ("small", "python3 bench/data_scale.py --pairs 20000 --steps 1 --vocab-size 500"),
     "python3 bench/data_parallel.py --corpus bible-en-es --preset small --steps 40 --repeat 2":
         ("small", "python3 bench/data_parallel.py --task copy --preset tiny --steps 3 --log-every 1 --configs 1x1,2x1"),
+    # -- exercises (tests/exercises/test_exercises_doc.py also runs docs/exercises.md's walk-through as written) --
+    "python -m grad_checks exercise --list": ("run", "python -m grad_checks exercise --list"),
+    "python -m grad_checks exercise layernorm --out lab": ("run", "python -m grad_checks exercise layernorm --out lab"),
+    "python -m grad_checks check lab/my_layernorm.py":
+        ("small", "python3 -c \"import sys; sys.path.insert(0, 'tests'); from pathlib import Path; import lab_files; "
+                  "from grad_checks import exercises; ex = exercises.get('layernorm'); "
+                  "lab_files.write(ex, ex.target, Path('lab'))\" && python -m grad_checks check lab/my_layernorm.py"
+                  "  # solved first (the unsolved file's grade, exit 1, is the walk-through test's)"),
+    "python3 train.py --task copy --preset tiny --max-steps 300 --no-test --swap LayerNorm=lab/my_layernorm.py:LayerNorm "
+    "--out runs/my-layernorm":
+        ("small", "python3 train.py --task copy --preset tiny --max-steps 3 --no-test "
+                  "--swap LayerNorm=lab/my_layernorm.py:LayerNorm --out runs/my-layernorm"),
+    "python3 train.py --corpus bible-en-es --preset small --max-steps 300 --no-test --out runs/bible-plain":
+        ("small", f"python3 train.py --corpus bible-en-es --preset small --out runs/bible-plain {SMALL_BIBLE}"),
+    "python3 train.py --corpus bible-en-es --preset small --max-steps 300 --no-test --out runs/bible-mine "
+    "--swap LayerNorm=lab/my_layernorm.py:LayerNorm":
+        ("small", f"python3 train.py --corpus bible-en-es --preset small --out runs/bible-mine "
+                  f"--swap LayerNorm=lab/my_layernorm.py:LayerNorm {SMALL_BIBLE}"),
     # -- studies and TensorBoard -------------------------------------------------------------------------------
     "python3 -m numformer.studies --list": ("run", "python3 -m numformer.studies --list"),
     "python3 -m numformer.studies NAME --small": ("run", "python3 -m numformer.studies output-change --small"),

@@ -1,0 +1,269 @@
+"""One exercise: a piece of numformer's backward math for a student to write, and the file they start from.
+
+An exercise names the *reference*: the function or method of numformer that computes a
+backward pass (``numformer.layers.layernorm.layernorm_backward``, ``Residual.backward``). It
+never copies it: the file a student gets (:func:`skeleton`) is generated from the reference's
+signature and docstring with the body replaced by ``raise NotImplementedError``, under the
+equations of the reference's module docstring and the forward code it consumes (shown, done).
+Each catalogued mistake is a small function beside the exercise with the reference's signature,
+its docstring's first line the explanation a student reads.
+
+A *candidate* (the reference, the student's function, a mistake) runs inside numformer's own
+layer class (:meth:`Exercise.layer_class`): a function through :func:`numformer.swap.using`, a
+method as the override in a subclass. So every candidate is graded in the layer that trains, on
+the exercise's cases (float64, padding, masks, repeated ids, replayed dropout masks).
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from numformer.gradcheck import LayerContractError, detached_copy
+from numformer.swap import using
+
+
+class OutputMismatch(Exception):
+    """A candidate function returned the wrong structure, a wrong shape, or NaN: one line, plus what it
+    returned (``raw``) so that a mistake failing the same way can still be recognised."""
+
+    def __init__(self, message: str, raw=None, signature=None):
+        super().__init__(message)
+        self.raw = raw
+        self.signature = signature or ("output", message)
+
+
+def _describe(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    if hasattr(value, "shape"):
+        return f"an array of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+@dataclass
+class Exercise:
+    """A backward pass to write: the reference, the layer it runs in, its cases and its catalogue of mistakes.
+
+    target: numformer's function (``layernorm_backward``) or method (``Residual.backward``).
+    layer: numformer's class that runs ``target`` (and that ``train.py --swap`` replaces).
+    cases: ``cases(layer_class, seed) -> [GradCase]``, deterministic in ``seed``: every candidate's
+        layer is built alike, with the same weights, inputs and upstream gradients.
+    outputs: names of a function target's return values, in order (``("dx", "dgamma", "dbeta")``).
+    mistakes: functions with ``target``'s signature; the first line of each docstring explains it.
+    show: code the file shows as done (the forward functions); a function target's layer methods are
+        shown as well, so the student sees how their function is called.
+    notes: what the equations do not say (shapes, in place, the children to call).
+    doc: the skeleton's docstring when the target has none.
+    imports: lines the file imports (helpers the student may use).
+    swap: the layer name for ``--swap``; None when numformer has no such layer class.
+    """
+
+    name: str
+    title: str
+    target: Callable
+    layer: type
+    cases: Callable
+    mistakes: tuple
+    outputs: tuple = ()
+    show: tuple = ()
+    notes: str = ""
+    doc: str = ""
+    imports: tuple = ()
+    swap: str | None = None
+    paper: str = ""
+    in_place: tuple = ()  # arguments the function may change in place (the embedding's grad)
+    mistake_names: dict = field(init=False)
+
+    def __post_init__(self):
+        self.mistake_names = {m.__name__: m for m in self.mistakes}
+
+    @property
+    def is_method(self) -> bool:
+        return "." in self.target.__qualname__
+
+    @property
+    def student_name(self) -> str:
+        """What the student writes: ``layernorm_backward`` or ``Residual.backward``."""
+        return f"{self.layer.__name__}.{self.target.__name__}" if self.is_method else self.target.__name__
+
+    @property
+    def reference_name(self) -> str:
+        return f"{self.target.__module__}.{self.target.__qualname__}"
+
+    @staticmethod
+    def explanation(mistake) -> str:
+        return (inspect.getdoc(mistake) or mistake.__name__).splitlines()[0]
+
+    # -- candidates ---------------------------------------------------------------------------
+    def layer_class(self, fn, guard: bool = True) -> type:
+        """numformer's layer class running ``fn`` in place of the reference.
+
+        With ``guard`` a function's outputs are checked against the reference's (called on a copy of
+        the same arguments) for structure, shapes and NaN before the layer uses them, so a wrong
+        shape is one clear line instead of a broadcasting error further on.
+        """
+        if self.is_method:
+            return type(self.layer.__name__, (self.layer,), {self.target.__name__: fn})
+        return using(self.layer, **{self.target.__name__: self._guarded(fn) if guard else fn})
+
+    def _guarded(self, fn):
+        reference, outputs, who, may_change = self.target, self.outputs, self.target.__name__, self.in_place
+        names = list(inspect.signature(reference).parameters)
+
+        def guarded(*args, **kwargs):
+            before = detached_copy(args)
+            expected = reference(*detached_copy(args), **kwargs)
+            got = fn(*args, **kwargs)
+            for name, old, new in zip(names, before, args):
+                if isinstance(new, np.ndarray) and name not in may_change and not np.array_equal(old, new,
+                                                                                                 equal_nan=True):
+                    raise OutputMismatch(f"{who} changed its argument {name} in place: the layer hands the same "
+                                         "array on (to the skip path, to other layers): compute into a new array",
+                                         signature=("in place", name))
+            check_outputs(got, expected, outputs, who)
+            return got
+        guarded.__name__ = who
+        return guarded
+
+
+def check_outputs(got, expected, names, who) -> None:
+    """Raise OutputMismatch (one line) unless ``got`` has ``expected``'s structure, shapes and finite values."""
+    single = not isinstance(expected, tuple)
+    exp = (expected,) if single else expected
+    if single and isinstance(got, (tuple, list)):
+        raise OutputMismatch(f"{who} returned {_describe(got)}; it returns one array, {names[0]}", raw=None)
+    have = (got,) if single else got
+    if not isinstance(have, (tuple, list)) or len(have) != len(exp):
+        raise OutputMismatch(f"{who} returned {_describe(got)}; it returns {len(exp)}: ({', '.join(names)})")
+    raw = tuple(None if g is None else np.asarray(g) for g in have)
+    for name, g, e in zip(names, have, exp):
+        if e is None:
+            continue
+        if g is None or not hasattr(g, "shape"):
+            raise OutputMismatch(f"{who} returned {_describe(g)} as {name}; expected an array of shape "
+                                 f"{tuple(e.shape)}", raw=raw, signature=("none", name))
+        if tuple(g.shape) != tuple(e.shape):
+            hint = ""
+            if tuple(g.shape) == tuple(e.shape)[::-1]:
+                hint = " (transposed?)"
+            elif g.ndim != e.ndim:
+                hint = " (summed over the wrong axis, or not summed?)"
+            elif g.ndim == 1:
+                hint = " (summed over the wrong axis?)"
+            else:
+                hint = " (the wrong operands, or the wrong axis?)"
+            raise OutputMismatch(f"{name} (returned by {who}) has shape {tuple(g.shape)}, expected "
+                                 f"{tuple(e.shape)}{hint}", raw=raw, signature=("shape", name, tuple(g.shape)))
+        bad = ~np.isfinite(np.asarray(g))
+        if bad.any():
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise OutputMismatch(f"{name} (returned by {who}) holds NaN or inf at {first} ({int(bad.sum())} of "
+                                 f"{bad.size} entries)", raw=raw, signature=("nan", name))
+
+
+def named_gradients(result, who: str, names) -> dict:
+    """A backward that returns several gradients (encoder-decoder: the queries' input and the memory):
+    ``{name: gradient}``, or one clear line when it returned something else."""
+    if not isinstance(result, tuple) or len(result) != len(names):
+        raise LayerContractError(f"{who} returned {_describe(result)}; here it returns {len(names)} gradients "
+                                 f"({', '.join(names)})")
+    missing = [n for n, g in zip(names, result) if g is None]
+    if missing:
+        raise LayerContractError(f"{who} returned None as the gradient of {missing[0]}; it has one")
+    return dict(zip(names, result))
+
+
+# -- the file a student starts from -------------------------------------------------------------------
+
+def _source(obj) -> str:
+    return textwrap.dedent(inspect.getsource(obj))
+
+
+def _commented(code: str) -> str:
+    return "\n".join(("# " + line).rstrip() for line in code.rstrip().splitlines())
+
+
+def _skeleton_of(target, doc: str, indent: str, message: str) -> str:
+    """``target``'s def line(s) and docstring (``doc`` when it has none), its body a NotImplementedError."""
+    source = textwrap.dedent(inspect.getsource(target))
+    node = ast.parse(source).body[0]
+    lines = source.splitlines()
+    body = node.body
+    has_doc = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+        and isinstance(body[0].value.value, str)
+    inner = " " * body[0].col_offset
+    if has_doc:
+        head = lines[: body[0].end_lineno]
+    else:
+        head = lines[: body[0].lineno - 1] + [f'{inner}"""{doc}"""']
+    head.append(f"{inner}raise NotImplementedError({message!r})")
+    return textwrap.indent("\n".join(head), indent)
+
+
+def _header(ex: Exercise, number: int, total: int, path: str) -> str:
+    module = inspect.getmodule(ex.target)
+    equations = textwrap.indent(inspect.getdoc(module).strip(), "    ")
+    where = module.__name__.replace(".", "/") + ".py"
+    parts = [f"Exercise {number} of {total}: {ex.title}" + (f" ({ex.paper})" if ex.paper else "") + ".",
+             f"From numformer ({where}):\n\n{equations}",
+             textwrap.fill(f"Your part: write the body of {ex.student_name} below, replacing its `raise "
+                           "NotImplementedError`. The arrays are float64 when graded and float32 in training; every "
+                           "line must work on both.", 100)]
+    if ex.notes:
+        parts.append(textwrap.fill(" ".join(ex.notes.split()), 100))
+    check = f"    python -m grad_checks check {path}"
+    parts.append("Check it (finite differences and numformer's own backward on several inputs; when it is wrong,\n"
+                 "the report says where, and names the mistake when it is a known one):\n\n" + check)
+    if ex.swap:
+        cls = ex.layer.__name__
+        parts.append("When it checks exact, train with it (every " + ex.swap + " numformer builds is yours):\n\n"
+                     f"    python3 train.py --task copy --preset tiny --max-steps 300 --swap {ex.swap}={path}:{cls}\n"
+                     f"    python3 train.py --corpus bible-en-es --preset small --max-steps 300 "
+                     f"--swap {ex.swap}={path}:{cls}")
+    text = "\n\n".join(parts)
+    quote = 'r"""' if "\\" in text else '"""'
+    return f"{quote}{text}\n\"\"\""
+
+
+def skeleton(ex: Exercise, number: int, total: int, path: str) -> str:
+    """The text of the exercise file, generated from numformer's code as it is now."""
+    cls = ex.layer.__name__
+    ref_module = ex.layer.__module__
+    message = f"{ex.student_name} is not written yet: replace this line with its body"
+    out = [_header(ex, number, total, path), "", "import numpy as np", ""]
+    out += list(ex.imports)
+    out.append(f"from {ref_module} import {cls} as Numformer{cls}")
+    if not ex.is_method:
+        out.append("from numformer.swap import using")
+    out += ["", f'EXERCISE = "{ex.name}"  # what `python -m grad_checks check` grades this file as', ""]
+    shown = list(ex.show)
+    if not ex.is_method:
+        shown += [m for m in (getattr(ex.layer, "forward", None), getattr(ex.layer, "backward", None))
+                  if m is not None and inspect.getmodule(m) is inspect.getmodule(ex.layer)]
+    if shown:
+        out.append("# ---- done: the forward pass, and what calls your code (numformer's code as it is now; for reading) "
+                   "----")
+        for obj in shown:
+            out += ["#", f"# {obj.__module__}.{obj.__qualname__}:", _commented(_source(obj))]
+        if not ex.is_method and any("kernel(" in _source(o) for o in shown):
+            out += ["#", "# kernel(f) is numformer's switch to a fast version of f; for your function it is your function."]
+        out.append("")
+    out.append("")
+    if ex.is_method:
+        out += [f"class {cls}(Numformer{cls}):",
+                f'    """numformer\'s {cls} (its __init__, forward and children), with your {ex.target.__name__}."""',
+                "",
+                _skeleton_of(ex.target, ex.doc, "    ", message), ""]
+    else:
+        out += [_skeleton_of(ex.target, ex.doc, "", message), "", "",
+                f"# numformer's {cls}, its methods calling your {ex.target.__name__} (leave this line as it is):",
+                f"# `python -m grad_checks check` grades the function above, `train.py --swap` trains with this class.",
+                f"{cls} = using(Numformer{cls}, {ex.target.__name__}={ex.target.__name__})", ""]
+    return "\n".join(out)

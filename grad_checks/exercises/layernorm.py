@@ -1,0 +1,76 @@
+"""Exercise: LayerNorm's backward (every residual sub-layer, Section 3.1)."""
+from __future__ import annotations
+
+import numpy as np
+
+from numformer.gradcheck import GradCase
+from numformer.layers.layernorm import LayerNorm, layernorm_backward, layernorm_forward
+
+from ..exercise import Exercise
+
+
+def dropped_mean_term(dy, xhat, r, gamma):
+    """dx lacks - mean(dxhat): shifting x by a constant leaves xhat unchanged, so the mean of dxhat must come off."""
+    dxhat = dy * gamma
+    dx = r * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def dropped_variance_term(dy, xhat, r, gamma):
+    """dx lacks - xhat * mean(dxhat * xhat), the path through the variance: r depends on x too."""
+    dxhat = dy * gamma
+    dx = r * (dxhat - dxhat.mean(axis=-1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def unbiased_variance(dy, xhat, r, gamma):
+    """The variance term divides by d - 1 (the unbiased variance): LayerNorm's variance is mean((x - mu)^2), over d."""
+    dxhat = dy * gamma
+    d = dy.shape[-1]
+    dx = r * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).sum(axis=-1, keepdims=True) / (d - 1))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def gamma_forgotten(dy, xhat, r, gamma):
+    """dxhat = dy forgets the gain: y = xhat * gamma + beta, so dxhat = dy * gamma."""
+    dxhat = dy
+    dx = r * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def scale_forgotten(dy, xhat, r, gamma):
+    """dx lacks the factor r = 1 / sqrt(var + eps): xhat = (x - mu) * r, so every path to x is scaled by r."""
+    dxhat = dy * gamma
+    dx = dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def gain_gradient_without_xhat(dy, xhat, r, gamma):
+    """dgamma = sum(dy) is the bias's gradient: gamma multiplies xhat, so dgamma = sum(dy * xhat)."""
+    dxhat = dy * gamma
+    dx = r * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    return dx, dy.sum(axis=0), dy.sum(axis=0)
+
+
+def cases(cls, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, shape, scale, shift in [("random gain and bias, x (3, 6, 8)", (3, 6, 8), 3.0, 1.0),
+                                      ("wide rows (2, 16), small spread", (2, 16), 0.2, -4.0),
+                                      ("rows of three features (5, 3)", (5, 3), 1.0, 0.0)]:
+        d = shape[-1]
+        m = cls(d, dtype=np.float64)
+        m.weight.data[:] = rng.standard_normal(d)  # not ones and zeros: those hide a forgotten gain
+        m.bias.data[:] = rng.standard_normal(d)
+        out.append(GradCase("LayerNorm", name, m, {"x": scale * rng.standard_normal(shape) + shift},
+                            lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}))
+    return out
+
+
+EXERCISE = Exercise(
+    name="layernorm", title="LayerNorm's backward", paper="Section 3.1; Ba et al. 2016", target=layernorm_backward,
+    layer=LayerNorm, cases=cases, outputs=("dx", "dgamma", "dbeta"), show=(layernorm_forward,), swap="LayerNorm",
+    mistakes=(dropped_mean_term, dropped_variance_term, unbiased_variance, gamma_forgotten, scale_forgotten,
+              gain_gradient_without_xhat),
+    notes="The layer flattens the leading axes into rows: dy and xhat are (n, d), r (n, 1), gamma (d,). dgamma "
+          "and dbeta sum over every row.")

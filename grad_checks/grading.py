@@ -1,0 +1,315 @@
+"""Grading a student's backward: against numformer's own, against finite differences, and the mistake named.
+
+For an exercise (grad_checks/exercise.py) and the student's function or method, every
+*candidate* (numformer's reference, the student's code, each catalogued mistake) runs in
+numformer's layer class on the exercise's cases, each candidate's layer built alike (same
+weights, inputs, masks, replayed dropout masks and upstream gradients), in float64 on the plain
+math (``NUMFORMER_KERNELS=plain``). Then, per case and per tensor (every parameter's gradient
+and every input's):
+
+* the student's gradient against numformer's: **exact** (equal to round-off: worst error below
+  1e-10), **approximate** (below 1e-6, the finite-difference tolerance: a right formula computed
+  with less precision) or **wrong**, with the index of the worst entry. The error is
+  ``|a - b| / max(|a| + |b|, tiny)`` with tiny 1e-3 of the case's largest gradient, as in the
+  finite-difference check (numformer/gradcheck.py), so entries that are zero by symmetry do not
+  turn round-off into "wrong";
+* the student's gradient against central differences (:func:`numformer.gradcheck.run_case`), an
+  oracle that does not trust numformer's backward either.
+
+When the student's code is wrong, each catalogued mistake is run on the same cases: one that
+agrees with the student's output on every case (to the approximate tolerance, or failing with
+the same error) is named, with its one-line explanation; otherwise the worst tensor is described
+(all zeros, a constant factor, how many entries are wrong). An exception, NotImplementedError, a
+wrong shape or NaN in the student's code is one line each, never a traceback.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from numformer.gradcheck import TINY, LayerContractError, analytic_gradients, run_case, validate_gradients
+from numformer.kernels import kernel_mode
+from numformer.user_code import exception_line, where
+
+from .exercise import Exercise, OutputMismatch
+
+EXACT = 1e-10   # worst relative error of a gradient equal to numformer's up to round-off
+APPROX = 1e-6   # the finite-difference tolerance: below it a gradient is right, if not to the last bit
+FLOOR_RATIO = 1e-3  # the error's floor: this fraction of the case's largest gradient (as run_case)
+
+
+@dataclass
+class Outcome:
+    """One candidate on one case: its gradients by tensor, or the error that stopped it."""
+
+    grads: dict | None = None
+    error: str | None = None
+    signature: tuple | None = None  # what failed, to recognise a mistake failing the same way
+    raw: tuple | None = None        # what a function returned when its outputs were refused
+    not_implemented: bool = False
+
+
+@dataclass
+class TensorGrade:
+    tensor: str
+    shape: tuple
+    verdict: str            # exact / approximate / wrong
+    error: float
+    index: tuple
+    mine: float = 0.0       # the student's and numformer's values at the worst entry
+    theirs: float = 0.0
+    fd: object = None       # the finite-difference TensorResult, when run
+
+
+@dataclass
+class CaseGrade:
+    name: str
+    tensors: list = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class Grade:
+    """The whole grade of one student's code: per case and tensor, the mistake, the hints, the verdict."""
+
+    exercise: Exercise
+    who: str
+    cases: list = field(default_factory=list)
+    not_implemented: str | None = None
+    mistake: str | None = None
+    hints: list = field(default_factory=list)
+    check_command: str = ""
+
+    @property
+    def tensors(self) -> list:
+        return [t for c in self.cases for t in c.tensors]
+
+    @property
+    def errors(self) -> list:
+        return [c.error for c in self.cases if c.error is not None]
+
+    @property
+    def passed(self) -> bool:
+        return (self.not_implemented is None and not self.errors and bool(self.tensors)
+                and all(t.verdict != "wrong" and (t.fd is None or t.fd.passed) for t in self.tensors))
+
+    @property
+    def exact(self) -> bool:
+        return self.passed and all(t.verdict == "exact" for t in self.tensors)
+
+    def summary(self) -> str:
+        """One line: EXACT / APPROXIMATE / WRONG (and the mistake) / ERROR / NOT IMPLEMENTED."""
+        if self.not_implemented:
+            return f"NOT IMPLEMENTED: {self.not_implemented}"
+        named = f": the catalogued mistake {self.mistake}" if self.mistake else ""
+        if self.errors:
+            return f"ERROR{named}: {self.errors[0]}"
+        wrong = [t for t in self.tensors if t.verdict == "wrong" or (t.fd is not None and not t.fd.passed)]
+        if wrong:
+            return f"WRONG{named}: {len(wrong)} of {len(self.tensors)} tensors wrong"
+        if self.exact:
+            return f"EXACT: all {len(self.tensors)} tensors equal numformer's to round-off"
+        worst = max(t.error for t in self.tensors)
+        return (f"APPROXIMATE: agrees to {worst:.1e}, within the tolerance ({APPROX:.0e}) but not to round-off "
+                f"({EXACT:.0e}): a step loses precision")
+
+    def __str__(self) -> str:
+        ex = self.exercise
+        if self.not_implemented:
+            return f"{ex.student_name} is not implemented yet ({self.not_implemented}): write its body, then run " \
+                   f"{self.check_command or 'the check'} again"
+        lines = [f"grading {self.who} against {ex.reference_name} (float64, plain math)"]
+        for i, case in enumerate(self.cases, 1):
+            lines.append(f"\ncase {i} of {len(self.cases)}: {case.name}")
+            if case.error is not None:
+                lines.append(f"  ERROR: {case.error}")
+                continue
+            w = max([len("tensor")] + [len(t.tensor) for t in case.tensors])
+            ws = max([len("shape")] + [len(str(t.shape)) for t in case.tensors])
+            lines.append(f"  {'tensor':<{w}}  {'shape':<{ws}}  {'vs numformer':<24}  finite differences")
+            for t in case.tensors:
+                at = f" at {t.index}" if t.verdict == "approximate" else ""
+                vs = f"{t.verdict.upper() if t.verdict == 'wrong' else t.verdict:<11} {t.error:.1e}{at}"
+                fd = "" if t.fd is None else f"{'pass' if t.fd.passed else 'FAIL'}  {t.fd.max_rel_error:.1e}"
+                lines.append(f"  {t.tensor:<{w}}  {str(t.shape):<{ws}}  {vs:<24}  {fd}")
+                if t.verdict == "wrong":
+                    lines.append(f"  {'':<{w}}  worst at {t.index}: yours {t.mine:+.6g}, numformer's {t.theirs:+.6g}")
+        lines.append("")
+        if self.mistake:
+            lines.append(f"diagnosis: {self.mistake}: {ex.explanation(ex.mistake_names[self.mistake])}")
+        for hint in self.hints:
+            lines.append(f"hint: {hint}")
+        lines.append(f"result: {self.summary()}")
+        return "\n".join(lines)
+
+
+# -- running candidates ---------------------------------------------------------------------------
+
+def run_class(ex: Exercise, cls: type, seed: int = 0, file=None) -> tuple:
+    """(cases, outcomes) of the layer class ``cls`` on the exercise's cases."""
+    try:
+        cases = ex.cases(cls, seed)
+    except Exception as exc:  # noqa: BLE001  (a student's class whose constructor differs from numformer's)
+        return [], [Outcome(error=f"the layer could not be built: {exception_line(exc, file)}",
+                            signature=("build", type(exc).__name__))]
+    outcomes = []
+    for i, case in enumerate(cases):
+        try:
+            _, tensors = analytic_gradients(case, np.random.default_rng([seed, i]))
+            validate_gradients(tensors, case.layer)
+            outcomes.append(Outcome(grads={name: g for name, _, g in tensors}))
+        except NotImplementedError as exc:
+            outcomes.append(Outcome(error=f"NotImplementedError at {where(exc, file)}", not_implemented=True,
+                                    signature=("not implemented",)))
+        except OutputMismatch as exc:
+            outcomes.append(Outcome(error=str(exc), signature=exc.signature, raw=exc.raw))
+        except LayerContractError as exc:
+            outcomes.append(Outcome(error=str(exc), signature=("contract", str(exc))))
+        except Exception as exc:  # noqa: BLE001  (whatever the candidate raises)
+            outcomes.append(Outcome(error=f"raised {exception_line(exc, file)}",
+                                    signature=(type(exc).__name__, str(exc).strip().splitlines()[:1])))
+        finally:
+            case.module.clear_cache()
+    return cases, outcomes
+
+
+def run_function(ex: Exercise, fn, seed: int = 0, file=None, guard: bool = True) -> tuple:
+    """(cases, outcomes) of the function or method ``fn`` put in numformer's layer class."""
+    return run_class(ex, ex.layer_class(fn, guard=guard), seed, file)
+
+
+def _floor(grads: dict) -> float:
+    return max(FLOOR_RATIO * max([float(np.abs(g).max()) for g in grads.values() if g.size] + [0.0]), TINY)
+
+
+def compare(got, ref, tiny: float) -> tuple:
+    """(worst relative error, index of the worst entry) of ``got`` against ``ref``."""
+    if got.size == 0:
+        return 0.0, ()
+    diff = np.abs(got - ref) / np.maximum(np.abs(got) + np.abs(ref), tiny)
+    i = int(np.argmax(diff))
+    return float(diff.flat[i]), tuple(int(j) for j in np.unravel_index(i, ref.shape))
+
+
+def verdict(error: float) -> str:
+    return "exact" if error <= EXACT else "approximate" if error <= APPROX else "wrong"
+
+
+def _agreement(mine: Outcome, theirs: Outcome, reference: Outcome):
+    """The worst error between two candidates' outcomes on one case, or None when they disagree."""
+    if mine.error is not None or theirs.error is not None:
+        if mine.signature != theirs.signature:
+            return None
+        if mine.raw is not None and theirs.raw is not None:
+            worst = 0.0
+            for a, b in zip(mine.raw, theirs.raw):
+                if (a is None) != (b is None) or (a is not None and a.shape != b.shape):
+                    return None
+                if a is not None and a.size:
+                    err, _ = compare(a, b, max(FLOOR_RATIO * float(np.abs(b).max()), TINY))
+                    worst = max(worst, err)
+            return worst if worst <= APPROX else None
+        return 0.0
+    tiny = _floor(reference.grads) if reference.grads else TINY
+    worst = 0.0
+    for name, g in mine.grads.items():
+        if name not in theirs.grads:
+            return None
+        worst = max(worst, compare(g, theirs.grads[name], tiny)[0])
+    return worst if worst <= APPROX else None
+
+
+def closest_mistake(ex: Exercise, mine: list, reference: list, seed: int = 0):
+    """(name, worst error) of the catalogued mistake that agrees with ``mine`` on every case, or None."""
+    best = None
+    for mistake in ex.mistakes:
+        _, theirs = run_function(ex, mistake, seed)
+        worst = 0.0
+        for a, b, r in zip(mine, theirs, reference):
+            agree = _agreement(a, b, r)
+            if agree is None:
+                worst = None
+                break
+            worst = max(worst, agree)
+        if worst is not None and (best is None or worst < best[1]):
+            best = (mistake.__name__, worst)
+    return best
+
+
+def _describe_wrong(name: str, got, ref, tiny: float) -> str:
+    """A hint for a wrong gradient no catalogued mistake explains."""
+    diff = np.abs(got - ref) / np.maximum(np.abs(got) + np.abs(ref), tiny)
+    n_wrong = int((diff > APPROX).sum())
+    if diff.max() <= 1e-3:
+        return (f"your gradient of {name} is close to numformer's (worst {diff.max():.1e}) but not within {APPROX:.0e}: "
+                "is a step computed in float32 (an array or a constant)? The check runs in float64")
+    if not np.any(got):
+        return f"your gradient of {name} is all zeros (was it added into .grad, in place?)"
+    rr = float((ref * ref).sum())
+    if rr > 0:
+        c = float((got * ref).sum()) / rr
+        if np.linalg.norm(got - c * ref) <= 1e-8 * np.linalg.norm(got):
+            if abs(c + 1) < 1e-6:
+                return f"your gradient of {name} is numformer's with the sign flipped"
+            return f"your gradient of {name} is numformer's times {c:.6g} (a factor missing or extra?)"
+    return f"your gradient of {name} is wrong at {n_wrong} of {got.size} entries"
+
+
+def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0, finite_differences: bool = True,
+          diagnose: bool = True, check_command: str = "") -> Grade:
+    """Grade the student's ``answer`` on ``ex``: a function (or a method, for a composition) put in numformer's
+    layer class, or a whole layer class as it is (what ``train.py --swap`` trains with, helpers and all)."""
+    cls = answer if isinstance(answer, type) else ex.layer_class(answer)
+    with kernel_mode("plain"):
+        _, reference = run_function(ex, ex.target, seed, guard=False)
+        cases, mine = run_class(ex, cls, seed, file)
+        result = Grade(ex, who or ex.student_name, check_command=check_command)
+        stopped = next((o for o in mine if o.not_implemented), None)
+        if stopped is not None:
+            result.not_implemented = stopped.error
+            return result
+        for case, me, ref in zip(cases or [None] * len(mine), mine, reference):
+            cg = CaseGrade(case.case if case is not None else "building the layer")
+            result.cases.append(cg)
+            if me.error is not None:
+                cg.error = me.error
+                continue
+            _grade_tensors(cg, me, ref)
+        if finite_differences and cases:
+            fresh = ex.cases(cls, seed)  # new layers: run_case perturbs weights and inputs in place
+            for i, (case, cg) in enumerate(zip(fresh, result.cases)):
+                if cg.error is not None:
+                    continue
+                by_name = {r.tensor: r for r in run_case(case, np.random.default_rng([seed, i, 1]))}
+                for t in cg.tensors:
+                    t.fd = by_name.get(t.tensor)
+        if diagnose and not result.passed:
+            found = closest_mistake(ex, mine, reference, seed)
+            result.mistake = found[0] if found is not None else None
+            if found is None:
+                result.hints += _hints(result, mine, reference)
+    return result
+
+
+def _hints(result: Grade, mine: list, reference: list) -> list:
+    """The first case's worst wrong tensor, described (no catalogued mistake explains the answer)."""
+    for case, me, ref in zip(result.cases, mine, reference):
+        if me.error is None and case.tensors:
+            worst = max(case.tensors, key=lambda t: t.error)
+            if worst.verdict == "wrong" and worst.tensor in me.grads:
+                return [f"{case.name}: " + _describe_wrong(worst.tensor, me.grads[worst.tensor],
+                                                           ref.grads[worst.tensor], _floor(ref.grads))]
+    return []
+
+
+def _grade_tensors(cg: CaseGrade, mine: Outcome, reference: Outcome) -> None:
+    """Each tensor of the reference's gradients against the candidate's: verdict, worst error and where."""
+    tiny = _floor(reference.grads)
+    for name, g in reference.grads.items():
+        if name not in mine.grads:
+            cg.tensors.append(TensorGrade(name, tuple(g.shape), "wrong", float("inf"), ()))
+            continue
+        err, idx = compare(mine.grads[name], g, tiny)
+        cg.tensors.append(TensorGrade(name, tuple(g.shape), verdict(err), err, idx,
+                                      float(mine.grads[name][idx]) if idx else 0.0, float(g[idx]) if idx else 0.0))

@@ -1,0 +1,149 @@
+"""Command line of the exercises: ``python -m grad_checks exercise|check|mutants ...``.
+
+    python -m grad_checks exercise --list                  the exercises, in the order to learn them
+    python -m grad_checks exercise layernorm [--out DIR]   write DIR/my_layernorm.py to fill in
+    python -m grad_checks check my_layernorm.py            grade it (exit 0 right, 1 wrong)
+    python -m grad_checks check --exercise layernorm FILE  a file without an EXERCISE line
+    python -m grad_checks mutants [--exercise NAME]        how many mutants of the references the grading catches
+
+Exit status: 0 passed (or done), 1 the graded code is wrong, raises or is not written yet,
+2 a mistake on the command line (no such file or exercise, a file that would be overwritten).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from numformer.cli_common import OneLineParser, one_line_errors
+from numformer.user_code import UserCodeError, load_file
+
+from . import exercises
+from .exercise import skeleton
+
+COMMANDS = ("exercise", "check", "mutants")
+PROG = "python -m grad_checks"
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n")[1])
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    ex = sub.add_parser("exercise", help="write an exercise file, or list them")
+    ex.add_argument("name", nargs="?", help="the exercise (see --list)")
+    ex.add_argument("--list", action="store_true", help="list the exercises in the order to learn them")
+    ex.add_argument("--out", default=".", metavar="DIR", help="folder to write my_NAME.py into (default: here)")
+    ex.add_argument("--force", action="store_true", help="overwrite an existing file (your work in it is lost)")
+    ck = sub.add_parser("check", help="grade an exercise file")
+    ck.add_argument("file", help="the exercise file (my_layernorm.py)")
+    ck.add_argument("--exercise", metavar="NAME", help="the exercise the file answers (default: its EXERCISE line)")
+    ck.add_argument("--seed", type=int, default=0, help="seed of the weights, inputs and upstream gradients")
+    mu = sub.add_parser("mutants", help="mutate the reference solutions and count how many the grading catches")
+    mu.add_argument("--exercise", metavar="NAME", action="append", help="only this exercise (repeatable)")
+    mu.add_argument("--verbose", action="store_true", help="list every mutant, not only the survivors")
+    return ap
+
+
+def _error(message: str, status: int = 2) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status
+
+
+def list_exercises() -> str:
+    rows = []
+    for i, ex in enumerate(exercises.all_exercises(), 1):
+        swap = f"--swap {ex.swap}" if ex.swap else "(no layer to swap)"
+        rows.append(f"{i:>2}  {ex.name:<14} {ex.title + (' (' + ex.paper + ')' if ex.paper else ''):<72} "
+                    f"{len(ex.mistakes)} mistakes  {swap}")
+    return "\n".join(rows)
+
+
+def write_exercise(name: str, out: str = ".", force: bool = False) -> Path:
+    """Write the exercise file ``OUT/my_NAME.py``; refuses to overwrite unless ``force``."""
+    ex = exercises.get(name)
+    path = Path(out) / f"my_{ex.name}.py"
+    if path.exists() and not force:
+        raise FileExistsError(f"{path} exists and may hold your work: check it, delete it, or pass --force "
+                              "(or another --out)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(skeleton(ex, exercises.number(ex.name), len(exercises.ORDER), str(path)), encoding="utf-8")
+    return path
+
+
+def student_code(module, ex):
+    """What the student wrote, or a UserCodeError: for a composition their class (graded whole, with any
+    helper methods it has), else their function (graded inside numformer's layer)."""
+    if ex.is_method:
+        cls = getattr(module, ex.layer.__name__, None)
+        if not isinstance(cls, type):
+            raise UserCodeError(f"no class {ex.layer.__name__} in the file: it holds your {ex.student_name}")
+        if ex.target.__name__ not in vars(cls):
+            raise UserCodeError(f"class {ex.layer.__name__} defines no {ex.target.__name__} of its own: write "
+                                f"{ex.student_name}")
+        return cls
+    fn = getattr(module, ex.target.__name__, None)
+    if not callable(fn):
+        raise UserCodeError(f"no function {ex.target.__name__} in the file: write it (the exercise file has it)")
+    return fn
+
+
+def check_file(path: str, exercise: str | None = None, seed: int = 0):
+    """Load and grade one file -> (Grade or None, exit status, message)."""
+    from .grading import grade  # noqa: PLC0415
+
+    p = Path(path)
+    if not p.is_file():
+        return None, 2, f"{p}: no such file (write one with: {PROG} exercise NAME)"
+    try:
+        module = load_file(p)
+    except UserCodeError as exc:
+        return None, 1, str(exc)
+    name = exercise or getattr(module, "EXERCISE", None)
+    if name is None:
+        return None, 2, f"{p} does not say which exercise it answers (no EXERCISE = '...' line): pass --exercise NAME"
+    ex = exercises.get(str(name))
+    try:
+        fn = student_code(module, ex)
+    except UserCodeError as exc:
+        return None, 1, f"{p}: {exc}"
+    result = grade(ex, fn, who=f"{ex.student_name} in {p}", file=p, seed=seed,
+                   check_command=f"{PROG} check {path}")
+    return result, 0 if result.passed else 1, ""
+
+
+def main(argv) -> int:
+    args = _parser().parse_args(argv)
+    with one_line_errors(PROG):  # a bug of ours: one line saying so, the traceback in a file
+        return _run(args)
+
+
+def _run(args) -> int:
+    try:
+        if args.command == "exercise":
+            if args.list:
+                print(list_exercises())
+                return 0
+            if not args.name:
+                return _error("name an exercise, or pass --list to see them")
+            path = write_exercise(args.name, args.out, args.force)
+            ex = exercises.get(args.name)
+            print(f"wrote {path}: write the body of {ex.student_name} in it, then check it with\n"
+                  f"    {PROG} check {path}")
+            return 0
+        if args.command == "check":
+            result, status, message = check_file(args.file, args.exercise, args.seed)
+            if result is None:
+                return _error(message, status)
+            print(result)
+            ex = result.exercise
+            if result.passed and ex.swap:
+                print(f"\ntrain with it: python3 train.py --task copy --preset tiny --max-steps 300 "
+                      f"--swap {ex.swap}={args.file}:{ex.layer.__name__}")
+            return status
+        from .mutants import main as mutants_main  # noqa: PLC0415
+
+        return mutants_main(args.exercise, args.verbose)
+    except exercises.UnknownExercise as exc:
+        return _error(exc.args[0])
+    except FileExistsError as exc:
+        return _error(str(exc))

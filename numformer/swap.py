@@ -1,0 +1,317 @@
+"""Train with your own backward: a user's layer class in place of numformer's, wherever numformer builds it.
+
+A layer class is named in the modules that build it (``model.py`` builds ``LayerNorm`` for the
+final norm of a pre-LN stack, ``layers/sublayer.py`` one in every residual sub-layer,
+``layers/attention.py`` the ``Linear`` maps ...). :func:`swapped` rebinds the name in every
+loaded numformer module for the duration of a ``with`` block, so every layer numformer
+constructs inside it is the user's class::
+
+    from numformer.swap import load_class, swapped
+    MyLayerNorm = load_class("my_layernorm.py", "LayerNorm")
+    with swapped(LayerNorm=MyLayerNorm):
+        model = Transformer(cfg)            # every LayerNorm in it is a MyLayerNorm
+        trainer = Trainer(model, ...)       # the loss too, when LabelSmoothedCrossEntropy is swapped
+        trainer.train()
+
+``train.py --swap LayerNorm=my_layernorm.py:LayerNorm`` does the same (:func:`from_specs`).
+The user's class should subclass numformer's and override ``backward`` (what the exercises of
+``python -m grad_checks exercise`` write): its parameters then keep numformer's names and
+shapes, so a checkpoint trained with it loads into numformer and back. :func:`check_layout`
+verifies that against a model built without the swap.
+
+:func:`using` builds such a class from functions: numformer's class, its methods calling the
+given function (``layernorm_backward=my_function``) in place of numformer's. The methods are
+numformer's own code re-bound to the new function, not copies, so they cannot go stale.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from pathlib import Path
+
+from .errors import UsageError
+from .user_code import UserCodeError, exception_line, load_file
+
+
+class SwapError(UsageError):
+    """A --swap that cannot work (unknown layer, missing file or class, no backward, another parameter
+    layout) or a swapped layer that raised while training; the message is one line."""
+
+
+def swappable() -> dict:
+    """Layer name -> numformer's class, for every class a swap may replace."""
+    from . import layers  # noqa: PLC0415
+    from .loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
+    from .model import Decoder, DecoderLayer, Encoder, EncoderLayer  # noqa: PLC0415
+
+    found = {name: getattr(layers, name) for name in layers.__all__}
+    found.update(EncoderLayer=EncoderLayer, DecoderLayer=DecoderLayer, Encoder=Encoder, Decoder=Decoder,
+                 LabelSmoothedCrossEntropy=LabelSmoothedCrossEntropy)
+    return found
+
+
+# -- using(): numformer's class calling other functions ---------------------------------------------
+
+def _rebound(function, namespace):
+    """A copy of ``function`` (same code, defaults, closure) that looks its globals up in ``namespace``."""
+    new = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__,
+                             function.__closure__)
+    new.__kwdefaults__ = function.__kwdefaults__
+    new.__doc__, new.__qualname__, new.__module__ = function.__doc__, function.__qualname__, function.__module__
+    return new
+
+
+def using(layer_class: type, **functions) -> type:
+    """A subclass of ``layer_class`` whose methods call ``functions`` (by the name their module uses)
+    in place of numformer's: ``using(LayerNorm, layernorm_backward=mine)``.
+
+    Every method of ``layer_class`` that names one of the functions is re-bound to a copy of its
+    module's globals where that name is the given function; ``kernel(f)`` (the switch to a fast
+    version) gives back the given functions unchanged, since no fast version of them exists.
+    """
+    module = sys.modules[layer_class.__module__]
+    unknown = [name for name in functions if name not in vars(module)]
+    if unknown:
+        raise ValueError(f"{module.__name__} has no function {unknown[0]!r} for {layer_class.__name__} to call")
+    namespace = dict(vars(module))
+    namespace.update(functions)
+    if "kernel" in namespace:
+        real_kernel, given = namespace["kernel"], list(functions.values())
+        namespace["kernel"] = lambda plain: plain if any(plain is f for f in given) else real_kernel(plain)
+    methods, used = {}, set()
+    for attr, value in vars(layer_class).items():
+        raw = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        if not isinstance(raw, types.FunctionType):
+            continue
+        names = set(raw.__code__.co_names) & set(functions)
+        if names:
+            used |= names
+            new = _rebound(raw, namespace)
+            methods[attr] = type(value)(new) if isinstance(value, (staticmethod, classmethod)) else new
+    unused = sorted(set(functions) - used)
+    if unused:
+        raise ValueError(f"no method of {layer_class.__name__} calls {unused[0]}")
+    first = next(iter(functions.values()))
+    methods.update(__module__=getattr(first, "__module__", __name__), __qualname__=layer_class.__name__,
+                   __doc__=f"numformer's {layer_class.__name__}, calling {', '.join(functions)} given to "
+                           "numformer.swap.using", using=dict(functions))
+    return type(layer_class.__name__, (layer_class,), methods)
+
+
+# -- swapped(): the user's classes wherever numformer builds a layer ---------------------------------
+
+@contextlib.contextmanager
+def swapped(swaps: dict | None = None, **classes):
+    """Inside the block every numformer module that names a swapped layer class names the given class.
+
+    ``swaps`` / ``classes``: layer name (``"LayerNorm"``, see :func:`swappable`) -> class. Layers
+    built inside the block are the given classes and stay so after it; the names are restored on
+    exit. Classes are matched by identity, so a class loaded before the block (whose base is
+    numformer's own) is never replaced by itself.
+    """
+    given = dict(swaps or {}, **classes)
+    known = swappable()
+    unknown = [name for name in given if name not in known]
+    if unknown:
+        raise SwapError(f"unknown layer {unknown[0]!r} for --swap: choose from {', '.join(known)}")
+    pairs = [(known[name], cls) for name, cls in given.items()]
+    patched = []
+    try:
+        for mod in _numformer_modules():
+            for attr, value in list(vars(mod).items()):
+                for original, new in pairs:
+                    if value is original:
+                        setattr(mod, attr, new)
+                        patched.append((mod, attr, original, new))
+        _ACTIVE.append(patched)
+        yield
+    finally:
+        if _ACTIVE and _ACTIVE[-1] is patched:
+            _ACTIVE.pop()
+        for mod, attr, original, _ in reversed(patched):
+            setattr(mod, attr, original)
+        for mod in _numformer_modules():  # a module first imported inside the block took the swapped name too
+            for attr, value in list(vars(mod).items()):
+                for original, new in pairs:
+                    if value is new and not any(value is n for p in _ACTIVE for *_, n in p):
+                        setattr(mod, attr, original)
+
+
+def _numformer_modules() -> list:
+    return [m for name, m in list(sys.modules.items()) if name == "numformer" or name.startswith("numformer.")]
+
+
+_ACTIVE = []  # the patches of the swapped() blocks now open, innermost last
+
+
+@contextlib.contextmanager
+def unswapped():
+    """Inside a swapped() block: numformer's own classes again for a moment (to build a model to compare with)."""
+    undone = [p for patches in reversed(_ACTIVE) for p in reversed(patches)]
+    for mod, attr, original, _ in undone:
+        setattr(mod, attr, original)
+    try:
+        yield
+    finally:
+        for mod, attr, _, new in reversed(undone):
+            setattr(mod, attr, new)
+
+
+# -- --swap LAYER=FILE.py:CLASS ----------------------------------------------------------------------
+
+def _attributed(cls: type, name: str, path: Path) -> type:
+    """``cls`` with the methods it defines itself wrapped so that an exception they raise while training
+    becomes one line naming the user's file (a SwapError: exit 2, checkpoints kept), not a report of a
+    bug in numformer."""
+    original = swappable()[name]
+    wrapped = {}
+    for method in ("forward", "backward"):
+        fn = getattr(cls, method, None)
+        if fn is None or fn is getattr(original, method, None):
+            continue
+
+        def guarded(self, *args, _fn=fn, _method=method, **kwargs):
+            try:
+                return _fn(self, *args, **kwargs)
+            except SwapError:
+                raise
+            except Exception as exc:  # noqa: BLE001  (the user's code)
+                raise SwapError(f"your {name}.{_method} from {path} raised "
+                                f"{exception_line(exc, path)}") from exc
+        guarded.__name__ = method
+        wrapped[method] = guarded
+    if not wrapped:
+        return cls
+    wrapped.update(__module__=cls.__module__, __qualname__=cls.__qualname__, __doc__=cls.__doc__, user_class=cls)
+    return type(cls.__name__, (cls,), wrapped)
+
+
+def parse_spec(spec: str) -> tuple:
+    """``LAYER=FILE.py[:CLASS]`` -> (layer, path, class name); the class name defaults to the layer's."""
+    layer, sep, rest = spec.partition("=")
+    if not sep or not layer or not rest:
+        raise SwapError(f"--swap {spec!r}: write LAYER=FILE.py:CLASS, e.g. LayerNorm=my_layernorm.py:LayerNorm")
+    path, _, cls_name = rest.rpartition(":") if rest.rpartition(":")[0].endswith(".py") else (rest, "", "")
+    return layer.strip(), Path(path.strip()), (cls_name.strip() or layer.strip())
+
+
+def load_class(path, class_name: str, layer: str | None = None) -> type:
+    """The class ``class_name`` of the file ``path``, checked to have the layer contract of ``layer``."""
+    layer = layer or class_name
+    known = swappable()
+    if layer not in known:
+        raise SwapError(f"unknown layer {layer!r} for --swap: choose from {', '.join(known)}")
+    try:
+        module = load_file(path)
+    except UserCodeError as exc:
+        raise SwapError(f"--swap {layer}: {exc}") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        classes = [n for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__]
+        raise SwapError(f"--swap {layer}: {path} has no class {class_name!r}"
+                        + (f" (it defines {', '.join(classes)})" if classes else ""))
+    if not isinstance(cls, type):
+        raise SwapError(f"--swap {layer}: {path}:{class_name} is not a class")
+    for method in ("forward", "backward"):
+        if not callable(getattr(cls, method, None)):
+            raise SwapError(f"--swap {layer}: {path}:{class_name} has no {method} method: a layer needs forward "
+                            f"and backward (subclass numformer's {layer} and override backward)")
+    return _attributed(cls, layer, Path(path))
+
+
+def describe(swaps: dict, files: dict) -> list:
+    """One line per swapped layer: where it comes from and how its backward grades against numformer's
+    on the exercise's cases (grad_checks/grading.py; no finite differences). A layer that is not
+    written yet (NotImplementedError) is refused: a SwapError. A wrong one is trained with anyway,
+    after a warning: seeing what a wrong backward does to training is a fair experiment."""
+    lines = []
+    for layer, cls in swaps.items():
+        user_class = getattr(cls, "user_class", cls)
+        exercise = _exercise_for(layer)
+        where = f"swap: {layer} <- {files[layer]}"
+        if exercise is None:
+            lines.append(f"{where} (no exercise grades a {layer}: not checked)")
+            continue
+        from grad_checks.grading import grade  # noqa: PLC0415  (the exercises live beside numformer)
+
+        result = grade(exercise, user_class, file=files[layer].rpartition(":")[0], finite_differences=False)
+        if result.not_implemented:  # every process of a data-parallel run stops here alike
+            from .distributed import mark_collective  # noqa: PLC0415
+
+            raise mark_collective(SwapError(f"--swap {layer}: {files[layer]} is not written yet "
+                                            f"({result.not_implemented}): write it, and check it with "
+                                            f"python -m grad_checks check {files[layer].rpartition(':')[0]}"))
+        if result.passed:
+            lines.append(f"{where}: its backward grades {result.summary()} on {len(result.cases)} cases")
+        else:
+            lines.append(f"{where}: WARNING: its backward grades {result.summary()} (python -m grad_checks check "
+                         f"{files[layer].rpartition(':')[0]} says more); training with it anyway")
+    return lines
+
+
+def _exercise_for(layer: str):
+    try:
+        from grad_checks import exercises  # noqa: PLC0415
+    except ImportError:  # numformer installed without its grad_checks package: nothing to grade with
+        return None
+    return next((e for e in exercises.all_exercises() if e.swap == layer), None)
+
+
+@contextlib.contextmanager
+def swapped_from_specs(specs, log=print):
+    """``train.py --swap``: load every spec (a bad one fails here, in one line, before any data is read),
+    grade each swapped layer (:func:`describe`), then run the block with them swapped in."""
+    if not specs:
+        yield {}
+        return
+    swaps = from_specs(specs)
+    files = {}
+    for spec in specs:
+        layer, path, cls_name = parse_spec(spec)
+        files[layer] = f"{path}:{cls_name}"
+    for line in describe(swaps, files):
+        log(line)
+    with swapped(swaps):
+        yield swaps
+
+
+def from_specs(specs) -> dict:
+    """``["LayerNorm=my_layernorm.py:LayerNorm", ...]`` -> {layer name: class}, every spec checked."""
+    from .distributed import mark_collective  # noqa: PLC0415
+
+    swaps = {}
+    try:
+        for spec in specs or []:
+            layer, path, cls_name = parse_spec(spec)
+            if layer in swaps:
+                raise SwapError(f"--swap {layer} given twice: swap each layer once")
+            swaps[layer] = load_class(path, cls_name, layer)
+    except SwapError as exc:  # every process of a data-parallel run fails here alike
+        raise mark_collective(exc) from None
+    return swaps
+
+
+def check_layout(model, build) -> None:
+    """A swapped model must have numformer's parameter names and shapes (checkpoints stay portable).
+
+    ``build()`` builds the same model again; it is called with numformer's own classes (inside a
+    swapped() block too). Raises SwapError naming the first difference.
+    """
+    mine = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    with unswapped():
+        ref = [(n, tuple(p.shape)) for n, p in build().named_parameters()]
+    if mine == ref:
+        return
+    names, ref_names = dict(mine), dict(ref)
+    missing = [n for n in ref_names if n not in names]
+    extra = [n for n in names if n not in ref_names]
+    shape = [n for n in ref_names if n in names and names[n] != ref_names[n]]
+    if missing or extra:
+        what = f"lacks {missing[0]}" if missing else f"adds {extra[0]}"
+    elif shape:
+        what = f"gives {shape[0]} the shape {names[shape[0]]} instead of {ref_names[shape[0]]}"
+    else:
+        what = "orders its parameters differently"
+    raise SwapError(f"with the swapped layers the model {what}: its checkpoints would not load into numformer; "
+                    "subclass numformer's layer and keep its __init__ (override backward only)")
