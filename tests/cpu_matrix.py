@@ -23,7 +23,10 @@ Suites (each a fresh process per configuration):
 * ``decoding``: tests/decoding/test_decode_vs_torch.py (the searches against a PyTorch decoder);
 * ``numerics``: the other tests with floating-point bounds (precision modes, gradient statistics,
   the checker's own tests, cached decoding, checkpoint averaging);
-* ``grad_checks``: ``python -m grad_checks --json`` (float64 finite differences, fast kernels).
+* ``grad_checks``: ``python -m grad_checks --json`` (float64 finite differences, fast kernels);
+* ``outcomes`` (only when named: minutes of training per configuration): tests/training/test_train_e2e.py's
+  training outcomes (the reverse task's exact match and loss ratio, the bible slice's loss drop and
+  hypotheses), each with its margin to its bound.
 
 The table has one row per configuration: the OpenBLAS kernel the process really loaded, numpy's
 dispatch targets, the threads, passed and failed tests per suite, and the worst error each suite
@@ -48,12 +51,20 @@ PYTEST_SUITES = {
     "decoding": ["tests/decoding/test_decode_vs_torch.py"],
     "numerics": ["tests/device/test_precision.py", "tests/training/test_grad_stats.py", "tests/checks/test_gradcheck.py",
                  "tests/layers/test_model.py", "tests/training/test_checkpoint.py"],
+    # training outcomes (the reverse task's exact match and loss, the bible slice's loss and hypotheses): asked
+    # for by name (--suites outcomes), as they train for minutes per configuration
+    "outcomes": ["tests/training/test_train_e2e.py"],
 }
-SUITES = [*PYTEST_SUITES, "grad_checks"]
+OUTCOMES_SELECT = "reverse_reaches or reverse_learning or bible_slice"
+ALL_SUITES = [*PYTEST_SUITES, "grad_checks"]
+SUITES = [s for s in ALL_SUITES if s != "outcomes"]  # the default: every suite but outcomes
 # The worst errors shown, in this order: (column title, key recorded by the tests).
 WORST_COLUMNS = [("parity f32", "parity-float32"), ("parity f64", "parity-float64"),
                  ("kernels f32", "kernels-float32"), ("kernels f64", "kernels-float64"),
-                 ("decode gap", "decode-vs-torch-score-float64")]
+                 ("decode gap", "decode-vs-torch-score-float64"),
+                 # outcomes: each must stay below its bound (0.05, 0.5, 0, 0.25)
+                 ("reverse missed", "e2e-reverse-missed"), ("reverse loss ratio", "e2e-reverse-loss-ratio"),
+                 ("bible drop short", "e2e-bible-loss-drop-short"), ("bible empty", "e2e-bible-empty")]
 
 # Asks a child process what it really runs on (the variables are read when the libraries load).
 PROBE = r"""
@@ -122,6 +133,7 @@ def probe(env: dict) -> dict:
 def run_pytest(suites: list, env: dict, select: str | None, work: Path) -> tuple[dict, dict, str]:
     """One pytest process over the suites' files: ({suite: (passed, failed)}, {worst key: value}, tail)."""
     files = [f for s in suites for f in PYTEST_SUITES[s]]
+    work.mkdir(parents=True, exist_ok=True)
     junit, cache = work / "junit.xml", work / "cache"
     cmd = [sys.executable, "-m", "pytest", "-q", "-o", f"cache_dir={cache}", f"--junitxml={junit}", *files]
     if select:
@@ -159,7 +171,8 @@ def run_grad_checks(env: dict) -> tuple[tuple, float, str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python3 tests/cpu_matrix.py", description=__doc__.splitlines()[0])
     ap.add_argument("--configs", help="comma-separated configuration names (default: all); --list shows them")
-    ap.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated, of {', '.join(SUITES)}")
+    ap.add_argument("--suites", default=",".join(SUITES),
+                    help=f"comma-separated, of {', '.join(ALL_SUITES)} (default: all but outcomes)")
     ap.add_argument("-k", dest="select", help="pytest -k expression for the pytest suites (e.g. float32)")
     ap.add_argument("--ci", action="store_true",
                     help="CI's run: the 'oldest' configuration, parity and kernels, float32 cases only")
@@ -176,14 +189,14 @@ def main(argv=None) -> int:
         args.configs, args.suites, args.select = "oldest", "parity,kernels", "float32"
     names = args.configs.split(",") if args.configs else list(configs)
     suites = args.suites.split(",")
-    unknown = [n for n in names if n not in configs] + [s for s in suites if s not in SUITES]
+    unknown = [n for n in names if n not in configs] + [s for s in suites if s not in ALL_SUITES]
     if unknown:
         print(f"cpu_matrix: unknown configuration or suite {', '.join(unknown)} (see --list and --help)",
               file=sys.stderr)
         return 2
 
     rows, tails = [], {}
-    pytest_suites = [s for s in suites if s in PYTEST_SUITES]
+    pytest_suites = [s for s in suites if s in PYTEST_SUITES and s != "outcomes"]
     for i, name in enumerate(names, 1):
         env = {**os.environ, **configs[name], "PYTHONUNBUFFERED": "1"}
         start = time.monotonic()
@@ -198,6 +211,12 @@ def main(argv=None) -> int:
                 row["worst"].update(worst)
                 if any(f for _, f in counts.values()):
                     tails[name] = tail
+            if "outcomes" in suites:  # its own process: its own -k (the training tests, not the whole file)
+                counts, worst, tail = run_pytest(["outcomes"], env, OUTCOMES_SELECT, Path(tmp) / "outcomes")
+                row["suites"].update(counts)
+                row["worst"].update(worst)
+                if any(f for _, f in counts.values()):
+                    tails[f"{name} outcomes"] = tail
         if "grad_checks" in suites:
             counts, worst, tail = run_grad_checks(env)
             row["suites"]["grad_checks"] = counts

@@ -382,7 +382,7 @@ def test_the_default_limit_is_ten_in_a_row(tmp_path, monkeypatch):
     trainer.cfg = TrainConfig(max_steps=1)
     trainer.skipped_steps = trainer.nonfinite_in_a_row = 0
     trainer.log, trainer.elapsed, trainer.epoch = logged.append, 0.0, 0
-    trainer.world, trainer.folder = SINGLE, RunFolder(tmp_path)
+    trainer.world, trainer.folder, trainer.tensorboard = SINGLE, RunFolder(tmp_path), None
     for _ in range(9):
         trainer._skipped(7, float("nan"), float("inf"))
     with pytest.raises(trainer_module.StopTraining, match="10 steps in a row"):

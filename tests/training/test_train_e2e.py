@@ -16,6 +16,7 @@ from numformer.decode import beam_search, greedy_search
 from numformer.model import Transformer
 from numformer.translation import source_batch
 from support import assert_same_training_state
+from worst_error import record_worst
 
 ROOT = Path(__file__).resolve().parents[2]
 REVERSE_STEPS = 3000
@@ -45,6 +46,7 @@ def test_reverse_reaches_95_percent_exact_match(reverse_run):
     hyps = out.stdout.split("\n")[:-1]
     assert len(hyps) == len(test_ref)
     exact = np.mean([h == r for h, r in zip(hyps, test_ref)])
+    record_worst("e2e-reverse-missed", 1 - exact, "test sentences not reversed exactly (bound 0.05)")
     assert exact > 0.95, exact
 
 
@@ -85,6 +87,7 @@ def test_beam_scores_at_least_as_well_as_greedy_unless_k_hypotheses_ended_first(
 def test_reverse_learning_curve_falls(reverse_run):
     m = metrics(reverse_run)
     losses = [r["train_loss"] for r in m if "train_loss" in r]
+    record_worst("e2e-reverse-loss-ratio", losses[-1] / losses[0], "last / first logged loss (bound 0.5)")
     assert losses[-1] < 0.5 * losses[0]
     bleus = [r["valid_bleu"] for r in m if "valid_bleu" in r]
     assert bleus[-1] > bleus[0]
@@ -110,10 +113,12 @@ def test_bible_slice_trains_decodes_and_scores(bible_slice, tmp_path):
                        "--eval-sentences", "10", "--save-every", "20", "--beam", "2"])
     assert code == 0
     losses = [r["train_loss"] for r in metrics(out) if "train_loss" in r]
+    record_worst("e2e-bible-loss-drop-short", 1.0 - (losses[0] - losses[-1]), "nats short of a 1.0 drop (bound 0)")
     assert losses[-1] < losses[0] - 1.0, losses
     scores = json.loads((out / "test_scores.json").read_text())
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in scores["bleu_signature"]
     hyps = (out / "test.hyp").read_text().split("\n")[:-1]
+    record_worst("e2e-bible-empty", sum(not h.strip() for h in hyps) / 40, "empty test hypotheses (bound 10 of 40)")
     assert len(hyps) == 40 and sum(bool(h.strip()) for h in hyps) >= 30
     # the scores are sacreBLEU's for the written hypotheses against the test references (line for line)
     refs = bible_slice.joinpath("test.tgt").read_text(encoding="utf-8").split("\n")[:40]
