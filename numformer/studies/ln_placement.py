@@ -53,8 +53,8 @@ sub-layers per layer (two in the encoder) and the encoder's gradient arriving as
 decoder layers' encoder-decoder attentions send back. This study does not separate the two.
 
 Command: ``python -m numformer.studies ln-placement [--out DIR]`` (``--small``: the CI's configuration).
-Time: stated at most 6 minutes on 2 cores (it needs 366 s of CPU time, 2 threads); measured 31.5 minutes
-on this project's shared 2-core machine while its load average was 12-14.
+Time: stated at most 6 minutes on 2 cores; measured 2.3 minutes (255 s of CPU time) on the project's
+2-core AMD EPYC, nothing else running (commit 5b03058).
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ TITLE = "Xiong et al. 2020, Figure 3 / Theorem 1: FFN gradient norm per layer at
 CITATION = ("R. Xiong, Y. Yang, D. He, K. Zheng, S. Zheng, C. Xing, H. Zhang, Y. Lan, L. Wang, T.-Y. Liu, "
             "On Layer Normalization in the Transformer Architecture, ICML 2020 (arXiv:2002.04745), "
             "Figure 3 and Theorem 1")
-MINUTES = 6  # stated time on 2 cores (366 s of CPU time; see the docstring)
+MINUTES = 6  # stated time on 2 cores (measured 2.3 min; see the docstring)
 
 #: The placements compared, by name -> ModelConfig.pre_norm (a test plants a change here).
 PRE_NORM = {"post-LN": False, "pre-LN": True}

@@ -46,8 +46,8 @@ post-LN amplifies an update several times more than pre-LN at the same depth. Th
 trained on WMT'14/IWSLT'14 at up to 18 layers; here one update from initialisation on bible-en-es.
 
 Command: ``python -m numformer.studies output-change [--out DIR]`` (``--small``: the CI's configuration).
-Time: stated at most 8 minutes on 2 cores (it needs 355 s of CPU time); measured 15.3 minutes on this
-project's shared 2-core machine while its load average was about 9.
+Time: stated at most 8 minutes on 2 cores; measured 1.8 minutes (183 s of CPU time) on the project's
+2-core AMD EPYC, nothing else running (commit 5b03058).
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ TITLE = ("Liu et al. 2020, Section 4 / output-change figure: the output change o
 CITATION = ("L. Liu, X. Liu, J. Gao, W. Chen, J. Han, Understanding the Difficulty of Training Transformers, "
             "EMNLP 2020 (arXiv:2004.08249), Section 4 (amplification effect), the output change "
             "|F(x0,W) - F(x0,W*)|^2 against the number of layers")
-MINUTES = 8  # stated time on 2 cores (355 s of CPU time; see the docstring)
+MINUTES = 8  # stated time on 2 cores (measured 1.8 min; see the docstring)
 
 #: The placements compared, by name -> ModelConfig.pre_norm (a test plants a change here).
 PRE_NORM = {"post-LN": False, "pre-LN": True}
