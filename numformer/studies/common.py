@@ -110,14 +110,27 @@ def markdown_table(header: list, rows: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(out, name: str, table_md: str, results: dict) -> list[Path]:
-    """``OUT/NAME.md`` (the table, claim beside measurement) and ``OUT/NAME.json`` (every number measured)."""
+def write_outputs(out, name: str, results: dict, check, picture, table) -> dict:
+    """A study's verdict and files from its measured ``results``: ``results["failed"]`` (``check``'s list of
+    the claims that did not hold), ``OUT/NAME.png`` (``picture``), ``OUT/NAME.md`` (``table``: the claim beside
+    the measurement) and ``OUT/NAME.json`` (every number measured); their paths in ``results["files"]``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    md, js = out / f"{name}.md", out / f"{name}.json"
-    md.write_text(table_md, encoding="utf-8")
+    results["failed"] = check(results)
+    png, md, js = out / f"{name}.png", out / f"{name}.md", out / f"{name}.json"
+    results["files"] = [str(picture(results, png)), str(md), str(js)]
+    md.write_text(table(results), encoding="utf-8")
     js.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    return [md, js]
+    return results
+
+
+def save_figure(fig, path) -> Path:
+    """Lay out, write and close a study's figure; -> its path."""
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
 
 
 def pyplot():

@@ -68,7 +68,7 @@ from ..layers import Residual
 from ..model import Transformer
 from ..presets import get_preset
 from .common import (Budget, bible_data, gradient_at, markdown_table, param_norm, pyplot, random_batch,
-                     sentence_batch, write_outputs)
+                     sentence_batch, save_figure, write_outputs)
 
 NAME = "ln-placement"
 TITLE = "Xiong et al. 2020, Figure 3 / Theorem 1: FFN gradient norm per layer at initialisation, post-LN vs pre-LN"
@@ -295,19 +295,11 @@ def picture(results: dict, path) -> Path:
             ax.legend(fontsize=7)
     fig.suptitle("Xiong et al. 2020, Fig. 3: FFN W_2 gradient norm per layer at initialisation "
                  f"(numformer, {results['config']['preset']} shape)", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run(out, cfg: Config = FULL, log=print) -> dict:
     """Measure, then write ``OUT/ln-placement.png`` (the picture), ``.md`` (the table) and ``.json``."""
     out = Path(out)
     results = measure(cfg, out / "data", log)
-    out.mkdir(parents=True, exist_ok=True)
-    results["failed"] = check(results)
-    results["files"] = [str(picture(results, out / f"{NAME}.png"))]
-    results["files"] += [str(p) for p in write_outputs(out, NAME, table(results), results)]
-    return results
+    return write_outputs(out, NAME, results, check, picture, table)

@@ -61,7 +61,7 @@ from ..model import Transformer
 from ..optim import Adam
 from ..presets import get_preset
 from .common import (Budget, bible_data, gradient_at, markdown_table, pyplot, random_batch, sentence_batch,
-                     write_outputs)
+                     save_figure, write_outputs)
 
 NAME = "output-change"
 TITLE = ("Liu et al. 2020, Section 4 / output-change figure: the output change of one update against "
@@ -287,19 +287,11 @@ def picture(results: dict, path) -> Path:
         ax.legend()
     fig.suptitle("Liu et al. 2020: output change of one update against depth (numformer, "
                  f"d_model {results['d_model']})", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run(out, cfg: Config = FULL, log=print) -> dict:
     """Measure, then write ``OUT/output-change.png``, ``.md`` and ``.json``."""
     out = Path(out)
     results = measure(cfg, out / "data", log)
-    out.mkdir(parents=True, exist_ok=True)
-    results["failed"] = check(results)
-    results["files"] = [str(picture(results, out / f"{NAME}.png"))]
-    results["files"] += [str(p) for p in write_outputs(out, NAME, table(results), results)]
-    return results
+    return write_outputs(out, NAME, results, check, picture, table)

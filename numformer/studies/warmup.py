@@ -59,7 +59,7 @@ from ..model import Transformer
 from ..presets import get_preset
 from ..train_config import TrainConfig
 from ..trainer import Trainer
-from .common import Budget, bible_data, markdown_table, pyplot, write_outputs
+from .common import Budget, bible_data, markdown_table, pyplot, save_figure, write_outputs
 
 NAME = "warmup"
 TITLE = "Xiong et al. 2020, Section 3.2 / Figure 2: post-LN needs warm-up at a large learning rate, pre-LN does not"
@@ -249,18 +249,11 @@ def picture(results: dict, path) -> Path:
     c = results["config"]
     fig.suptitle(f"Xiong et al. 2020: warm-up, post-LN vs pre-LN (numformer, {c['preset']}, {c['corpus']}, "
                  f"peak lr {c['peak_lr']:g})", fontsize=11)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run(out, cfg: Config = FULL, log=print) -> dict:
     """The four runs into ``OUT/warmup/RUN/`` (metrics.jsonl each), then ``OUT/warmup.png``, ``.md``, ``.json``."""
     out = Path(out)
     results = measure(cfg, out, log)
-    results["failed"] = check(results)
-    results["files"] = [str(picture(results, out / f"{NAME}.png"))]
-    results["files"] += [str(p) for p in write_outputs(out, NAME, table(results), results)]
-    return results
+    return write_outputs(out, NAME, results, check, picture, table)
