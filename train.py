@@ -11,10 +11,10 @@ Examples:
     mpirun -n 4 python train.py --corpus bible-en-es --device cuda   # 4 GPUs, one process each
 
 This file is the command line and the flow; the work is in numformer: the settings
-(numformer/train_config.py), the run folder and its lock (numformer/run_folder.py), the corpus
-(numformer/prepare.py), the training step and loop (numformer/trainer.py). Under mpirun (several
-processes, mpi4py installed) the processes train one model together (numformer/distributed.py,
-numformer/replicas.py): rank 0 alone reads and writes the run folder and prints; every rank exits
+(numformer/training/config.py), the run folder and its lock (numformer/training/run_folder.py), the corpus
+(numformer/prepare.py), the training step and loop (numformer/training/trainer.py). Under mpirun (several
+processes, mpi4py installed) the processes train one model together (numformer/training/distributed.py,
+numformer/training/replicas.py): rank 0 alone reads and writes the run folder and prints; every rank exits
 with the same status.
 
 Exit status: 0 done; 2 bad input or settings, or a run folder in use by another process (one line on
@@ -34,28 +34,28 @@ import time
 import traceback
 from pathlib import Path
 
-from numformer.host.blas_threads import tune_blas_threads
+from numformer.kernels.host.blas_threads import tune_blas_threads
 
 tune_blas_threads()  # before numpy loads: OpenBLAS reads its thread settings then (see the module)
 
 from numformer.backend import resolve_device, xp_for
 from numformer.checkpoint import atomic_write, load_checkpoint
-from numformer.cli_common import (OneLineParser, nonneg_float, nonneg_int, one_line_errors, positive_float,
+from numformer.cli.errors import (OneLineParser, nonneg_float, nonneg_int, one_line_errors, positive_float,
                                   positive_int, probability)
-from numformer.distributed import SINGLE, exit_code_of, init_world, is_collective, launched_rank
+from numformer.training.distributed import SINGLE, exit_code_of, init_world, is_collective, launched_rank
 from numformer.layers.init import SCHEMES as INIT_SCHEMES
 from numformer.model import Transformer
 from numformer.precision import MODES as PRECISIONS
 from numformer.precision import check_precision
 from numformer.prepare import CORPORA, DEFAULT_VOCAB_SAMPLE, prepare
 from numformer.presets import PRESETS, get_preset
-from numformer.replicas import share_run
-from numformer.run_folder import RunFolder, write_json
+from numformer.training.replicas import share_run
+from numformer.training.run_folder import RunFolder, write_json
 from numformer.swap import check_layout, swapped_from_specs
-from numformer.tensorboard_log import require_writer
-from numformer.train_config import GPU_RECIPES, default_out, default_preset, settle, source_of
-from numformer.trainer import Trainer
-from numformer.translation import DecodeOptions, score_translations, translate_lines
+from numformer.training.tensorboard_log import require_writer
+from numformer.training.config import GPU_RECIPES, default_out, default_preset, settle, source_of
+from numformer.training.trainer import Trainer
+from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
 
 
 def parse_args(argv=None):
@@ -250,7 +250,7 @@ def _train(args, world) -> int:
               f"{tcfg.lr_factor}, " + (f"{tcfg.max_minutes} min" if tcfg.max_minutes else f"{tcfg.max_steps} steps")
               + (", precision " + tcfg.precision if tcfg.precision != "fp32" else ""))
         if device != "cpu" and run.preset in GPU_RECIPES and not args.resume:
-            print(f"recipe: {run.preset} on a GPU (numformer/train_config.py GPU_RECIPES; flags override): "
+            print(f"recipe: {run.preset} on a GPU (numformer/training/config.py GPU_RECIPES; flags override): "
                   f"checkpoints every {tcfg.save_every_minutes} min, validation every {tcfg.eval_every} steps")
         if world.size > 1:
             print(f"data parallel: {world.size} processes ({world.transport}), each step {world.size} x "

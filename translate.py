@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 
 from numformer.backend import resolve_device, xp_for
-from numformer.cli_common import (OneLineParser, load_model, nonneg_float, nonneg_int, one_line_errors,
+from numformer.cli.errors import (OneLineParser, load_model, nonneg_float, nonneg_int, one_line_errors,
                                   positive_int)
 from numformer.data import read_lines
 from numformer.errors import UsageError
-from numformer.data.parallel import split_lines
-from numformer.translation import DecodeOptions, score_translations, translate_lines
+from numformer.data.text_files import split_lines
+from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
 
 CONTRACT = """
 What is guaranteed: one output line per input line, in order, whatever the input holds (empty or

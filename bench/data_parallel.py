@@ -67,7 +67,7 @@ def allreduce_worker(n: int) -> None:
     """Under mpirun: time ``Allreduce(IN_PLACE, float32[n], SUM)``; rank 0 prints the median in ms."""
     import numpy as np
 
-    from numformer.distributed import init_world
+    from numformer.training.distributed import init_world
 
     world = init_world("cpu")
     buf = np.ones(n, dtype=np.float32)

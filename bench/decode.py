@@ -88,7 +88,7 @@ def _speed(best, ids, seconds, beam):
 
 def time_search(model, vocab, ids, opts, sync):
     """numformer's search (translate_ids, as translate.py runs it) -> (speed dict, best token lists)."""
-    from numformer.translation import translate_ids  # noqa: PLC0415
+    from numformer.decoding.translation import translate_ids  # noqa: PLC0415
 
     sync()
     t0 = time.perf_counter()
@@ -155,8 +155,8 @@ def main(argv=None):
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "tests"))  # the reference decoder (tests/reference/)
     from numformer.backend import describe  # noqa: PLC0415
-    from numformer.cli_common import load_model  # noqa: PLC0415
-    from numformer.translation import DecodeOptions, source_batch  # noqa: PLC0415
+    from numformer.cli.errors import load_model  # noqa: PLC0415
+    from numformer.decoding.translation import DecodeOptions, source_batch  # noqa: PLC0415
 
     model, vocab, path = load_model(args.model, args.vocab, args.device)
     xp = model.xp

@@ -305,11 +305,11 @@ def decode_worker(args) -> dict:
     sys.path.insert(0, str(ROOT))
     from numformer.backend import xp_for  # noqa: PLC0415
     from numformer.checkpoint import run_checkpoints  # noqa: PLC0415
-    from numformer.cli_common import load_model  # noqa: PLC0415
+    from numformer.cli.errors import load_model  # noqa: PLC0415
     from numformer.data import SubwordVocab, load_parallel_dir  # noqa: PLC0415
     from numformer.model import Transformer  # noqa: PLC0415
     from numformer.presets import get_preset  # noqa: PLC0415
-    from numformer.translation import DecodeOptions, score_translations, translate_lines  # noqa: PLC0415
+    from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines  # noqa: PLC0415
 
     xp = xp_for(args.device)
     vocab = SubwordVocab.load(args.vocab)

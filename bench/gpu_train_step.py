@@ -11,7 +11,7 @@ count against the other). Precisions (``--precision fp32,tf32,fp16``):
 * fp16: numformer ``--precision fp16`` (fp16 GEMM operands, float32 master weights, dynamic
   loss scaling); PyTorch ``torch.autocast(dtype=float16)`` with ``GradScaler``.
 
-numformer's step is the trainer's (``numformer.trainer.Trainer.train_step`` without the data
+numformer's step is the trainer's (``numformer.training.trainer.Trainer.train_step`` without the data
 loader): forward, loss with ``overwrite_logits``, backward (scaled in fp16), unscale, the
 global gradient norm read back with the loss in one transfer, ``Adam.step(zero_grad=True)``.
 Reported per side: median ms/step of the counted steps (device synchronised before each
@@ -84,7 +84,7 @@ def worker_numformer(args, s):
     from numformer.optim import Adam, grad_norm  # noqa: PLC0415
     from numformer.precision import DynamicLossScaler, set_matmul_precision  # noqa: PLC0415
     from numformer.presets import ModelConfig  # noqa: PLC0415
-    from numformer.trainer import read_scalars  # noqa: PLC0415
+    from numformer.training.trainer import read_scalars  # noqa: PLC0415
 
     set_matmul_precision(args.mode, args.device)  # before the model moves: TF32 is read at the first GEMM
     xp = xp_for(args.device)

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the kernel inputs (tests/reference/kernel_cases.py)
-from numformer.host.blas_threads import tune_blas_threads  # noqa: E402
+from numformer.kernels.host.blas_threads import tune_blas_threads  # noqa: E402
 
 tune_blas_threads()  # as train.py does, before numpy is imported
 
@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from reference.kernel_cases import PLAIN, SIZES, inputs  # noqa: E402
 from numformer import kernels  # noqa: E402
 from numformer.backend import RandomState  # noqa: E402
-from numformer.host import threads  # noqa: E402
+from numformer.kernels.host import threads  # noqa: E402
 
 
 def fresh(args):

@@ -137,7 +137,7 @@ def worker_peak(args):
 
 def worker_numformer(args, s):
     sys.path.insert(0, str(ROOT))
-    from numformer.host.blas_threads import tune_blas_threads  # noqa: PLC0415
+    from numformer.kernels.host.blas_threads import tune_blas_threads  # noqa: PLC0415
 
     tune_blas_threads()  # as train.py does, before numpy is imported
     from numformer.backend import describe, to_xp, xp_for  # noqa: PLC0415

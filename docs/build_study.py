@@ -182,8 +182,8 @@ draws every head's attention weights (rows: queries, columns: keys). A model tha
 from each output position to the source position it copies: a diagonal in the encoder-decoder attention."""),
     ("code", """\
 from numformer.attention_maps import attention_pictures
-from numformer.cli_common import load_model
-from numformer.translation import DecodeOptions, translate_lines
+from numformer.cli.errors import load_model
+from numformer.decoding.translation import DecodeOptions, translate_lines
 
 model, vocab, path = load_model(run)
 sentence = "t h e q u i c k f o x"

@@ -2,6 +2,6 @@
 
 The math is in ``numformer.layers``, ``numformer.loss`` and ``numformer.optim``; the fast
 versions of its pieces are in ``numformer.kernels`` (``NUMFORMER_KERNELS=plain`` turns them off);
-the host thread pool and the process tunings are in ``numformer.host``.
+the host thread pool and the process tunings are in ``numformer.kernels.host``.
 """
-from .host import allocator as _allocator  # noqa: F401  (tunes glibc's allocator once, see the module)
+from .kernels.host import allocator as _allocator  # noqa: F401  (tunes glibc's allocator once, see the module)

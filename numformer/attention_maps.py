@@ -21,7 +21,7 @@ import numpy as np
 from .backend import to_host
 from .errors import UsageError
 from .layers import ScaledDotProductAttention
-from .translation import DecodeOptions, source_batch, translate_ids
+from .decoding.translation import DecodeOptions, source_batch, translate_ids
 
 
 def record_attention(model, src_ids: list, tgt_ids: list, bos_id: int, eos_id: int) -> dict:
@@ -108,7 +108,7 @@ def attention_pictures(model, vocab, sentence: str, out, opts: DecodeOptions | N
 
 
 def main(argv=None) -> int:
-    from .cli_common import load_model, one_line_errors  # noqa: PLC0415
+    from .cli.errors import load_model, one_line_errors  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog="python -m numformer.attention_maps", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="run folder or checkpoint")

@@ -17,13 +17,15 @@ import sys
 
 import numpy as np
 
+from .errors import NumformerError
+
 DEFAULT_DTYPE = np.float32
 _DTYPES = {"float32": np.float32, "float64": np.float64}
 
 _cupy = None  # the cupy module once a CUDA device has been asked for
 
 
-class BackendError(RuntimeError):
+class BackendError(NumformerError, RuntimeError):
     """A device or dtype request that cannot be met; the message says what to do."""
 
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import NumformerError
+
 _UMASK = os.umask(0)  # read once: mkstemp creates 0600 files, checkpoints get the usual 0666 & ~umask
 os.umask(_UMASK)
 
@@ -51,7 +53,7 @@ def run_checkpoints(run_dir) -> list[Path]:
     return sorted((Path(run_dir) / CHECKPOINT_DIR).glob("step_*.npz"))
 
 
-class CheckpointError(ValueError):
+class CheckpointError(NumformerError, ValueError):
     """A checkpoint that is missing, truncated, corrupt or does not fit; the message is one line."""
 
 

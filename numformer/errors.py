@@ -1,23 +1,48 @@
-"""Error classes of the command lines that no more specific module owns: a bad request, a training stopped.
+"""The one base class of every error a user can cause, and its exit code.
 
 The command-line tools (``train.py``, ``translate.py``, ``python -m numformer.checkpoint`` ...) print
-an error raised on purpose for bad input as one line and exit 2; every such error has its own class
-(:class:`UsageError` here, ``DataError``, ``CheckpointError``, ``BackendError``, ``PrecisionError``,
-``DistributedError``). Anything else that escapes, a plain ``ValueError`` from NumPy included, is a bug
-in numformer: the tools say so and write its traceback to a file (``cli_common.one_line_errors``).
+an error raised on purpose for bad input as one line, ``prog: error: what is wrong: what to do``, and
+exit with the error's :attr:`NumformerError.exit_code` (2 unless the class says otherwise). Every such
+error is a :class:`NumformerError`: :class:`UsageError` and :class:`StopTraining` here, and beside the
+code that raises them ``DataError``, ``CheckpointError``, ``BackendError``, ``PrecisionError``,
+``DistributedError``, ``RunFolderInUse``, ``SwapError``, ``UserCodeError``, ``KernelModeError``.
+Anything else that escapes, a plain ``ValueError`` from NumPy included, is a bug in numformer: the
+tools say so and write its traceback to a file (:mod:`numformer.cli.errors`), exit status
+:data:`BUG_EXIT`.
 """
 from __future__ import annotations
 
+BUG_EXIT = 1          # a bug in numformer
+INTERRUPTED_EXIT = 130  # Ctrl-C or SIGTERM (the shell's 128 + SIGINT)
 
-class UsageError(ValueError):
-    """Flags or settings that cannot work together; the message is one line saying what to do.
 
-    A ValueError, so code that called these checks expecting ValueError keeps working.
+class NumformerError(Exception):
+    """A mistake of the user's or of the machine's (not of numformer's); the message is one line
+    saying what is wrong and what to do. ``exit_code``: the status the command lines exit with."""
+
+    exit_code = 2
+
+
+class UsageError(NumformerError, ValueError):
+    """Flags or settings that cannot work together.
+
+    Also a ValueError, so code that called these checks expecting ValueError keeps working.
     """
 
 
-class StopTraining(RuntimeError):
-    """Training cannot go on (a run of non-finite steps, numformer/trainer.py); the message is one line,
-    the last good checkpoint is untouched. Exit status 3."""
+class StopTraining(NumformerError, RuntimeError):
+    """Training cannot go on (a run of non-finite steps, :mod:`numformer.training.trainer`); the last
+    good checkpoint is untouched. Exit status 3."""
 
     exit_code = 3
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """The exit status a command line gives for ``exc``: a :class:`NumformerError`'s ``exit_code``,
+    130 for Ctrl-C, a ``SystemExit``'s own code, else :data:`BUG_EXIT`."""
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    if isinstance(exc, KeyboardInterrupt):
+        return INTERRUPTED_EXIT
+    code = getattr(exc, "exit_code", None)  # NumformerError, and the relayed error of another rank
+    return int(code) if isinstance(code, int) else BUG_EXIT

@@ -62,6 +62,7 @@ import sys
 
 import numpy as np
 
+from .errors import NumformerError
 from .backend import get_array_module, is_cupy_array, resolve_device
 
 MODES = ("fp32", "tf32", "fp16")
@@ -73,7 +74,7 @@ _saved_cupy_tf32 = None  # the CUPY_TF32 value before "tf32" set it (None: unset
 _NOT_SAVED = object()
 
 
-class PrecisionError(ValueError):
+class PrecisionError(NumformerError, ValueError):
     """A precision request that cannot be met; the message says what to do."""
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from .data import DataError, SubwordVocab, default_vocab_size, make_synthetic, normalize_line, read_lines
 from .data.binary import SIDES, NpyAppender, TokenPairs, ids_dtype
 from .data.encoding import CachedEncoder
-from .data.parallel import SPLITS, check_corpus_dir, count_lines, iter_line_blocks
+from .data.text_files import SPLITS, check_corpus_dir, count_lines, iter_line_blocks
 
 CORPORA = ("bible-en-es",)
 VOCAB_FILE = "spm.model"
@@ -331,7 +331,7 @@ def _encode_file(encoder: CachedEncoder, blocks, stem: Path, n_lines: int) -> in
 # -- the command --------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     """``python -m numformer.prepare``: prepare a corpus into a run folder; train.py --out that folder reuses it."""
-    from .cli_common import OneLineParser, one_line_errors, positive_int  # noqa: PLC0415
+    from .cli.errors import OneLineParser, one_line_errors, positive_int  # noqa: PLC0415
 
     ap = OneLineParser(prog="python -m numformer.prepare", description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", help=f"a corpus the project builds itself: {', '.join(CORPORA)}")
@@ -345,7 +345,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=positive_int, help="sentencepiece threads (default: every core)")
     args = ap.parse_args(argv)
     with one_line_errors("prepare"):
-        from .run_lock import lock_run_folder  # noqa: PLC0415
+        from .training.run_lock import lock_run_folder  # noqa: PLC0415
 
         lock = lock_run_folder(args.out)  # the run folder is this process's while it prepares (train.py's lock)
         data = prepare(args.out, args.corpus, args.data, args.task, args.vocab_size, args.seed,

@@ -237,7 +237,7 @@ def describe(swaps: dict, files: dict) -> list:
 
         result = grade(exercise, user_class, file=files[layer].rpartition(":")[0], finite_differences=False)
         if result.not_implemented:  # every process of a data-parallel run stops here alike
-            from .distributed import mark_collective  # noqa: PLC0415
+            from .training.distributed import mark_collective  # noqa: PLC0415
 
             raise mark_collective(SwapError(f"--swap {layer}: {files[layer]} is not written yet "
                                             f"({result.not_implemented}): write it, and check it with "
@@ -278,7 +278,7 @@ def swapped_from_specs(specs, log=print):
 
 def from_specs(specs) -> dict:
     """``["LayerNorm=my_layernorm.py:LayerNorm", ...]`` -> {layer name: class}, every spec checked."""
-    from .distributed import mark_collective  # noqa: PLC0415
+    from .training.distributed import mark_collective  # noqa: PLC0415
 
     swaps = {}
     try:

@@ -81,7 +81,7 @@ for line in open("/proc/self/maps"):
             if hasattr(lib, name):
                 fn = getattr(lib, name); fn.restype = ctypes.c_char_p; core = fn().decode(); break
         break
-from numformer.host.threads import get_num_threads
+from numformer.kernels.host.threads import get_num_threads
 print(json.dumps({"openblas": core, "numpy": [d for d in __cpu_dispatch__ if __cpu_features__.get(d)],
                   "threads": get_num_threads()}))
 """

@@ -2,7 +2,7 @@
 CORPUS OUT REPORT_DIR [--hide]``.
 
 Runs what train.py runs before training (rank 0 prepares the corpus into OUT, then every rank gets the
-training pairs: ``train._settle`` and ``numformer.replicas.share_run``), counts the blocks each rank encoded, and writes per
+training pairs: ``train._settle`` and ``numformer.training.replicas.share_run``), counts the blocks each rank encoded, and writes per
 rank ``REPORT_DIR/rank<r>.json``: whether its training ids are memory-mapped and from which file, the number
 of pairs, and the first batch of epoch 0 as the trainer would build it. ``--hide``: rank 1 acts as if it ran
 on another host without the files (its map is refused), so rank 0 sends it the arrays.
@@ -19,8 +19,8 @@ import train  # noqa: E402
 from numformer.data import plan_batches  # noqa: E402
 from numformer.data.encoding import CachedEncoder  # noqa: E402
 from numformer import prepare as prepare_module  # noqa: E402
-from numformer.distributed import init_world  # noqa: E402
-from numformer.replicas import share_run  # noqa: E402
+from numformer.training.distributed import init_world  # noqa: E402
+from numformer.training.replicas import share_run  # noqa: E402
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 or plain ``python tests/mpi_worker.py ...`` (one process).
 
 Trains a small Transformer on random in-memory sentence pairs (no vocabulary, no files to read) with
-:class:`numformer.trainer.Trainer` in the world :func:`numformer.distributed.init_world` finds, then
+:class:`numformer.training.trainer.Trainer` in the world :func:`numformer.training.distributed.init_world` finds, then
 every rank writes its parameters, Adam moments and step to ``OUT/rank<r>.npz`` so the test can compare
 ranks with each other and with a one-process run.
 
@@ -19,13 +19,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numformer.backend import to_host  # noqa: E402
-from numformer.host.threads import set_num_threads  # noqa: E402
-from numformer.distributed import init_world  # noqa: E402
+from numformer.kernels.host.threads import set_num_threads  # noqa: E402
+from numformer.training.distributed import init_world  # noqa: E402
 from numformer.model import Transformer  # noqa: E402
 from numformer.prepare import PreparedData  # noqa: E402
 from numformer.presets import get_preset  # noqa: E402
-from numformer.train_config import TrainConfig  # noqa: E402
-from numformer.trainer import Trainer  # noqa: E402
+from numformer.training.config import TrainConfig  # noqa: E402
+from numformer.training.trainer import Trainer  # noqa: E402
 
 VOCAB = 40
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 import train  # noqa: E402
 from numformer.checkpoint import load_checkpoint, save_checkpoint, vocab_fingerprint  # noqa: E402
 from numformer.data import CORPUS_FILES, SubwordVocab  # noqa: E402
-from numformer.host import threads as host_threads  # noqa: E402
+from numformer.kernels.host import threads as host_threads  # noqa: E402
 from numformer.model import Transformer  # noqa: E402
 from numformer.presets import get_preset  # noqa: E402
 

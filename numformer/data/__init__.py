@@ -17,7 +17,7 @@ one-line message saying what is wrong and what to do.
 from .batching import Batch, BatchPlan, pad_rows, plan_batches
 from .binary import TokenPairs
 from .errors import DataError
-from .parallel import CORPUS_FILES, SPLITS, load_parallel_dir, normalize_line, read_lines, write_parallel_dir
+from .text_files import CORPUS_FILES, SPLITS, load_parallel_dir, normalize_line, read_lines, write_parallel_dir
 from .synthetic import TASKS as SYNTHETIC_TASKS
 from .synthetic import make_synthetic
 from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SubwordVocab, default_vocab_size

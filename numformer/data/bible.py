@@ -73,7 +73,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError
-from .parallel import CORPUS_FILES, SPLITS, write_parallel_dir
+from .text_files import CORPUS_FILES, SPLITS, write_parallel_dir
 
 CORPUS_NAME = "bible-en-es"
 SRC_MODULE = "engWEB2015eb"

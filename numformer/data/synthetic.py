@@ -15,7 +15,7 @@ import string
 import numpy as np
 
 from .errors import DataError
-from .parallel import SPLITS
+from .text_files import SPLITS
 
 #: Task name -> function from a source symbol list to the target symbol list.
 TASKS = {

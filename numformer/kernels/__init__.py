@@ -18,14 +18,14 @@ run on both.
 
 The switch: ``NUMFORMER_KERNELS=plain`` in the environment, or ``numformer.kernels.use_kernels("plain")``
 (``"fast"`` is the default), runs the whole model on the plain math, on CPU and GPU; the process
-tunings of :mod:`numformer.host` (glibc's allocator, OpenBLAS's thread spin) are skipped too when
+tunings of :mod:`numformer.kernels.host` (glibc's allocator, OpenBLAS's thread spin) are skipped too when
 the environment says ``plain``. ``NUMFORMER_KERNELS_OFF=attention,loss`` leaves out single kernel
 files (to measure what each buys: ``bench/kernel_speed.py``, ``docs/speed.md``).
 
 Files, one per piece of math: ``attention``, ``layernorm``, ``embedding``, ``loss``, ``adam`` and
 ``decoding`` (the per-step pieces of the searches). Dropout, ReLU and the linear maps have no kernel:
 their threaded and fused versions measured slower than the plain math at the training shapes, so
-they were removed. The host thread pool the kernels split work over is :mod:`numformer.host.threads`.
+they were removed. The host thread pool the kernels split work over is :mod:`numformer.kernels.host.threads`.
 """
 from __future__ import annotations
 
@@ -33,11 +33,13 @@ import contextlib
 import importlib
 import os
 
+from ..errors import NumformerError
+
 MODES = ("fast", "plain")
 _FAST_MODULES = ("attention", "layernorm", "embedding", "loss", "adam", "decoding")
 
 
-class KernelModeError(ValueError):
+class KernelModeError(NumformerError, ValueError):
     """An unknown kernel mode; the message lists the choices."""
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from ..backend import is_cupy_array
 from ..optim import adam_update
 from . import replaces
-from ..host.threads import parallel_tasks
+from .host.threads import parallel_tasks
 
 ADAM_BLOCK = 1 << 17  # elements per block
 

@@ -23,7 +23,7 @@ import numpy as np
 from ..backend import is_cupy_array
 from ..layers.attention import MASKED_SCORE, attention_backward, attention_forward
 from . import replaces
-from ..host.threads import parallel_ranges
+from .host.threads import parallel_ranges
 
 BLAS_SMALL_GEMM = 1 << 18  # m*n*k up to which OpenBLAS runs a GEMM on the calling thread only
 

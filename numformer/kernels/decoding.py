@@ -1,4 +1,4 @@
-"""Fast pieces of the searches of :mod:`numformer.decode` (Section 6.1): fewer passes over the
+"""Fast pieces of the searches of :mod:`numformer.decoding.search` (Section 6.1): fewer passes over the
 (rows, vocab) scores per step.
 
 * :func:`beam_candidates_fast` (replaces ``decode.beam_candidates``): log-softmax, the ban on padding/BOS,
@@ -21,7 +21,7 @@ Shapes: logits (m*k, V) for m sentences of k beams, or (B, V); scores (m, k).
 """
 from __future__ import annotations
 
-from .. import decode
+from ..decoding import search as decode
 from ..backend import get_array_module, is_cupy_array
 from . import replaces
 

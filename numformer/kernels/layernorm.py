@@ -14,7 +14,7 @@ import numpy as np
 from ..backend import is_cupy_array
 from ..layers.layernorm import layernorm_backward, layernorm_forward
 from . import replaces
-from ..host.threads import parallel_rows
+from .host.threads import parallel_rows
 
 LN_BLOCK = 1 << 16  # elements per row block
 

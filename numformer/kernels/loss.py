@@ -15,7 +15,7 @@ import numpy as np
 from ..backend import is_cupy_array
 from ..loss import smoothed_cross_entropy, smoothed_cross_entropy_backward
 from . import replaces
-from ..host.threads import parallel_rows
+from .host.threads import parallel_rows
 
 LOSS_BLOCK = 1 << 17  # elements per block (about L2-sized)
 

@@ -57,8 +57,8 @@ import numpy as np
 from ..checkpoint import CHECKPOINT_DIR
 from ..model import Transformer
 from ..presets import get_preset
-from ..train_config import TrainConfig
-from ..trainer import Trainer
+from ..training.config import TrainConfig
+from ..training.trainer import Trainer
 from .common import Budget, bible_data, markdown_table, pyplot, save_figure, write_outputs
 
 NAME = "warmup"

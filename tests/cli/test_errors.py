@@ -11,12 +11,12 @@ import pytest
 
 import train
 import translate
-from numformer import cli_common
+from numformer.cli import errors as cli_common
 from numformer.checkpoint import load_checkpoint, save_checkpoint
-from numformer.cli_common import load_model
+from numformer.cli.errors import load_model
 from numformer.data import SubwordVocab
 from numformer.errors import UsageError
-from numformer.trainer import Trainer
+from numformer.training.trainer import Trainer
 from support import (ROOT, TEXT, VOCAB_SIZE, assert_one_line_error, copy_args, corrupt, cuda_available,
                      make_random_run, run_main, write_corpus)
 

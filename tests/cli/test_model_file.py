@@ -18,8 +18,8 @@ sys.path.insert(0, str(ROOT))
 import train  # noqa: E402
 from numformer import checkpoint as checkpoint_module  # noqa: E402
 from numformer.checkpoint import load_checkpoint, newest_model_file, save_checkpoint  # noqa: E402
-from numformer.cli_common import load_model  # noqa: E402
-from numformer.decode import log_softmax  # noqa: E402
+from numformer.cli.errors import load_model  # noqa: E402
+from numformer.decoding.search import log_softmax  # noqa: E402
 from numformer.presets import ModelConfig  # noqa: E402
 
 SOURCES = "a b c d\nq w e r t y\nz\n"

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import translate
-from numformer import translation
-from numformer.cli_common import load_model
+from numformer.decoding import translation
+from numformer.cli.errors import load_model
 from numformer.data import normalize_line
-from numformer.decode import Hypothesis
-from numformer.translation import DecodeOptions, split_long, translate_lines
+from numformer.decoding.search import Hypothesis
+from numformer.decoding.translation import DecodeOptions, split_long, translate_lines
 from support import ROOT
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from numformer.data import DataError, SubwordVocab, TokenPairs, plan_batches, read_lines
 from numformer.data.binary import NpyAppender
 from numformer.data.encoding import CachedEncoder
-from numformer.data.parallel import count_lines, iter_line_blocks
+from numformer.data.text_files import count_lines, iter_line_blocks
 
 PAD, BOS, EOS = 0, 2, 3
 

@@ -152,7 +152,7 @@ def test_the_vocabulary_is_trained_on_a_sample_of_the_asked_size(corpus, tmp_pat
 
 
 def test_a_bad_line_deep_in_a_file_is_reported_with_its_line_number(corpus, tmp_path, monkeypatch):
-    import numformer.data.parallel as parallel
+    import numformer.data.text_files as parallel
 
     monkeypatch.setattr(parallel.iter_line_blocks, "__defaults__", (64, True))  # many blocks
     lines = (corpus / "train.tgt").read_bytes().split(b"\n")

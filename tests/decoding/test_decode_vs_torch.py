@@ -15,7 +15,7 @@ import torch
 
 from numformer.model import Transformer
 from numformer.presets import ModelConfig
-from numformer.translation import DecodeOptions, translate_ids
+from numformer.decoding.translation import DecodeOptions, translate_ids
 from reference import torch_decode as td
 from worst_error import record_worst
 

@@ -1,9 +1,9 @@
-"""The searches (numformer/decode.py, Section 6.1): the grouped beam step equals the plain step on repeated
+"""The searches (numformer/decoding/search.py, Section 6.1): the grouped beam step equals the plain step on repeated
 memory, and EOS forced at the length limit keeps the model's own log-probability (fairseq's rule)."""
 import numpy as np
 import pytest
 
-from numformer.decode import beam_search, greedy_search, log_softmax
+from numformer.decoding.search import beam_search, greedy_search, log_softmax
 from numformer.model import Transformer
 from numformer.presets import get_preset
 

@@ -106,7 +106,7 @@ def test_device_dropout_uses_the_device_generator(monkeypatch):
 
 
 def test_device_searches_decode_like_the_host(monkeypatch):
-    from numformer.decode import beam_search, greedy_search
+    from numformer.decoding.search import beam_search, greedy_search
     from numformer.model import Transformer
 
     host = Transformer(_tiny(), seed=1, dtype=np.float64).eval()

@@ -9,7 +9,7 @@ import pytest
 
 from grad_checks.cases import build_cases
 from numformer.backend import to_host
-from numformer.decode import beam_search, greedy_search
+from numformer.decoding.search import beam_search, greedy_search
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer
 from numformer.optim import Adam, NoamSchedule

@@ -3,7 +3,7 @@
 Every read of a device value on the host (``float(x)``, ``bool(x)``, ``.item()``,
 ``.get()``, printing) makes the host wait for the GPU to finish all queued work. The
 training step needs exactly one such read: the loss and the global gradient norm,
-fetched together (``numformer.trainer.read_scalars``), for the non-finite check, the
+fetched together (``numformer.training.trainer.read_scalars``), for the non-finite check, the
 fp16 loss scaler and the log line. The list of every read, and why each is there, is in
 ``docs/gpu.md`` ("Host syncs in the training step").
 
@@ -38,8 +38,8 @@ def test_one_host_read_per_training_step(monkeypatch, tmp_path, precision, clip)
     from numformer.model import Transformer
     from numformer.prepare import PreparedData
     from numformer.presets import get_preset
-    from numformer.train_config import TrainConfig
-    from numformer.trainer import Trainer
+    from numformer.training.config import TrainConfig
+    from numformer.training.trainer import Trainer
 
     helper = _worker_helpers()
     xp = cs.install(monkeypatch)

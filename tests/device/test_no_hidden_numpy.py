@@ -59,7 +59,7 @@ def numformer_modules():
 
 
 def test_hot_path_uses_only_the_backend(monkeypatch):
-    from numformer.decode import beam_search, greedy_search
+    from numformer.decoding.search import beam_search, greedy_search
     from numformer.loss import LabelSmoothedCrossEntropy
     from numformer.model import Transformer
     from numformer.optim import Adam, NoamSchedule, clip_grad_norm

@@ -13,7 +13,7 @@ import lab_files
 from grad_checks import exercises
 from numformer import loss as loss_module
 from numformer import model as model_module
-from numformer.cli_common import load_model
+from numformer.cli.errors import load_model
 from numformer.kernels import kernel_mode
 from numformer.layers import LayerNorm
 from numformer.layers.layernorm import layernorm_backward

@@ -1,4 +1,4 @@
-"""numformer/host/: OpenBLAS's thread timeout is set for training, before numpy loads, and only then (each
+"""numformer/kernels/host/: OpenBLAS's thread timeout is set for training, before numpy loads, and only then (each
 case in a fresh interpreter, since the point is what happens before numpy is imported); the thread pool's
 splitters give what one call on the whole arrays gives, with 2 and 3 threads."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from numformer.host import threads as kthreads
+from numformer.kernels.host import threads as kthreads
 from support import threads  # noqa: F401  (the host thread count, a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ REPORT = "import os; print(tuned, os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
     ("", {"OPENBLAS_THREAD_TIMEOUT": "12"}, "False 12"),             # the user's value is kept
 ])
 def test_tune_blas_threads_only_before_numpy_and_never_over_the_user(before, env, expected):
-    code = before + "from numformer.host.blas_threads import tune_blas_threads; tuned = tune_blas_threads(); " + REPORT
+    code = before + "from numformer.kernels.host.blas_threads import tune_blas_threads; tuned = tune_blas_threads(); " + REPORT
     assert run_python(code, **env) == expected
 
 

@@ -35,13 +35,13 @@ import pytest
 
 from numformer import kernels
 from numformer.backend import RandomState, to_host
-from numformer.host import threads as kthreads
+from numformer.kernels.host import threads as kthreads
 from numformer.kernels.decoding import top_n
-from numformer.decode import beam_candidates, greedy_pick
+from numformer.decoding.search import beam_candidates, greedy_pick
 from numformer.layers.layernorm import layernorm_forward
 from numformer.optim import adam_update
 from reference.kernel_cases import PLAIN, SIZES, inputs
-from numformer.decode import ban_special, force_end, log_softmax
+from numformer.decoding.search import ban_special, force_end, log_softmax
 from support import threads  # noqa: F401  (the host thread count, a fixture)
 from worst_error import record_worst
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numformer.decode import beam_candidates, greedy_pick
+from numformer.decoding.search import beam_candidates, greedy_pick
 from numformer.layers.attention import attention_backward, attention_forward
 from numformer.layers.embedding import embedding_backward
 from numformer.layers.layernorm import layernorm_backward, layernorm_forward

@@ -12,11 +12,11 @@ decoder written the way a PyTorch user would write one for inference:
   ``index_select`` (fairseq's incremental state); the encoder-decoder keys/values are re-selected
   only when finished sentences leave the batch (a beam permutation stays inside a sentence).
 
-The searches follow :mod:`numformer.decode` rule for rule (Section 6.1: beam 4, GNMT length
+The searches follow :mod:`numformer.decoding.search` rule for rule (Section 6.1: beam 4, GNMT length
 penalty with alpha 0.6, output at most a * source length + b tokens, EOS forced at the budget with its own log-probability,
 fairseq's rule that an EOS ends a hypothesis only among the best ``beam`` candidates, a sentence
 done once ``beam`` hypotheses ended, finished sentences leave the batch, in greedy search too) and use the same
-length-sorted batches (:func:`numformer.translation._batches_by_length`), so that in float64 both
+length-sorted batches (:func:`numformer.decoding.translation._batches_by_length`), so that in float64 both
 systems find the same hypotheses: a check of the search that is independent of numformer's code.
 Nothing here runs numformer's layers or searches.
 """
@@ -238,7 +238,7 @@ def greedy(dec: TorchDecoder, src, bos: int, eos: int, a: float = 1.0, b: int = 
 
 def beam(dec: TorchDecoder, src, bos: int, eos: int, k: int = 4, alpha: float = 0.6, a: float = 1.0,
          b: int = 50) -> list:
-    """Beam search, src (B, S) -> per sentence its best TorchHypothesis (numformer.decode's rules)."""
+    """Beam search, src (B, S) -> per sentence its best TorchHypothesis (numformer.decoding.search's rules)."""
     pad = dec.arch.pad_id
     n = src.shape[0]
     limits = torch.as_tensor(_limits(src, pad, a, b, dec.max_len))
@@ -304,8 +304,8 @@ def beam(dec: TorchDecoder, src, bos: int, eos: int, k: int = 4, alpha: float = 
 def translate_ids(dec: TorchDecoder, src_ids: list, bos: int, eos: int, beam_size: int = 4, alpha: float = 0.6,
                   a: float = 1.0, b: int = 50, max_tokens: int = 4000) -> list:
     """Token-id sentences -> per sentence the best TorchHypothesis, in input order, searched in the
-    same length-sorted batches as :func:`numformer.translation.translate_ids`."""
-    from numformer.translation import _batches_by_length, source_batch  # noqa: PLC0415  (host batching only)
+    same length-sorted batches as :func:`numformer.decoding.translation.translate_ids`."""
+    from numformer.decoding.translation import _batches_by_length, source_batch  # noqa: PLC0415  (host batching only)
 
     if any(len(s) > dec.max_len - 1 for s in src_ids):
         raise ValueError("a sentence is longer than the positional table: the bench does not split lines")

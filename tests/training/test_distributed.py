@@ -1,4 +1,4 @@
-"""Data parallelism (numformer/distributed.py) on the CPU under ``mpirun -n 2``, and the GPU path under ``-m gpu``.
+"""Data parallelism (numformer/training/distributed.py) on the CPU under ``mpirun -n 2``, and the GPU path under ``-m gpu``.
 
 The MPI tests need Open MPI's ``mpirun`` and ``mpi4py`` (``.ci/setup`` installs both); they start two
 processes on two cores (oversubscription allowed, one numformer and BLAS thread each). What they show:
@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from numformer.checkpoint import load_checkpoint
-from numformer.distributed import SINGLE, GradientBucket, init_world, shard_batches
-from numformer.trainer import dropout_seed
+from numformer.training.distributed import SINGLE, GradientBucket, init_world, shard_batches
+from numformer.training.trainer import dropout_seed
 from support import ENV, assert_same_training_state, mpirun
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def test_dropout_seed_depends_on_the_batch_only():
 
 def test_without_mpirun_nothing_imports_mpi4py(tmp_path):
     code = ("import sys, train\n"
-            "from numformer.distributed import init_world, SINGLE\n"
+            "from numformer.training.distributed import init_world, SINGLE\n"
             "assert init_world('cpu') is SINGLE\n"
             f"assert train.main(['--task', 'copy', '--preset', 'tiny', '--max-steps', '2', '--out', {str(tmp_path)!r}, "
             "'--no-progress', '--no-test', '--eval-every', '0', '--max-tokens', '400']) == 0\n"
@@ -254,7 +254,7 @@ def test_a_folder_in_use_stops_every_rank_with_one_line(tmp_path):
     """The ranks of one run share rank 0's lock of the run folder (every run above trains under it, rank 1
     never touching the folder); a folder another process holds stops every rank: one line from rank 0,
     naming the holder, exit 2."""
-    from numformer.run_lock import lock_run_folder  # noqa: PLC0415
+    from numformer.training.run_lock import lock_run_folder  # noqa: PLC0415
 
     out = tmp_path / "run"
     lock = lock_run_folder(out)  # this test's process holds the folder
@@ -276,7 +276,7 @@ def test_nccl_allreduce_and_broadcast_on_one_gpu():
     from cupy.cuda import nccl
     from mpi4py import MPI
 
-    from numformer.distributed import NCCLWorld
+    from numformer.training.distributed import NCCLWorld
 
     world = NCCLWorld(MPI.COMM_SELF, MPI, "cuda:0", cupy, nccl)
     buf = cupy.arange(10, dtype=cupy.float32)
@@ -295,12 +295,12 @@ def test_nccl_training_step_matches_one_process_on_one_gpu(tmp_path):
     from cupy.cuda import nccl
     from mpi4py import MPI
 
-    from numformer.distributed import NCCLWorld
+    from numformer.training.distributed import NCCLWorld
     from numformer.model import Transformer
     from numformer.prepare import PreparedData
     from numformer.presets import get_preset
-    from numformer.train_config import TrainConfig
-    from numformer.trainer import Trainer
+    from numformer.training.config import TrainConfig
+    from numformer.training.trainer import Trainer
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("mpi_worker", WORKER)

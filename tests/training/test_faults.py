@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 import train
-from numformer import run_folder as run_folder_module
-from numformer import trainer as trainer_module
+from numformer.training import run_folder as run_folder_module
+from numformer.training import trainer as trainer_module
 from numformer.checkpoint import load_checkpoint
-from numformer.distributed import SINGLE
-from numformer.run_folder import RunFolder
-from numformer.train_config import TrainConfig
+from numformer.training.distributed import SINGLE
+from numformer.training.run_folder import RunFolder
+from numformer.training.config import TrainConfig
 from support import ROOT, assert_one_line_error, copy_args, resume_args, run_main, write_corpus
 
 

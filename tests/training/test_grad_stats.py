@@ -4,7 +4,7 @@ import json
 import numpy as np
 
 import train
-from numformer.grad_stats import GradStats
+from numformer.training.gradient_statistics import GradStats
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer
 from numformer.optim import Adam, NoamSchedule

@@ -1,4 +1,4 @@
-"""A run folder belongs to one process (numformer/run_lock.py): a second train.py on a folder in use, with
+"""A run folder belongs to one process (numformer/training/run_lock.py): a second train.py on a folder in use, with
 or without --resume, however close in time to the first, says in one line which process holds it and
 since when, exits 2 and touches nothing; a lock left by a killed process never blocks the next run.
 (MPI ranks of one run share rank 0's lock: tests/training/test_distributed.py.)"""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from numformer.checkpoint import load_checkpoint
-from numformer.run_lock import LOCK_FILE, RunFolderInUse, lock_run_folder, read_holder
+from numformer.training.run_lock import LOCK_FILE, RunFolderInUse, lock_run_folder, read_holder
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), NUMFORMER_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -107,7 +107,7 @@ def test_a_resume_during_training_exits_2_and_touches_nothing(tmp_path):
     assert code == 0 and f"resumed from step_{steps[-1]:07d}.npz" in stdout, err
 
 
-HOLD = ("import sys, time; from numformer.run_lock import lock_run_folder; lock = lock_run_folder(sys.argv[1]); "
+HOLD = ("import sys, time; from numformer.training.run_lock import lock_run_folder; lock = lock_run_folder(sys.argv[1]); "
         "print('held', flush=True); time.sleep(600)")
 
 

@@ -19,7 +19,7 @@ pytest.importorskip("tensorboard", reason="the tensorboard extra: pip install -e
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from numformer.checkpoint import step_checkpoint_path  # noqa: E402
-from numformer.tensorboard_log import attention_image, scalar_tag, tensor_tag  # noqa: E402
+from numformer.training.tensorboard_log import attention_image, scalar_tag, tensor_tag  # noqa: E402
 
 STEPS, LOG_GRADS, EVAL_EVERY = 20, 10, 10
 
@@ -154,8 +154,8 @@ def test_no_extra_host_read_per_step(monkeypatch, tmp_path):
     from numformer.model import Transformer
     from numformer.prepare import PreparedData
     from numformer.presets import get_preset
-    from numformer.train_config import TrainConfig
-    from numformer.trainer import Trainer
+    from numformer.training.config import TrainConfig
+    from numformer.training.trainer import Trainer
 
     helper = _host_sync_harness()
     xp = cs.install(monkeypatch)
@@ -199,7 +199,7 @@ def test_a_resume_in_the_same_second_keeps_the_first_attempts_event_file(tmp_pat
     fall in one second on any machine."""
     import time
 
-    from numformer.tensorboard_log import TensorBoardLog
+    from numformer.training.tensorboard_log import TensorBoardLog
 
     helper = _host_sync_harness()
     monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0)

@@ -1,14 +1,14 @@
-"""The training recipes (numformer/train_config.py). ``train.py --device cuda`` with no other flags: base
+"""The training recipes (numformer/training/config.py). ``train.py --device cuda`` with no other flags: base
 with a stated time budget that fits bible-en-es; big averages the last 20 checkpoints (Section 6.1).
 
 The paper's recipe (2 x 25k tokens, warmup 4000, 100k steps, no time limit) would be 2,400
-epochs of the 28k-pair corpus; the GPU recipe (numformer/train_config.py's GPU_RECIPES) is checked
+epochs of the 28k-pair corpus; the GPU recipe (numformer/training/config.py's GPU_RECIPES) is checked
 here, and that every flag still overrides it and the CPU defaults are untouched.
 """
 from pathlib import Path
 
 import train
-from numformer.train_config import default_out, default_preset, recipe, settle
+from numformer.training.config import default_out, default_preset, recipe, settle
 
 
 def _cfg(*flags, device="cuda", preset="base"):

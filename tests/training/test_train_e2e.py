@@ -10,11 +10,11 @@ import pytest
 import sacrebleu
 
 import train
-from numformer.cli_common import load_model
+from numformer.cli.errors import load_model
 from numformer.data import load_parallel_dir, make_synthetic, write_parallel_dir
-from numformer.decode import beam_search, greedy_search
+from numformer.decoding.search import beam_search, greedy_search
 from numformer.model import Transformer
-from numformer.translation import source_batch
+from numformer.decoding.translation import source_batch
 from support import assert_same_training_state
 from worst_error import record_worst
 

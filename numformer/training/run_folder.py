@@ -2,7 +2,7 @@
 
 Layout::
 
-    RUN/run.lock                  the lock of the process training into it (numformer/run_lock.py)
+    RUN/run.lock                  the lock of the process training into it (numformer/training/run_lock.py)
     RUN/run.json                  the run's settings: preset, device, data source, model and training config
     RUN/spm.model                 the shared sentencepiece vocabulary; RUN/prepared/ the encoded corpus
     RUN/metrics.jsonl             one JSON object per log line (plot with any tool)
@@ -12,14 +12,14 @@ Layout::
     RUN/test.hyp, test_scores.json, plots/, crash.log
 
 :class:`RunFolder` owns it for the trainer and for ``train.py``: the exclusive lock, taken first
-(:func:`~numformer.run_lock.lock_run_folder`); ``run.json``, written once per start; the checks of
+(:func:`~numformer.training.run_lock.lock_run_folder`); ``run.json``, written once per start; the checks of
 a new run (the folder holds no other run, no vocabulary of another corpus) and of the vocabulary
 it may reuse; the preflight (the checkpoint folder is writable and the disk holds what training
 will write); checkpoints written atomically and rotated; the newest readable checkpoint found for
 ``--resume`` (leftover temporaries deleted, an unreadable one renamed ``*.corrupt``) and checked
 against the model and vocabulary; metrics appended, and cut back on resume to the checkpoint's
 step; the last checkpoints averaged. What a checkpoint holds is the trainer's business
-(:meth:`numformer.trainer.Trainer.save`).
+(:meth:`numformer.training.trainer.Trainer.save`).
 
 Faults it guarantees against: a SIGKILL at any moment leaves the previous checkpoint loadable; a
 full disk while saving stops training with a line naming the intact previous checkpoint; a disk
@@ -31,10 +31,10 @@ import json
 import shutil
 from pathlib import Path
 
-from .checkpoint import (AVERAGED, CHECKPOINT_DIR, Checkpoint, CheckpointError, atomic_write, average_checkpoints,
+from ..checkpoint import (AVERAGED, CHECKPOINT_DIR, Checkpoint, CheckpointError, atomic_write, average_checkpoints,
                          load_checkpoint, remove_stale_temporaries, run_checkpoints, save_checkpoint,
                          step_checkpoint_path)
-from .errors import UsageError
+from ..errors import UsageError
 from .run_lock import lock_run_folder
 
 SETTINGS = "run.json"
@@ -94,7 +94,7 @@ class RunFolder:
         ``--vocab-size``. A new run (no checkpoint yet) retrains it when the size asked for differs; a
         resumed run keeps the vocabulary its checkpoints were trained with, so another size is refused.
         ``asked_before``: the ``--vocab-size`` the run asked for (run.json; the data may allow fewer)."""
-        from .data import SubwordVocab  # noqa: PLC0415  (sentencepiece only when a vocabulary is there)
+        from ..data import SubwordVocab  # noqa: PLC0415  (sentencepiece only when a vocabulary is there)
 
         path = self.path / VOCAB
         if not path.exists():

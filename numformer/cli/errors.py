@@ -22,14 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import BackendError, resolve_device, xp_for
-from .checkpoint import CheckpointError, load_checkpoint, newest_model_file, vocab_fingerprint
-from .data import DataError, SubwordVocab
-from .distributed import DistributedError
-from .errors import StopTraining, UsageError
-from .model import Transformer
-from .precision import PrecisionError
-from .presets import ModelConfig
+from ..backend import BackendError, resolve_device, xp_for
+from ..checkpoint import CheckpointError, load_checkpoint, newest_model_file, vocab_fingerprint
+from ..data import DataError, SubwordVocab
+from ..training.distributed import DistributedError
+from ..errors import StopTraining, UsageError
+from ..model import Transformer
+from ..precision import PrecisionError
+from ..presets import ModelConfig
 
 # Errors raised on purpose for bad input or a run that had to stop: one line, no traceback. Not ValueError
 # or OSError at large: a shape mismatch inside numformer is a ValueError too, and it is a bug.

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .backend import get_array_module, to_host
-from .kernels import kernel
+from ..backend import get_array_module, to_host
+from ..kernels import kernel
 
 
 def length_penalty(length, alpha: float):

@@ -7,16 +7,16 @@ them per preset where a setting of the paper is wrong for a run of minutes on a 
 :data:`GPU_RECIPES` for ``base`` on a GPU; each entry says why. :func:`settle` builds a run's
 settings: on ``--resume`` from the run's own ``run.json`` (every setting defaults to the run's, and
 the data, preset and seed may not change), else from the preset's recipe; given flags override
-either. The result is written once, to ``RUN/run.json`` (:meth:`numformer.run_folder.RunFolder.write_settings`).
+either. The result is written once, to ``RUN/run.json`` (:meth:`numformer.training.run_folder.RunFolder.write_settings`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .errors import UsageError
-from .precision import MODES as PRECISIONS
-from .presets import PRESETS
+from ..errors import UsageError
+from ..precision import MODES as PRECISIONS
+from ..presets import PRESETS
 
 
 @dataclass
@@ -40,7 +40,7 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 1
     log_grads: int = 0             # record per-layer gradient statistics every N steps (0: off)
-    tensorboard: bool = False      # also write TensorBoard event files (numformer/tensorboard_log.py)
+    tensorboard: bool = False      # also write TensorBoard event files (numformer/training/tensorboard_log.py)
     dropout_rng: str = "stream"    # "stream": one generator per run; "batch": reseeded per batch (trainer.py)
     precision: str = "fp32"        # matmuls: fp32, tf32 (GPU) or fp16 with loss scaling (numformer/precision.py)
     max_nonfinite_in_a_row: int = 10  # this many skipped (non-finite) steps in a row stop training

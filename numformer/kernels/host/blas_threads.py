@@ -4,7 +4,7 @@ OpenBLAS (the BLAS inside numpy's wheels) keeps each worker thread spinning
 (``sched_yield`` in a loop) for ``2**28`` cycles, about a tenth of a second,
 after every threaded call, waiting for the next one. A training step alternates
 GEMMs with elementwise work (softmax, LayerNorm, dropout, the loss, Adam) that
-:func:`numformer.host.threads.parallel_rows` splits over its own threads: while the
+:func:`numformer.kernels.host.threads.parallel_rows` splits over its own threads: while the
 BLAS threads spin they take half of every core those threads run on.
 ``OPENBLAS_THREAD_TIMEOUT=n`` shortens the spin to ``2**n`` cycles before the
 thread sleeps; waking it for the next GEMM costs tens of microseconds

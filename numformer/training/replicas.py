@@ -1,6 +1,6 @@
 """Replica bookkeeping: what the processes training one model agree on, besides the gradient sum.
 
-With several processes (:mod:`numformer.distributed`), every rank holds a replica of the model, and
+With several processes (:mod:`numformer.training.distributed`), every rank holds a replica of the model, and
 identical updates of identical summed gradients keep the replicas identical. What keeps them
 identical around that:
 
@@ -91,10 +91,10 @@ def share_run(world, settled):
     """
     from dataclasses import asdict  # noqa: PLC0415
 
-    from .data import SubwordVocab, TokenPairs  # noqa: PLC0415
-    from .prepare import PreparedData, manifest_digest, open_shared_train  # noqa: PLC0415
-    from .presets import ModelConfig  # noqa: PLC0415
-    from .train_config import RunSettings, TrainConfig  # noqa: PLC0415
+    from ..data import SubwordVocab, TokenPairs  # noqa: PLC0415
+    from ..prepare import PreparedData, manifest_digest, open_shared_train  # noqa: PLC0415
+    from ..presets import ModelConfig  # noqa: PLC0415
+    from .config import RunSettings, TrainConfig  # noqa: PLC0415
 
     if world.size == 1:
         return settled

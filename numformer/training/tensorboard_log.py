@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import to_host
-from .errors import UsageError
-from .plot import layer_of
+from ..backend import to_host
+from ..errors import UsageError
+from ..plot import layer_of
 
 INSTALL = "pip install 'numformer[tensorboard]'"
 #: metrics.jsonl key -> TensorBoard tag (other numbers go to run/KEY, validation ones to valid/...)
@@ -146,7 +146,7 @@ class TensorBoardLog:
         """The fixed pair's attention maps at ``step``, one image per layer and kind."""
         if self.sentence is None:
             return
-        from .attention_maps import record_attention  # noqa: PLC0415
+        from ..attention_maps import record_attention  # noqa: PLC0415
 
         src, tgt = self.sentence
         maps = record_attention(self.model, src, tgt, self.vocab.bos_id, self.vocab.eos_id)

@@ -34,7 +34,7 @@ import time
 import weakref
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 
 LOCK_FILE = "run.lock"
 _HELD: "weakref.WeakValueDictionary[str, RunLock]" = weakref.WeakValueDictionary()  # folder -> this process's lock

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .data.batching import pad_rows
-from .data.parallel import normalize_line
-from .decode import beam_search, greedy_search
+from ..data.batching import pad_rows
+from ..data.text_files import normalize_line
+from .search import beam_search, greedy_search
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 
-from ..backend import is_cupy_array
+from ...backend import is_cupy_array
 
 _pool = None
 _pool_lock = threading.Lock()

@@ -32,7 +32,8 @@ import time
 
 import numpy as np
 
-from .backend import BackendError, get_array_module, is_cupy_array, to_host
+from ..errors import NumformerError
+from ..backend import BackendError, get_array_module, is_cupy_array, to_host
 
 # Launchers' environment variables: Open MPI (and PMIx-based launchers) set the first,
 # MPICH / Intel MPI (hydra) the second.
@@ -40,7 +41,7 @@ _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 
 
-class DistributedError(ValueError):
+class DistributedError(NumformerError, ValueError):
     """A multi-process launch that cannot work as set up; the message is one line saying what to do."""
 
 
@@ -334,7 +335,7 @@ def _pick_gpu(world: MPIWorld, device: str) -> str:
     Every rank sends its host, GPU count and chosen GPU to every other, so all of them refuse
     together (one line from rank 0) a host with more ranks than GPUs or two ranks on one GPU.
     """
-    from .backend import import_cupy, xp_for  # noqa: PLC0415
+    from ..backend import import_cupy, xp_for  # noqa: PLC0415
 
     if device != "cuda":
         raise mark_collective(DistributedError(

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .backend import get_array_module, to_host
-from .layers import FeedForward, Residual
+from ..backend import get_array_module, to_host
+from ..layers import FeedForward, Residual
 
 
 class GradStats:

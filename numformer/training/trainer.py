@@ -7,9 +7,9 @@ gradients equal those of one big batch. :meth:`Trainer.train_step` is the step,
 :meth:`Trainer._train` the loop, :meth:`Trainer.evaluate` the validation; read them top to bottom.
 
 What happens around them lives elsewhere: the run folder (checkpoints written and rotated, the
-preflight, resume checks, metrics, averaging, the lock) in :mod:`numformer.run_folder`; the
+preflight, resume checks, metrics, averaging, the lock) in :mod:`numformer.training.run_folder`; the
 bookkeeping of several processes (start-up sync, agreement on the clock and on stopping, signals)
-in :mod:`numformer.replicas`; the configuration in :mod:`numformer.train_config`.
+in :mod:`numformer.training.replicas`; the configuration in :mod:`numformer.training.config`.
 
 Faults: a step whose loss or gradient norm is not finite changes nothing (no Adam update), is
 logged and written to metrics.jsonl; ``max_nonfinite_in_a_row`` such steps in a row stop training
@@ -26,7 +26,7 @@ reseeds it before each batch from ``(seed, epoch, position of the batch in the e
 (:func:`dropout_seed`), so a batch sees the same masks whichever process computes it, with any
 number of processes and any ``accum``, and after a resume.
 
-Several processes (``world``, see :mod:`numformer.distributed`): each optimizer step takes
+Several processes (``world``, see :mod:`numformer.training.distributed`): each optimizer step takes
 ``world.size * accum`` batches from the epoch's list (the same list on every rank), deals ``accum``
 of them to each rank by token count, normalises the loss by the target tokens of all of them, and
 sums gradients and loss across ranks in one call before the update, which is then the update one
@@ -42,28 +42,28 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import to_host
-from .checkpoint import CheckpointError, vocab_fingerprint
-from .data import DataError, plan_batches
+from ..backend import to_host
+from ..checkpoint import CheckpointError, vocab_fingerprint
+from ..data import DataError, plan_batches
 from .distributed import SINGLE, GradientBucket, mark_collective, shard_batches
-from .errors import StopTraining
-from .grad_stats import GradStats
-from .loss import LabelSmoothedCrossEntropy
-from .optim import Adam, NoamSchedule, clip_grad_norm, grad_norm
-from .precision import DynamicLossScaler, matmul_precision
+from ..errors import StopTraining
+from .gradient_statistics import GradStats
+from ..loss import LabelSmoothedCrossEntropy
+from ..optim import Adam, NoamSchedule, clip_grad_norm, grad_norm
+from ..precision import DynamicLossScaler, matmul_precision
 from .progress import BudgetBar
 from .replicas import StopRequests, sync_replicas
 from .run_folder import RunFolder
 from .tensorboard_log import TensorBoardLog
-from .train_config import TrainConfig
-from .translation import DecodeOptions, score_translations, translate_lines
+from .config import TrainConfig
+from ..decoding.translation import DecodeOptions, score_translations, translate_lines
 
 OVERFLOW = "overflow"  # train_step's status for an fp16 step skipped by the loss scaler (not a failure)
 
 
 class Trainer:
     """Trains ``model`` on ``data`` (a PreparedData) into the run folder ``out`` (a path or a
-    :class:`~numformer.run_folder.RunFolder`; a path is locked for this process, on rank 0).
+    :class:`~numformer.training.run_folder.RunFolder`; a path is locked for this process, on rank 0).
 
     ``world``: the processes training this model together (default: this one alone). With several,
     every rank builds a Trainer over the same model config and training ids; only rank 0 needs the

@@ -1,0 +1,120 @@
+"""Every environment variable numformer reads or sets, in one place.
+
+A setting that comes from the shell is read here and nowhere else, so one page lists them all:
+
+==========================  ==========================================================================
+``NUMFORMER_KERNELS``       ``fast`` (default) or ``plain``: the whole model on the plain math
+                            (:mod:`numformer.kernels`); ``plain`` also skips the host tunings
+``NUMFORMER_KERNELS_OFF``   kernel files left out, comma-separated (``attention,loss``)
+``NUMFORMER_NUM_THREADS``   host threads for elementwise kernels (else ``OMP_NUM_THREADS``, else the cores)
+``NUMFORMER_BLAS_TUNE``     ``0``: leave ``OPENBLAS_THREAD_TIMEOUT`` alone (:mod:`numformer.kernels.host.blas_threads`)
+``NUMFORMER_MALLOC_TUNE``   ``0``: leave glibc's allocator alone (:mod:`numformer.kernels.host.allocator`)
+``NUMFORMER_DEVICE``        the device when no ``--device`` is given (``cpu``, ``cuda``, ``cuda:N``)
+``NUMFORMER_DEBUG``         ``1``: a user error or a bug shows its traceback instead of one line
+``NUMFORMER_CACHE``         where built corpora are cached (else ``$XDG_CACHE_HOME/numformer``, else ``~/.cache/numformer``)
+``SWORD_PATH``              where the SWORD Bible modules are, before the system folders
+MPI launcher variables      ``OMPI_COMM_WORLD_SIZE``/``PMI_SIZE``, ``OMPI_COMM_WORLD_RANK``/``PMIX_RANK``/``PMI_RANK``
+==========================  ==========================================================================
+
+Two variables are *set* for other libraries, also only here: ``OPENBLAS_THREAD_TIMEOUT`` (before numpy
+loads, :func:`set_blas_thread_timeout`) and ``CUPY_TF32`` (the tf32 matmul mode, :func:`set_cupy_tf32`).
+Nothing here imports numpy: the BLAS setting must be made before numpy loads.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+def _get(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def kernel_mode() -> str:
+    """``NUMFORMER_KERNELS``, lower-cased (``fast`` when unset or empty)."""
+    return _get("NUMFORMER_KERNELS", "fast").strip().lower() or "fast"
+
+
+def kernels_off() -> list[str]:
+    """``NUMFORMER_KERNELS_OFF``: the kernel files left out."""
+    return [name.strip() for name in _get("NUMFORMER_KERNELS_OFF").split(",") if name.strip()]
+
+
+def num_threads() -> int | None:
+    """``NUMFORMER_NUM_THREADS``, else ``OMP_NUM_THREADS``, when a positive integer; else None."""
+    value = _get("NUMFORMER_NUM_THREADS") or _get("OMP_NUM_THREADS")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def host_tuning_wanted(tuning: str) -> bool:
+    """Whether the host tuning ``"blas"`` (``NUMFORMER_BLAS_TUNE``) or ``"malloc"``
+    (``NUMFORMER_MALLOC_TUNE``) may run: not when set to 0, nor when the kernels are off."""
+    variable = {"blas": "NUMFORMER_BLAS_TUNE", "malloc": "NUMFORMER_MALLOC_TUNE"}[tuning]
+    return _get(variable, "1") != "0" and kernel_mode() != "plain"
+
+
+def device() -> str | None:
+    """``NUMFORMER_DEVICE`` (None when unset or empty)."""
+    return _get("NUMFORMER_DEVICE") or None
+
+
+def debug() -> bool:
+    """``NUMFORMER_DEBUG`` set to anything but empty or 0: tracebacks instead of one-line errors."""
+    return _get("NUMFORMER_DEBUG") not in ("", "0")
+
+
+def cache_root() -> Path:
+    """``$NUMFORMER_CACHE``, else ``$XDG_CACHE_HOME/numformer``, else ``~/.cache/numformer``."""
+    if _get("NUMFORMER_CACHE"):
+        return Path(_get("NUMFORMER_CACHE"))
+    base = Path(_get("XDG_CACHE_HOME")) if _get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "numformer"
+
+
+def sword_path() -> Path | None:
+    """``SWORD_PATH``: a folder of SWORD modules to look in first (None when unset)."""
+    return Path(_get("SWORD_PATH")) if _get("SWORD_PATH") else None
+
+
+def launched_size() -> int | None:
+    """Processes the MPI launcher started, from its environment; None when it does not say."""
+    for name in LAUNCHER_SIZE_VARS:
+        if _get(name).isdigit():
+            return int(_get(name))
+    return None
+
+
+def launched_rank() -> int | None:
+    """This process's rank according to the launcher's environment; None without one."""
+    for name in LAUNCHER_RANK_VARS:
+        if _get(name).isdigit():
+            return int(_get(name))
+    return None
+
+
+def under_launcher() -> bool:
+    """Whether any launcher rank variable is set (a launcher that names a rank but no size)."""
+    return any(name in os.environ for name in LAUNCHER_RANK_VARS)
+
+
+# -- variables set for other libraries -----------------------------------------------------------------
+
+def set_blas_thread_timeout(value: str) -> bool:
+    """Set ``OPENBLAS_THREAD_TIMEOUT`` unless the user set it; True if set here."""
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        return False
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = value
+    return True
+
+
+def set_cupy_tf32(value: str | None) -> str | None:
+    """Set ``CUPY_TF32`` to ``value`` (None: unset it); returns what it was before (None: unset)."""
+    before = os.environ.get("CUPY_TF32")
+    if value is None:
+        os.environ.pop("CUPY_TF32", None)
+    else:
+        os.environ["CUPY_TF32"] = value
+    return before
