@@ -19,13 +19,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from numformer.kernels.host import tune_host
+
+tune_host(blas=False)  # glibc's allocator; OpenBLAS keeps its spin, which decoding's small GEMMs want
+
+from numformer import run_files
 from numformer.backend import resolve_device, xp_for
-from numformer.cli.errors import (OneLineParser, load_model, nonneg_float, nonneg_int, one_line_errors,
-                                  positive_int)
+from numformer.cli.arguments import OneLineParser, nonneg_float, nonneg_int, positive_int
+from numformer.cli.errors import one_line_errors
+from numformer.checkpoint.trained_model import load_model
 from numformer.data import read_lines
 from numformer.errors import UsageError
+from numformer.files import atomic_write_bytes
 from numformer.data.text_files import split_lines
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
+
+DEFAULTS = DecodeOptions()  # Section 6.1's search settings: the flags' defaults
 
 CONTRACT = """
 What is guaranteed: one output line per input line, in order, whatever the input holds (empty or
@@ -50,25 +59,30 @@ def parse_args(argv=None):
                        epilog=__doc__.split("Examples:")[1] + CONTRACT,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, metavar="PATH",
-                    help="a run folder (its averaged.npz unless newer checkpoints exist, else the newest checkpoint), "
-                         "a checkpoint .npz or an exported model (.npz or .safetensors): one file is a whole model")
+                    help=f"a run folder (its {run_files.AVERAGED} unless newer checkpoints exist, else the newest "
+                         "checkpoint), a checkpoint .npz or an exported model (.npz or .safetensors): one file is a "
+                         "whole model")
     ap.add_argument("--vocab", metavar="SPM", help="sentencepiece model (default: the one the model file carries; "
-                                                   "for older checkpoints spm.model of the run)")
+                                                   f"for older checkpoints {run_files.VOCAB} of the run)")
     ap.add_argument("--input", metavar="FILE", help="source sentences, one per line (default: standard input)")
     ap.add_argument("--output", metavar="FILE", help="write translations here (default: standard output)")
     ap.add_argument("--reference", metavar="FILE", help="print sacreBLEU BLEU and chrF against this reference")
-    ap.add_argument("--beam", type=positive_int, help="beam size (default 4, Section 6.1)")
+    ap.add_argument("--beam", type=positive_int, help=f"beam size (default {DEFAULTS.beam}, Section 6.1)")
     ap.add_argument("--greedy", action="store_true", help="greedy search (same as --beam 1)")
-    ap.add_argument("--alpha", type=nonneg_float, default=0.6, help="length penalty ((5+len)/6)^alpha (default 0.6)")
-    ap.add_argument("--max-len-a", type=nonneg_float, default=1.0, help="output length limit: a * input length + b")
-    ap.add_argument("--max-len-b", type=nonneg_int, default=50, help="output length limit: a * input length + b")
-    ap.add_argument("--nbest", type=positive_int, default=1, help="print the N best hypotheses, tab-separated")
-    ap.add_argument("--max-tokens", type=positive_int, default=4000, help="source tokens per decoding batch")
+    ap.add_argument("--alpha", type=nonneg_float, default=DEFAULTS.alpha,
+                    help=f"length penalty ((5+len)/6)^alpha (default {DEFAULTS.alpha})")
+    ap.add_argument("--max-len-a", type=nonneg_float, default=DEFAULTS.max_len_a,
+                    help=f"output length limit: a * input length + b (default a = {DEFAULTS.max_len_a:g})")
+    ap.add_argument("--max-len-b", type=nonneg_int, default=DEFAULTS.max_len_b,
+                    help=f"output length limit: a * input length + b (default b = {DEFAULTS.max_len_b})")
+    ap.add_argument("--nbest", type=positive_int, default=DEFAULTS.nbest, help="print the N best hypotheses, tab-separated")
+    ap.add_argument("--max-tokens", type=positive_int, default=DEFAULTS.max_tokens,
+                    help=f"source tokens per decoding batch (default {DEFAULTS.max_tokens})")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
     args = ap.parse_args(argv)
     if args.greedy and args.beam not in (None, 1):
         ap.error(f"--greedy and --beam {args.beam} contradict each other: give one of them")
-    args.beam = 1 if args.greedy else (args.beam or 4)
+    args.beam = 1 if args.greedy else (args.beam or DEFAULTS.beam)
     if args.nbest > args.beam:
         ap.error(f"--nbest {args.nbest} cannot exceed the beam size {args.beam}: raise --beam or lower --nbest")
     if args.max_len_a == 0 and args.max_len_b == 0:
@@ -79,18 +93,20 @@ def parse_args(argv=None):
 
 
 class _Output:
-    """Standard output, or a file written atomically: a temporary file beside it is created now (so an
-    unwritable place fails before any work) and renamed over the target only when all is written."""
+    """Standard output, or a file written atomically (:func:`numformer.files.atomic_write_bytes`) only when
+    all is translated; a device or a pipe given as --output is written as it is. Whether a file can be
+    created beside the target is tried at once, so that an unwritable place fails before any work."""
 
     def __init__(self, path):
-        self.path, self.tmp = (Path(path) if path else None), None
-        if self.path is not None and (not self.path.exists() or self.path.is_file()):
+        self.path = Path(path) if path else None
+        self.atomic = self.path is not None and (not self.path.exists() or self.path.is_file())
+        if self.atomic:
             try:
-                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+                fd, probe = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
             except OSError as exc:
                 raise UsageError(f"cannot write {self.path}: {exc.strerror or exc}: choose another --output") from None
             os.close(fd)
-            self.tmp = Path(tmp)
+            os.unlink(probe)
 
     def write(self, data: bytes) -> None:
         try:
@@ -104,20 +120,11 @@ class _Output:
             sys.stdout.flush()
             sys.stdout.buffer.write(data)  # UTF-8 whatever the locale says
             sys.stdout.buffer.flush()
-        elif self.tmp is None:  # a device or pipe given as --output
+        elif self.atomic:
+            atomic_write_bytes(self.path, data)
+        else:
             with open(self.path, "wb") as f:
                 f.write(data)
-        else:
-            with open(self.tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(self.tmp, self.path)
-            self.tmp = None
-
-    def discard(self) -> None:
-        if self.tmp is not None and self.tmp.exists():
-            self.tmp.unlink()
 
 
 def _interactive(args) -> bool:
@@ -142,44 +149,39 @@ def _translate_as_typed(model, vocab, opts: DecodeOptions, nbest: int) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    output = None
-    try:
-        with one_line_errors("translate.py"):
-            xp_for(resolve_device(args.device))  # cuda without cupy or a GPU fails now, in one line
-            output = _Output(args.output)
-            interactive = _interactive(args)
-            if interactive:
-                lines = None  # read after the model is loaded, one at a time
-            elif args.input:
-                lines = read_lines(args.input)
-            else:
-                lines = split_lines(sys.stdin.buffer.read(), "standard input")
-            references = read_lines(args.reference) if args.reference else None
-            if references is not None and len(references) != len(lines):
-                raise UsageError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}: "
-                                 "they must match line for line")
-            model, vocab, path = load_model(args.model, args.vocab, args.device)
-            opts = DecodeOptions(beam=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
-                                 max_len_b=args.max_len_b, nbest=args.nbest, max_tokens=args.max_tokens)
-            if interactive:
-                _translate_as_typed(model, vocab, opts, args.nbest)
-                return 0
-            start = time.perf_counter()
-            hyps = translate_lines(model, vocab, lines, opts)
-            secs = time.perf_counter() - start
-            assert len(hyps) == len(lines)
-            text_out = "".join(("\t".join(h) if args.nbest > 1 else h) + "\n" for h in hyps)
-            output.write(text_out.encode("utf-8"))
-            print(f"translated {len(lines)} lines in {secs:.1f} s with {path} "
-                  f"({'greedy' if args.beam == 1 else f'beam {args.beam}, alpha {args.alpha}'})", file=sys.stderr)
-            if references is not None:
-                best = [h[0] if args.nbest > 1 else h for h in hyps]
-                s = score_translations(best, references)
-                print(f"BLEU {s['bleu']:.2f}  chrF {s['chrf']:.2f}\n{s['bleu_detail']}\n{s['bleu_signature']}\n"
-                      f"{s['chrf_signature']}", file=sys.stderr)
-    finally:
-        if output is not None:
-            output.discard()
+    with one_line_errors("translate.py"):
+        xp_for(resolve_device(args.device))  # cuda without cupy or a GPU fails now, in one line
+        output = _Output(args.output)
+        interactive = _interactive(args)
+        if interactive:
+            lines = None  # read after the model is loaded, one at a time
+        elif args.input:
+            lines = read_lines(args.input)
+        else:
+            lines = split_lines(sys.stdin.buffer.read(), "standard input")
+        references = read_lines(args.reference) if args.reference else None
+        if references is not None and len(references) != len(lines):
+            raise UsageError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}: "
+                             "they must match line for line")
+        model, vocab, path = load_model(args.model, args.vocab, args.device)
+        opts = DecodeOptions(beam=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
+                             max_len_b=args.max_len_b, nbest=args.nbest, max_tokens=args.max_tokens)
+        if interactive:
+            _translate_as_typed(model, vocab, opts, args.nbest)
+            return 0
+        start = time.perf_counter()
+        hyps = translate_lines(model, vocab, lines, opts)
+        secs = time.perf_counter() - start
+        assert len(hyps) == len(lines)
+        text_out = "".join(("\t".join(h) if args.nbest > 1 else h) + "\n" for h in hyps)
+        output.write(text_out.encode("utf-8"))
+        print(f"translated {len(lines)} lines in {secs:.1f} s with {path} "
+              f"({'greedy' if args.beam == 1 else f'beam {args.beam}, alpha {args.alpha}'})", file=sys.stderr)
+        if references is not None:
+            best = [h[0] if args.nbest > 1 else h for h in hyps]
+            s = score_translations(best, references)
+            print(f"BLEU {s['bleu']:.2f}  chrF {s['chrf']:.2f}\n{s['bleu_detail']}\n{s['bleu_signature']}\n"
+                  f"{s['chrf_signature']}", file=sys.stderr)
     return 0
 
 

@@ -118,14 +118,14 @@ def step_times(model, src, bos_id: int, positions: int, cached: bool, sync):
     xp = model.xp
     memory, src_mask = model.encode(src)
     n = src.shape[0]
-    caches = model.new_decoder_caches()
+    cache = model.new_decoder_caches()
     prefix = xp.full((n, 1), bos_id, dtype=src.dtype)
     out = []
     for t in range(positions + 1):
         sync()
         t0 = time.perf_counter()
         if cached:
-            logits = model.decode_step(prefix[:, -1], memory, src_mask, caches, position=t)
+            logits = model.decode_step(prefix[:, -1], memory, src_mask, cache, position=t)
         else:  # re-run the decoder over the whole prefix, keep the last position
             y = model.tgt_pos(model.tgt_embed(prefix))
             h = model.decoder(y, memory, causal_mask(t + 1, xp), src_mask)
@@ -154,8 +154,11 @@ def main(argv=None):
             os.environ[var] = str(args.threads)
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "tests"))  # the reference decoder (tests/reference/)
+    from numformer.kernels.host import tune_host  # noqa: PLC0415
+
+    tune_host(blas=False)  # as translate.py does
     from numformer.backend import describe  # noqa: PLC0415
-    from numformer.cli.errors import load_model  # noqa: PLC0415
+    from numformer.checkpoint.trained_model import load_model  # noqa: PLC0415
     from numformer.decoding.translation import DecodeOptions, source_batch  # noqa: PLC0415
 
     model, vocab, path = load_model(args.model, args.vocab, args.device)

@@ -1,6 +1,6 @@
 """The gradient checks of ``grad_checks`` run on a device: float64 directional central differences there.
 
-``python -m grad_checks`` checks on the host (numformer/gradcheck.py reads gradients with
+``python -m grad_checks`` checks on the host (numformer/gradcheck/ reads gradients with
 numpy). This runner takes the same cases (``grad_checks.cases.build_cases``), moves each
 case's module and float inputs to the array module of ``--device`` (cupy for cuda), and
 checks every parameter and input tensor there in float64 along random +-1 directions u
@@ -9,7 +9,7 @@ with ``L = sum_i <out_i, G_i>`` and random upstream gradients G. Dropout cases r
 their mask on the device (the case's ``before_forward`` reseeds the device generator).
 A direction whose two evaluations see different ReLU active sets straddles a kink and is
 redrawn. Error: ``|a - n| / max(|a| + |n|, 1e-3 * largest gradient entry of the case)``,
-as ``numformer/gradcheck.py`` measures it.
+as ``numformer/gradcheck/`` measures it.
 
     python bench/gpu_grad_checks.py --device cuda --json
     python bench/gpu_grad_checks.py --device cpu --layer LayerNorm   # the same runner on numpy
@@ -29,8 +29,8 @@ import numpy as np  # noqa: E402
 
 
 def _signature(module, to_host):
-    parts = [to_host(m._cache_positive).tobytes() for m in module.modules()
-             if getattr(m, "_cache_positive", None) is not None]
+    parts = [to_host(m.active_set).tobytes() for m in module.modules()
+             if getattr(m, "active_set", None) is not None]
     return hash(b"".join(parts))
 
 

@@ -82,9 +82,10 @@ def worker_numformer(args, s):
     from numformer.loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
     from numformer.model import Transformer  # noqa: PLC0415
     from numformer.optim import Adam, grad_norm  # noqa: PLC0415
-    from numformer.precision import DynamicLossScaler, set_matmul_precision  # noqa: PLC0415
+    from numformer.precision import set_matmul_precision  # noqa: PLC0415
+    from numformer.training.loss_scaling import DynamicLossScaler  # noqa: PLC0415
     from numformer.presets import ModelConfig  # noqa: PLC0415
-    from numformer.training.trainer import read_scalars  # noqa: PLC0415
+    from numformer.backend import read_scalars  # noqa: PLC0415
 
     set_matmul_precision(args.mode, args.device)  # before the model moves: TF32 is read at the first GEMM
     xp = xp_for(args.device)

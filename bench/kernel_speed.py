@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the kernel inputs (tests/reference/kernel_cases.py)
-from numformer.kernels.host.blas_threads import tune_blas_threads  # noqa: E402
+from numformer.kernels.host import tune_host  # noqa: E402
 
-tune_blas_threads()  # as train.py does, before numpy is imported
+tune_host()  # as train.py does, before numpy is imported
 
 import numpy as np  # noqa: E402
 

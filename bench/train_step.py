@@ -137,9 +137,9 @@ def worker_peak(args):
 
 def worker_numformer(args, s):
     sys.path.insert(0, str(ROOT))
-    from numformer.kernels.host.blas_threads import tune_blas_threads  # noqa: PLC0415
+    from numformer.kernels.host import tune_host  # noqa: PLC0415
 
-    tune_blas_threads()  # as train.py does, before numpy is imported
+    tune_host()  # as train.py does, before numpy is imported
     from numformer.backend import describe, to_xp, xp_for  # noqa: PLC0415
     from numformer.loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
     from numformer.model import Transformer  # noqa: PLC0415

@@ -182,7 +182,7 @@ draws every head's attention weights (rows: queries, columns: keys). A model tha
 from each output position to the source position it copies: a diagonal in the encoder-decoder attention."""),
     ("code", """\
 from numformer.attention_maps import attention_pictures
-from numformer.cli.errors import load_model
+from numformer.checkpoint.trained_model import load_model
 from numformer.decoding.translation import DecodeOptions, translate_lines
 
 model, vocab, path = load_model(run)

@@ -318,7 +318,7 @@ def checkpoint_cases(layers, checkpoint, seed: int = 0) -> list[GradCase]:
     width, with padding in the batch; ``Transformer`` checks the whole model + loss.
     """
     from numformer.checkpoint import load_checkpoint  # noqa: PLC0415
-    from numformer.checkpoint import newest_model_file  # noqa: PLC0415
+    from numformer.checkpoint.run_model_file import newest_model_file  # noqa: PLC0415
 
     names = list(layers) if layers else list(TRAINED)
     unknown = [n for n in names if n not in TRAINED]

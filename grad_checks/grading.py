@@ -11,7 +11,7 @@ and every input's):
   1e-10), **approximate** (below 1e-6, the finite-difference tolerance: a right formula computed
   with less precision) or **wrong**, with the index of the worst entry. The error is
   ``|a - b| / max(|a| + |b|, tiny)`` with tiny 1e-3 of the case's largest gradient, as in the
-  finite-difference check (numformer/gradcheck.py), so entries that are zero by symmetry do not
+  finite-difference check (numformer/gradcheck/), so entries that are zero by symmetry do not
   turn round-off into "wrong";
 * the student's gradient against central differences (:func:`numformer.gradcheck.run_case`), an
   oracle that does not trust numformer's backward either.

@@ -15,7 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from numformer.cli.errors import OneLineParser, one_line_errors
+from numformer.cli.arguments import OneLineParser
+from numformer.cli.errors import one_line_errors
 from numformer.user_code import UserCodeError, load_file
 
 from . import exercises

@@ -2,6 +2,7 @@
 
 The math is in ``numformer.layers``, ``numformer.loss`` and ``numformer.optim``; the fast
 versions of its pieces are in ``numformer.kernels`` (``NUMFORMER_KERNELS=plain`` turns them off);
-the host thread pool and the process tunings are in ``numformer.kernels.host``.
+the host thread pool and the process tunings are in ``numformer.kernels.host`` (not applied on
+import: call ``numformer.kernels.host.tune_host()`` before numpy loads, as ``train.py`` does).
+The layout: ``docs/layout.md``.
 """
-from .kernels.host import allocator as _allocator  # noqa: F401  (tunes glibc's allocator once, see the module)

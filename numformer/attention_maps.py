@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import run_files
 from .backend import to_host
 from .errors import UsageError
 from .layers import ScaledDotProductAttention
@@ -108,14 +109,16 @@ def attention_pictures(model, vocab, sentence: str, out, opts: DecodeOptions | N
 
 
 def main(argv=None) -> int:
-    from .cli.errors import load_model, one_line_errors  # noqa: PLC0415
+    from .cli.errors import one_line_errors  # noqa: PLC0415
+    from .checkpoint.trained_model import load_model  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog="python -m numformer.attention_maps", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="run folder or checkpoint")
-    ap.add_argument("--vocab", help="sentencepiece model (default: the run's spm.model)")
+    ap.add_argument("--vocab", help=f"sentencepiece model (default: the run's {run_files.VOCAB})")
     ap.add_argument("--sentence", required=True, help="source sentence")
     ap.add_argument("--out", default="attention.png", help="PNG path; -encoder/-decoder/-cross are added")
-    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--beam", type=int, default=DecodeOptions.beam,
+                    help=f"beam size of the translation whose attention is drawn (default {DecodeOptions.beam})")
     args = ap.parse_args(argv)
     with one_line_errors("numformer.attention_maps"):
         model, vocab, _ = load_model(args.model, args.vocab)

@@ -12,11 +12,11 @@ blocked passes and allocator tuning live in :mod:`numformer.kernels`.
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
 
+from . import environment
 from .errors import NumformerError
 
 DEFAULT_DTYPE = np.float32
@@ -47,7 +47,7 @@ def resolve_device(device: str | None = None) -> str:
 
     Accepted: 'cpu', 'cuda', 'cuda:N' (also 'gpu' as an alias of 'cuda').
     """
-    device = device or os.environ.get("NUMFORMER_DEVICE") or "cpu"
+    device = device or environment.device() or "cpu"
     device = device.strip().lower()
     if device == "gpu":
         device = "cuda"
@@ -184,3 +184,32 @@ def describe(xp) -> str:
     name = xp.cuda.runtime.getDeviceProperties(dev.id)["name"]
     name = name.decode() if isinstance(name, bytes) else name
     return f"cupy {xp.__version__} on {name}"
+
+
+# -- the GEMM --------------------------------------------------------------------------------------
+_gemm = None  # None: plain ``a @ b``; else the lower-precision product numformer.precision set
+
+
+def matmul(a, b):
+    """``a @ b``: a (m, k), b (k, n) -> (m, n), in the process's matmul arithmetic.
+
+    fp32 (the default) is exactly ``a @ b``; the opt-in tf32 and fp16 modes of
+    :mod:`numformer.precision` compute the same product with lower-precision operands.
+    """
+    return a @ b if _gemm is None else _gemm(a, b)
+
+
+def set_gemm(product) -> None:
+    """Install ``product(a, b)`` as the GEMM of :func:`matmul` (None: plain ``a @ b``); called by
+    :func:`numformer.precision.set_matmul_precision` only."""
+    global _gemm
+    _gemm = product
+
+
+def read_scalars(xp, *values) -> list[float]:
+    """Device scalars (0-d arrays or numbers) -> host floats, in one device-to-host copy.
+
+    Each separate ``float(x)`` of a device value waits for the device; stacking them first
+    makes it one wait (and one transfer) for all of them.
+    """
+    return [float(v) for v in to_host(xp.stack([xp.asarray(v, dtype=xp.float64).reshape(()) for v in values]))]

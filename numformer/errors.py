@@ -46,3 +46,19 @@ def exit_code_of(exc: BaseException) -> int:
         return INTERRUPTED_EXIT
     code = getattr(exc, "exit_code", None)  # NumformerError, and the relayed error of another rank
     return int(code) if isinstance(code, int) else BUG_EXIT
+
+
+# -- errors every process meets together (several processes: numformer.training.distributed) --------
+
+def mark_collective(exc: BaseException) -> BaseException:
+    """Record that every rank raises this exception at the same point (no rank is left waiting)."""
+    try:
+        exc.collective = True
+    except AttributeError:  # an exception type with __slots__: treated as rank-local
+        pass
+    return exc
+
+
+def is_collective(exc: BaseException | None) -> bool:
+    """True for an exception every rank raises together (see :func:`mark_collective`)."""
+    return bool(getattr(exc, "collective", False))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .backend import get_array_module
 from .kernels import kernel
+from .layers.registry import register
 
 
 def smoothed_cross_entropy(z, y, eps: float, keep_probs: bool = True, overwrite: bool = False):
@@ -83,3 +84,6 @@ class LabelSmoothedCrossEntropy:
         p, y, weight, shape = self._cache
         self._cache = None
         return kernel(smoothed_cross_entropy_backward)(p, y, self.eps, weight).reshape(shape)
+
+
+register(LabelSmoothedCrossEntropy)  # the class the trainer builds: numformer.layers.registry

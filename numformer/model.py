@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from .backend import RandomState, get_array_module
-from .layers import (Dropout, Embedding, FeedForward, LayerNorm, MultiHeadAttention, OutputProjection,
-                     PositionalEncoding, Residual)
+from .layers.kv_cache import DecoderCache, DecoderLayerCache
+from .layers.registry import layer_class, register
 from .module import Module
 from .presets import ModelConfig
 
@@ -34,11 +34,11 @@ class EncoderLayer(Module):
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = MultiHeadAttention(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype,
-                                           cfg.init)
-        self.self_attn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
-        self.ffn = FeedForward(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init)
-        self.ffn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
+        self.self_attn = layer_class("MultiHeadAttention")(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng,
+                                                           dropout_rng, dtype, cfg.init)
+        self.self_attn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
+        self.ffn = layer_class("FeedForward")(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init)
+        self.ffn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
 
     def forward(self, x, mask):
         """x (B, S, d_model), mask (B, 1, 1, S) -> (B, S, d_model)."""
@@ -56,25 +56,36 @@ class DecoderLayer(Module):
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = MultiHeadAttention(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype,
-                                           cfg.init)
-        self.self_attn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
-        self.cross_attn = MultiHeadAttention(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype,
-                                           cfg.init)
-        self.cross_attn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
-        self.ffn = FeedForward(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init)
-        self.ffn_residual = Residual(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
+        self.self_attn = layer_class("MultiHeadAttention")(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng,
+                                                           dropout_rng, dtype, cfg.init)
+        self.self_attn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
+        self.cross_attn = layer_class("MultiHeadAttention")(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng,
+                                                            dropout_rng, dtype, cfg.init)
+        self.cross_attn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
+        self.ffn = layer_class("FeedForward")(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init)
+        self.ffn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
 
-    def forward(self, y, memory, self_mask, cross_mask, cache=None):
+    def forward(self, y, memory, self_mask, cross_mask, cache: DecoderLayerCache | None = None):
         """y (B, T, d_model), memory (B, S, d_model) -> (B, T, d_model).
 
-        ``cache`` (eval only): {'self': {...}, 'cross': {...}} key/value caches for incremental decoding.
+        ``cache`` (incremental decoding, eval mode only, Section 6.1; None in training): this layer's
+        :class:`~numformer.layers.kv_cache.DecoderLayerCache`. y is then the newest position (T = 1): the
+        self-attention appends its keys/values to ``cache.self_attn`` (no mask: it sees every cached
+        position), the encoder-decoder attention projects the memory into ``cache.cross_attn`` once.
+        With ``cache.beam`` k > 1, y holds k hypotheses per sentence (row s*k + j, B = B' * k) and memory
+        one row per sentence (B', S, d_model): the encoder-decoder attention takes each sentence's k
+        queries together, y seen as (B', k*T, d_model) (queries attend independently, so this equals
+        repeating the memory k times, with k times smaller caches).
         """
-        self_cache = cross_cache = None
-        if cache is not None:
-            self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
+        self_cache, cross_cache, k = (None, None, 1) if cache is None else (cache.self_attn, cache.cross_attn,
+                                                                            cache.beam)
         y = self.self_attn_residual(y, self.self_attn, mask=self_mask, cache=self_cache)
-        y = self.cross_attn_residual(y, self.cross_attn, memory, mask=cross_mask, cache=cross_cache)
+        if k == 1:
+            y = self.cross_attn_residual(y, self.cross_attn, memory, mask=cross_mask, cache=cross_cache)
+        else:  # a sentence's k beams meet its one memory row together
+            b, t, d = y.shape
+            y = self.cross_attn_residual(y.reshape(b // k, k * t, d), self.cross_attn, memory, mask=cross_mask,
+                                         cache=cross_cache).reshape(b, t, d)
         return self.ffn_residual(y, self.ffn)
 
     def backward(self, dy):
@@ -90,8 +101,8 @@ class Encoder(Module):
 
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
-        self.layers = [EncoderLayer(cfg, rng, dropout_rng, dtype) for _ in range(cfg.layers)]
-        self.final_norm = LayerNorm(cfg.d_model, cfg.ln_eps, dtype) if cfg.pre_norm else None
+        self.layers = [layer_class("EncoderLayer")(cfg, rng, dropout_rng, dtype) for _ in range(cfg.layers)]
+        self.final_norm = layer_class("LayerNorm")(cfg.d_model, cfg.ln_eps, dtype) if cfg.pre_norm else None
 
     def forward(self, x, mask):
         """x (B, S, d_model), mask (B, 1, 1, S) -> memory (B, S, d_model)."""
@@ -112,13 +123,14 @@ class Decoder(Module):
 
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
-        self.layers = [DecoderLayer(cfg, rng, dropout_rng, dtype) for _ in range(cfg.n_decoder_layers)]
-        self.final_norm = LayerNorm(cfg.d_model, cfg.ln_eps, dtype) if cfg.pre_norm else None
+        self.layers = [layer_class("DecoderLayer")(cfg, rng, dropout_rng, dtype) for _ in range(cfg.n_decoder_layers)]
+        self.final_norm = layer_class("LayerNorm")(cfg.d_model, cfg.ln_eps, dtype) if cfg.pre_norm else None
 
-    def forward(self, y, memory, self_mask, cross_mask, caches=None):
-        """y (B, T, d_model), memory (B, S, d_model) -> (B, T, d_model); ``caches`` one dict per layer."""
+    def forward(self, y, memory, self_mask, cross_mask, cache: DecoderCache | None = None):
+        """y (B, T, d_model), memory (B, S, d_model) -> (B, T, d_model); ``cache`` (decoding) one
+        :class:`~numformer.layers.kv_cache.DecoderLayerCache` per layer, see :meth:`DecoderLayer.forward`."""
         for i, layer in enumerate(self.layers):
-            y = layer(y, memory, self_mask, cross_mask, None if caches is None else caches[i])
+            y = layer(y, memory, self_mask, cross_mask, None if cache is None else cache[i])
         return self.final_norm(y) if self.final_norm is not None else y
 
     def backward(self, dy):
@@ -133,6 +145,10 @@ class Decoder(Module):
             else:
                 dmemory += dm  # dm is a fresh array per layer: sum in place
         return dy, dmemory
+
+
+# the stacks are layers a user's class may stand in for (numformer.swap): the model reads them from the registry
+register(EncoderLayer, DecoderLayer, Encoder, Decoder)
 
 
 class Transformer(Module):
@@ -153,16 +169,16 @@ class Transformer(Module):
         init_rng = np.random.default_rng(seed)
         self.rng = RandomState(seed + 1)
         d, v = cfg.d_model, cfg.vocab_size
-        self.src_embed = Embedding(v, d, rng=init_rng, dtype=dtype)
+        self.src_embed = layer_class("Embedding")(v, d, rng=init_rng, dtype=dtype)
         shared = self.src_embed.weight if cfg.tie_embeddings else None
-        self.tgt_embed = Embedding(v, d, weight=shared, rng=init_rng, dtype=dtype)
-        self.src_pos = PositionalEncoding(d, cfg.max_len, dtype)
-        self.tgt_pos = PositionalEncoding(d, cfg.max_len, dtype)
-        self.src_dropout = Dropout(cfg.dropout, self.rng)
-        self.tgt_dropout = Dropout(cfg.dropout, self.rng)
-        self.encoder = Encoder(cfg, init_rng, self.rng, dtype)
-        self.decoder = Decoder(cfg, init_rng, self.rng, dtype)
-        self.generator = OutputProjection(d, v, weight=shared, rng=init_rng, dtype=dtype)
+        self.tgt_embed = layer_class("Embedding")(v, d, weight=shared, rng=init_rng, dtype=dtype)
+        self.src_pos = layer_class("PositionalEncoding")(d, cfg.max_len, dtype)
+        self.tgt_pos = layer_class("PositionalEncoding")(d, cfg.max_len, dtype)
+        self.src_dropout = layer_class("Dropout")(cfg.dropout, self.rng)
+        self.tgt_dropout = layer_class("Dropout")(cfg.dropout, self.rng)
+        self.encoder = layer_class("Encoder")(cfg, init_rng, self.rng, dtype)
+        self.decoder = layer_class("Decoder")(cfg, init_rng, self.rng, dtype)
+        self.generator = layer_class("OutputProjection")(d, v, weight=shared, rng=init_rng, dtype=dtype)
         self._cache_masks = None
 
     def _moved(self, xp) -> None:
@@ -199,22 +215,23 @@ class Transformer(Module):
         self.src_embed.backward(self.src_pos.backward(self.src_dropout.backward(dx)))
 
     # -- incremental decoding (eval mode) ---------------------------------------
-    def new_decoder_caches(self) -> list:
-        """One empty key/value cache per decoder layer, for :meth:`decode_step`."""
-        return [{} for _ in self.decoder.layers]
+    def new_decoder_caches(self, beam: int = 1) -> DecoderCache:
+        """An empty key/value cache for every decoder layer, for :meth:`decode_step`; ``beam`` hypotheses
+        per sentence (see :class:`~numformer.layers.kv_cache.DecoderCache`)."""
+        return DecoderCache(len(self.decoder.layers), beam)
 
-    def decode_step(self, tokens, memory, src_mask, caches, position: int, beam: int = 1):
-        """Logits for the next token given the newest input token.
+    def decode_step(self, tokens, memory, src_mask, cache: DecoderCache, position: int):
+        """Logits for the next token given the newest input token (Section 6.1).
 
-        tokens (B*beam,) ids at ``position`` (0 for BOS); memory (B, S, d_model);
-        caches from :meth:`new_decoder_caches`, updated in place -> logits (B*beam, vocab).
-        Costs one position per call: earlier keys and values come from the cache.
+        tokens (B*beam,) ids at ``position`` (0 for BOS); memory (B, S, d_model), src_mask (B, 1, 1, S);
+        ``cache`` from :meth:`new_decoder_caches`, updated in place -> logits (B*beam, vocab).
+        Costs one position per call: earlier keys and values come from the cache. The decoder runs as in
+        training (:meth:`Decoder.forward`, each layer's :meth:`DecoderLayer.forward` with its cache).
 
-        ``beam`` > 1: the rows are sentence-major groups of ``beam`` hypotheses (row s*beam + j)
+        ``cache.beam`` > 1: the rows are sentence-major groups of ``beam`` hypotheses (row s*beam + j)
         that share their sentence's memory row, which is not repeated: the encoder-decoder
         attention runs with the group's ``beam`` queries against one cached key/value set per
-        sentence (a (beam, S) GEMM per head instead of ``beam`` GEMVs, and caches ``beam`` times
-        smaller). Each layer then runs its three sub-layers as :meth:`DecoderLayer.forward` does.
+        sentence (a (beam, S) GEMM per head instead of ``beam`` GEMVs, and caches ``beam`` times smaller).
         """
         if self.training:
             raise RuntimeError("decode_step runs in eval mode: call model.eval() first")
@@ -223,55 +240,4 @@ class Transformer(Module):
         src_mask = None if src_mask is None else xp.asarray(src_mask)
         memory = xp.asarray(memory)
         y = self.tgt_pos(self.tgt_embed(tokens[:, None]), offset=position)
-        if beam == 1:
-            h = self.decoder(y, memory, None, src_mask, caches)
-            return self.generator(h)[:, 0, :]
-        n, d = memory.shape[0], y.shape[-1]
-        for layer, cache in zip(self.decoder.layers, caches):
-            y = layer.self_attn_residual(y, layer.self_attn, mask=None, cache=cache.setdefault("self", {}))
-            y = layer.cross_attn_residual(y.reshape(n, beam, d), layer.cross_attn, memory, mask=src_mask,
-                                          cache=cache.setdefault("cross", {})).reshape(n * beam, 1, d)
-            y = layer.ffn_residual(y, layer.ffn)
-        if self.decoder.final_norm is not None:
-            y = self.decoder.final_norm(y)
-        return self.generator(y)[:, 0, :]
-
-    @staticmethod
-    def reorder_caches(caches, index, parts=("self", "cross")) -> None:
-        """Select batch rows ``index`` (B',) of the cached keys/values of ``parts`` (beam search reordering).
-
-        Beam search reorders the self-attention caches every step but the encoder-decoder ones only
-        when finished sentences leave (a beam permutation stays inside its sentence, whose memory
-        rows are all equal). A permutation that keeps the row count is applied in place, copying
-        only the rows whose parent changed, and only their first T positions.
-        """
-        if not hasattr(index, "shape"):
-            index = np.asarray(index)
-        for cache in caches:
-            for name, part in cache.items():
-                if name not in parts:
-                    continue
-                if "kbuf" in part:  # a growable self-attention cache: buffers (B, h, capacity, d), views (B, h, T, d)
-                    if index.shape[0] == part["kbuf"].shape[0]:
-                        take_rows_(part["k"], index)  # in place, through the views
-                        take_rows_(part["v"], index)
-                        continue
-                    n = part["k"].shape[2]
-                    part["kbuf"], part["vbuf"] = part["kbuf"][index], part["vbuf"][index]
-                    part["k"], part["v"] = part["kbuf"][:, :, :n], part["vbuf"][:, :, :n]
-                    continue
-                for key in list(part):
-                    part[key] = part[key][index]
-
-
-def take_rows_(buf, index):
-    """``buf[index]`` along axis 0 (cache bookkeeping for :meth:`Transformer.reorder_caches`, the same in
-    both kernel modes); in place (only rows whose source moved are copied) when ``index`` keeps the row
-    count, a new array otherwise. Returns the result."""
-    xp = get_array_module(buf)
-    if index.shape[0] != buf.shape[0]:
-        return buf[index]
-    moved = xp.nonzero(index != xp.arange(index.shape[0]))[0]
-    if moved.size:
-        buf[moved] = buf[index[moved]]  # the right side is a copy: rows read before any is written
-    return buf
+        return self.generator(self.decoder(y, memory, None, src_mask, cache))[:, 0, :]

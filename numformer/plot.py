@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import run_files
+
 
 def read_jsonl(path) -> list[dict]:
     path = Path(path)
@@ -173,12 +175,12 @@ def plot_activations(stats: list[dict], out: Path, title: str = "") -> Path | No
 def plot_run(run_dir, out=None) -> list[Path]:
     """Every picture this run's files allow; returns the paths written."""
     run = Path(run_dir)
-    metrics = read_jsonl(run / "metrics.jsonl")
+    metrics = read_jsonl(run / run_files.METRICS)
     if not metrics:
-        raise FileNotFoundError(f"{run / 'metrics.jsonl'} is missing or empty: is {run} a training run folder?")
+        raise FileNotFoundError(f"{run / run_files.METRICS} is missing or empty: is {run} a training run folder?")
     out = Path(out) if out else run / "plots"
     out.mkdir(parents=True, exist_ok=True)
-    stats = read_jsonl(run / "grad_stats.jsonl")
+    stats = read_jsonl(run / run_files.GRAD_STATS)
     paths = [plot_curves(metrics, out, run.name)]
     paths += [p for p in (plot_grad_flow(stats, out), plot_update_ratio(stats, out), plot_activations(stats, out))
               if p is not None]
@@ -194,10 +196,11 @@ def plot_compare(runs: list, out, title: str = "") -> Path:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     for run in map(Path, runs):
-        stats = read_jsonl(run / "grad_stats.jsonl")
-        metrics = read_jsonl(run / "metrics.jsonl")
+        stats = read_jsonl(run / run_files.GRAD_STATS)
+        metrics = read_jsonl(run / run_files.METRICS)
         if not stats or not metrics:
-            raise FileNotFoundError(f"{run} needs grad_stats.jsonl and metrics.jsonl: train it with --log-grads N")
+            raise FileNotFoundError(f"{run} needs {run_files.GRAD_STATS} and {run_files.METRICS}: train it with "
+                                    "--log-grads N")
         steps = [s["step"] for s in stats]
         norms = [np.sqrt(sum(r["grad_norm"] ** 2 for r in s["params"].values())) for s in stats]
         axes[0].plot(steps, norms, label=run.name)
@@ -219,7 +222,7 @@ def plot_compare(runs: list, out, title: str = "") -> Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m numformer.plot", description=__doc__.splitlines()[0])
-    ap.add_argument("run", nargs="+", help="a training run folder (with metrics.jsonl); several with --compare")
+    ap.add_argument("run", nargs="+", help=f"a training run folder (with {run_files.METRICS}); several with --compare")
     ap.add_argument("--out", help="folder for the PNGs (default RUN/plots); with --compare, the PNG file")
     ap.add_argument("--compare", action="store_true",
                     help="one picture comparing the runs' gradient norms, learning rates and losses")

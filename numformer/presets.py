@@ -60,7 +60,7 @@ class ModelConfig:
     def head_dim_v(self) -> int:
         return self.d_v if self.d_v is not None else self.head_dim_k
 
-    def validate(self) -> "ModelConfig":
+    def checked(self) -> "ModelConfig":
         """Refuse, in one line (UsageError), a config the layers cannot be built from; returns self.
 
         Checked here, up front, so that a bad preset override or an edited run.json fails before any
@@ -138,7 +138,7 @@ def get_preset(name: str, **overrides) -> ModelConfig:
     be built from gives a one-line UsageError (a ValueError)."""
     if name not in PRESETS:
         raise UsageError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
-    return (PRESETS[name].replace(**overrides) if overrides else PRESETS[name]).validate()
+    return (PRESETS[name].replace(**overrides) if overrides else PRESETS[name]).checked()
 
 
 def count_parameters(cfg: ModelConfig) -> int:

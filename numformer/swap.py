@@ -1,10 +1,9 @@
 """Train with your own backward: a user's layer class in place of numformer's, wherever numformer builds it.
 
-A layer class is named in the modules that build it (``model.py`` builds ``LayerNorm`` for the
-final norm of a pre-LN stack, ``layers/sublayer.py`` one in every residual sub-layer,
-``layers/attention.py`` the ``Linear`` maps ...). :func:`swapped` rebinds the name in every
-loaded numformer module for the duration of a ``with`` block, so every layer numformer
-constructs inside it is the user's class::
+numformer builds its layers through :mod:`numformer.layers.registry` (``layer_class("LayerNorm")(...)`` in
+``model.py``, ``layers/sublayer.py``, ``layers/attention.py`` ...). :func:`swapped` puts the user's classes
+there for the duration of a ``with`` block, so every layer numformer constructs inside it is the user's
+class::
 
     from numformer.swap import load_class, swapped
     MyLayerNorm = load_class("my_layernorm.py", "LayerNorm")
@@ -13,11 +12,13 @@ constructs inside it is the user's class::
         trainer = Trainer(model, ...)       # the loss too, when LabelSmoothedCrossEntropy is swapped
         trainer.train()
 
-``train.py --swap LayerNorm=my_layernorm.py:LayerNorm`` does the same (:func:`from_specs`).
+``train.py --swap LayerNorm=my_layernorm.py:LayerNorm`` does the same (:func:`swapped_from_specs`).
 The user's class should subclass numformer's and override ``backward`` (what the exercises of
 ``python -m grad_checks exercise`` write): its parameters then keep numformer's names and
 shapes, so a checkpoint trained with it loads into numformer and back. :func:`check_layout`
-verifies that against a model built without the swap.
+verifies that against a model built without the swap. Grading the swapped layers before training
+is the exercises' business: ``grad_checks.swap_grading.grade_swap`` is what ``train.py`` hands to
+:func:`swapped_from_specs` (numformer itself imports nothing of ``grad_checks``).
 
 :func:`using` builds such a class from functions: numformer's class, its methods calling the
 given function (``layernorm_backward=my_function``) in place of numformer's. The methods are
@@ -30,7 +31,8 @@ import sys
 import types
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import UsageError, mark_collective
+from .layers import registry
 from .user_code import UserCodeError, exception_line, load_file
 
 
@@ -40,15 +42,8 @@ class SwapError(UsageError):
 
 
 def swappable() -> dict:
-    """Layer name -> numformer's class, for every class a swap may replace."""
-    from . import layers  # noqa: PLC0415
-    from .loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
-    from .model import Decoder, DecoderLayer, Encoder, EncoderLayer  # noqa: PLC0415
-
-    found = {name: getattr(layers, name) for name in layers.__all__}
-    found.update(EncoderLayer=EncoderLayer, DecoderLayer=DecoderLayer, Encoder=Encoder, Decoder=Decoder,
-                 LabelSmoothedCrossEntropy=LabelSmoothedCrossEntropy)
-    return found
+    """Layer name -> numformer's class, for every class a swap may replace (``registry.NAMES``)."""
+    return registry.numformer_classes()
 
 
 # -- using(): numformer's class calling other functions ---------------------------------------------
@@ -103,59 +98,26 @@ def using(layer_class: type, **functions) -> type:
 
 @contextlib.contextmanager
 def swapped(swaps: dict | None = None, **classes):
-    """Inside the block every numformer module that names a swapped layer class names the given class.
+    """Inside the block numformer builds the given classes wherever it builds those layers.
 
-    ``swaps`` / ``classes``: layer name (``"LayerNorm"``, see :func:`swappable`) -> class. Layers
-    built inside the block are the given classes and stay so after it; the names are restored on
-    exit. Classes are matched by identity, so a class loaded before the block (whose base is
-    numformer's own) is never replaced by itself.
+    ``swaps`` / ``classes``: layer name (``"LayerNorm"``, see :func:`swappable`) -> class, put in
+    :mod:`numformer.layers.registry` for the block. Layers built inside the block are the given
+    classes and stay so after it; the registry is restored on exit.
     """
     given = dict(swaps or {}, **classes)
     known = swappable()
     unknown = [name for name in given if name not in known]
     if unknown:
         raise SwapError(f"unknown layer {unknown[0]!r} for --swap: choose from {', '.join(known)}")
-    pairs = [(known[name], cls) for name, cls in given.items()]
-    patched = []
-    try:
-        for mod in _numformer_modules():
-            for attr, value in list(vars(mod).items()):
-                for original, new in pairs:
-                    if value is original:
-                        setattr(mod, attr, new)
-                        patched.append((mod, attr, original, new))
-        _ACTIVE.append(patched)
+    with registry.replaced(given):
         yield
-    finally:
-        if _ACTIVE and _ACTIVE[-1] is patched:
-            _ACTIVE.pop()
-        for mod, attr, original, _ in reversed(patched):
-            setattr(mod, attr, original)
-        for mod in _numformer_modules():  # a module first imported inside the block took the swapped name too
-            for attr, value in list(vars(mod).items()):
-                for original, new in pairs:
-                    if value is new and not any(value is n for p in _ACTIVE for *_, n in p):
-                        setattr(mod, attr, original)
-
-
-def _numformer_modules() -> list:
-    return [m for name, m in list(sys.modules.items()) if name == "numformer" or name.startswith("numformer.")]
-
-
-_ACTIVE = []  # the patches of the swapped() blocks now open, innermost last
 
 
 @contextlib.contextmanager
 def unswapped():
     """Inside a swapped() block: numformer's own classes again for a moment (to build a model to compare with)."""
-    undone = [p for patches in reversed(_ACTIVE) for p in reversed(patches)]
-    for mod, attr, original, _ in undone:
-        setattr(mod, attr, original)
-    try:
+    with registry.numformer_only():
         yield
-    finally:
-        for mod, attr, _, new in reversed(undone):
-            setattr(mod, attr, new)
 
 
 # -- --swap LAYER=FILE.py:CLASS ----------------------------------------------------------------------
@@ -220,48 +182,32 @@ def load_class(path, class_name: str, layer: str | None = None) -> type:
     return _attributed(cls, layer, Path(path))
 
 
-def describe(swaps: dict, files: dict) -> list:
-    """One line per swapped layer: where it comes from and how its backward grades against numformer's
-    on the exercise's cases (grad_checks/grading.py; no finite differences). A layer that is not
-    written yet (NotImplementedError) is refused: a SwapError. A wrong one is trained with anyway,
-    after a warning: seeing what a wrong backward does to training is a fair experiment."""
+def describe(swaps: dict, files: dict, grade=None) -> list:
+    """One line per swapped layer: where it comes from and, with a ``grade``, how its backward grades.
+
+    ``grade(layer, user_class, file) -> line`` (``file``: ``"PATH:CLASS"``) is given by the caller:
+    ``train.py`` passes ``grad_checks.swap_grading.grade_swap`` (the exercise's cases against numformer's
+    backward). It raises SwapError for a layer that must not be trained with (not written yet); that error
+    is raised alike by every process of a data-parallel run. Without ``grade`` nothing is graded.
+    """
     lines = []
     for layer, cls in swaps.items():
-        user_class = getattr(cls, "user_class", cls)
-        exercise = _exercise_for(layer)
-        where = f"swap: {layer} <- {files[layer]}"
-        if exercise is None:
-            lines.append(f"{where} (no exercise grades a {layer}: not checked)")
+        if grade is None:
+            lines.append(f"swap: {layer} <- {files[layer]} (not graded)")
             continue
-        from grad_checks.grading import grade  # noqa: PLC0415  (the exercises live beside numformer)
+        try:
+            lines.append(grade(layer, getattr(cls, "user_class", cls), files[layer]))
+        except SwapError as exc:  # every process of a data-parallel run stops here alike
 
-        result = grade(exercise, user_class, file=files[layer].rpartition(":")[0], finite_differences=False)
-        if result.not_implemented:  # every process of a data-parallel run stops here alike
-            from .training.distributed import mark_collective  # noqa: PLC0415
-
-            raise mark_collective(SwapError(f"--swap {layer}: {files[layer]} is not written yet "
-                                            f"({result.not_implemented}): write it, and check it with "
-                                            f"python -m grad_checks check {files[layer].rpartition(':')[0]}"))
-        if result.passed:
-            lines.append(f"{where}: its backward grades {result.summary()} on {len(result.cases)} cases")
-        else:
-            lines.append(f"{where}: WARNING: its backward grades {result.summary()} (python -m grad_checks check "
-                         f"{files[layer].rpartition(':')[0]} says more); training with it anyway")
+            raise mark_collective(exc) from None
     return lines
 
 
-def _exercise_for(layer: str):
-    try:
-        from grad_checks import exercises  # noqa: PLC0415
-    except ImportError:  # numformer installed without its grad_checks package: nothing to grade with
-        return None
-    return next((e for e in exercises.all_exercises() if e.swap == layer), None)
-
-
 @contextlib.contextmanager
-def swapped_from_specs(specs, log=print):
+def swapped_from_specs(specs, log=print, grade=None):
     """``train.py --swap``: load every spec (a bad one fails here, in one line, before any data is read),
-    grade each swapped layer (:func:`describe`), then run the block with them swapped in."""
+    log where each swapped layer comes from and, with ``grade``, how it grades (:func:`describe`), then
+    run the block with them swapped in."""
     if not specs:
         yield {}
         return
@@ -270,7 +216,7 @@ def swapped_from_specs(specs, log=print):
     for spec in specs:
         layer, path, cls_name = parse_spec(spec)
         files[layer] = f"{path}:{cls_name}"
-    for line in describe(swaps, files):
+    for line in describe(swaps, files, grade):
         log(line)
     with swapped(swaps):
         yield swaps
@@ -278,7 +224,6 @@ def swapped_from_specs(specs, log=print):
 
 def from_specs(specs) -> dict:
     """``["LayerNorm=my_layernorm.py:LayerNorm", ...]`` -> {layer name: class}, every spec checked."""
-    from .training.distributed import mark_collective  # noqa: PLC0415
 
     swaps = {}
     try:

@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train  # noqa: E402
 from numformer.data import plan_batches  # noqa: E402
 from numformer.data.encoding import CachedEncoder  # noqa: E402
-from numformer import prepare as prepare_module  # noqa: E402
+from numformer.data import prepared as prepare_module  # noqa: E402
+from numformer.cli.errors import ErrorReport  # noqa: E402
 from numformer.training.distributed import init_world  # noqa: E402
 from numformer.training.replicas import share_run  # noqa: E402
 
@@ -38,7 +39,7 @@ def main() -> int:
     if hide and world.rank == 1:
         prepare_module.open_shared_train = lambda *a: None  # share_run looks it up when it runs
     args = train.parse_args(["--data", corpus, "--out", out, "--preset", "tiny", "--max-steps", "1", "--no-progress"])
-    settled = world.on_main(train._settle, args, "cpu", Path(out), world.size)  # rank 0: (its locked folder, ...)
+    settled = world.on_main(train.open_run, args, "cpu", Path(out), world.size, ErrorReport())  # rank 0: (its locked folder, ...)
     run, _, data = share_run(world, settled[1:] if settled is not None else None)
     tcfg = run.train
     pairs = data.ids["train"]

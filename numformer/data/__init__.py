@@ -34,9 +34,9 @@ __all__ = [
 
 
 def __getattr__(name):
-    # The bible builder is imported on first use only: importing it here
-    # would make `python -m numformer.data.bible` warn that the module was
-    # already imported by its package, and keeps pysword out of every import.
+    # The bible package is imported on first use only: most runs never build
+    # that corpus, and `import numformer.data` stays free of its modules
+    # (SWORD reading, OSIS cleaning, verse pairing).
     if name == "build_bible_corpus":
         from .bible import build_bible_corpus
         return build_bible_corpus

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import atomic_file
 from .batching import Batch, pad_rows
 from .errors import DataError
 
@@ -155,16 +156,22 @@ class NpyAppender:
     """Write a 1-D ``.npy`` file whose length is known only at the end: append chunks, then :meth:`close`.
 
     The header is written first for length 0 and rewritten in place at the end: numpy pads the
-    header so that the shape can grow to 21 digits without moving the data. Written to
-    ``<path>.tmp<pid>`` and renamed on close, so a reader never sees a half-written file.
+    header so that the shape can grow to 21 digits without moving the data. The file is streamed
+    through :func:`numformer.files.atomic_file` (a temporary beside ``path``, renamed on close), so a
+    reader never sees a half-written file; :meth:`abort` removes the temporary. As a context
+    manager it closes when the block ends and aborts when it raises.
     """
 
-    def __init__(self, path, dtype):
+    def __init__(self, path, dtype, durable: bool = True):
         self.path, self.dtype, self.n = Path(path), np.dtype(dtype), 0
-        self.tmp = self.path.with_name(f"{self.path.name}.tmp{os.getpid()}")
-        self.file = open(self.tmp, "wb")
+        self._writing = atomic_file(self.path, durable)
+        self.file = self._writing.__enter__()
         self.header_len = len(self._header(0))
-        self.file.write(self._header(0))
+        try:
+            self.file.write(self._header(0))
+        except BaseException:
+            self.abort()
+            raise
 
     def _header(self, n: int) -> bytes:
         buf = io.BytesIO()
@@ -180,13 +187,26 @@ class NpyAppender:
     def close(self) -> Path:
         header = self._header(self.n)
         if len(header) != self.header_len:  # cannot happen with numpy's growth padding; checked, not assumed
+            self.abort()
             raise RuntimeError(f"npy header of {self.path} changed size")
         self.file.seek(0)
         self.file.write(header)
-        self.file.close()
-        os.replace(self.tmp, self.path)
+        self._writing.__exit__(None, None, None)
         return self.path
 
     def abort(self) -> None:
-        self.file.close()
-        self.tmp.unlink(missing_ok=True)
+        # atomic_file removes its temporary when its block ends with an exception.
+        self._writing.__exit__(_Aborted, _Aborted(), None)
+
+    def __enter__(self) -> "NpyAppender":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class _Aborted(Exception):
+    """Thrown into :func:`atomic_file`'s block to make it drop the temporary."""

@@ -11,13 +11,20 @@ with its threads) and looking the rest up costs a fraction of encoding every lin
 The equality is checked, not assumed: :meth:`CachedEncoder.encode` compares its result with
 sentencepiece's own on the first lines it sees (:data:`CHECK_LINES`), and on any difference
 encodes every line with sentencepiece from then on.
+
+:func:`encode_file` streams one side of a split through the encoder into the binary format
+(:mod:`numformer.data.binary`): one block of lines in memory at a time.
 """
 from __future__ import annotations
 
 import os
 from itertools import chain
+from pathlib import Path
 
 import numpy as np
+
+from .binary import NpyAppender
+from .errors import DataError
 
 #: Lines of the first block compared with sentencepiece's own encoding.
 CHECK_LINES = 2000
@@ -108,3 +115,24 @@ class CachedEncoder:
                                                                  count=int(lens.sum()))])
         self._starts = np.concatenate([self._starts, starts])
         self._lens = np.concatenate([self._lens, lens])
+
+
+def encode_file(encoder: CachedEncoder, blocks, stem: Path, n_lines: int) -> int:
+    """Encode blocks of lines into ``<stem>.ids.npy`` and ``<stem>.offsets.npy``; returns the token count.
+
+    ``n_lines``: the lines counted before; a different number read means the file changed while it
+    was read, a DataError (neither file is written then).
+    """
+    with NpyAppender(stem.with_name(stem.name + ".ids.npy"), encoder.dtype) as ids, \
+            NpyAppender(stem.with_name(stem.name + ".offsets.npy"), np.int64) as offsets:
+        offsets.append([0])
+        total = 0
+        for lines in blocks:
+            flat, lengths = encoder.encode(lines)
+            ids.append(flat)
+            offsets.append(total + np.cumsum(lengths))
+            total += int(lengths.sum())
+        if offsets.n != n_lines + 1:
+            raise DataError(f"{stem.name} changed while it was being prepared ({offsets.n - 1} lines read, "
+                            f"{n_lines} counted): prepare again once it is written")
+    return total

@@ -20,10 +20,11 @@ Empty lines are kept, so line ``i`` of an output file can be matched to line
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
+from ..files import atomic_write_text
 from .errors import DataError
+
 
 @contextlib.contextmanager
 def _file_errors(path: Path):
@@ -175,6 +176,28 @@ def check_corpus_dir(path) -> Path:
     return folder
 
 
+def count_pairs(folder) -> dict[str, int]:
+    """Line counts per split of a corpus folder, from the bytes alone (:func:`count_lines`).
+
+    Raises:
+        DataError: a ``.src`` and its ``.tgt`` have different line counts, or ``train.*`` is empty.
+    """
+    folder = Path(folder)
+    counts = {}
+    for split in SPLITS:
+        src_path, tgt_path = folder / f"{split}.src", folder / f"{split}.tgt"
+        n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
+        if n_src != n_tgt:
+            raise DataError(
+                f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: line i of {split}.src must be the "
+                f"translation of line i of {split}.tgt, fix the files so the counts match")
+        if split == "train" and not n_src:
+            raise DataError(f"{src_path} and {tgt_path} are empty: the training split needs at least one "
+                            "sentence pair")
+        counts[split] = n_src
+    return counts
+
+
 def load_parallel_dir(path) -> dict[str, tuple[list[str], list[str]]]:
     """Read the six files of a parallel corpus folder.
 
@@ -213,7 +236,8 @@ def write_parallel_dir(path, splits: dict[str, tuple[list[str], list[str]]]) -> 
 
     The inverse of :func:`load_parallel_dir` for normalised lines (used by
     the bible builder and tests). Creates the folder if needed; overwrites
-    the six files. Lines must not contain ``\\n``. Returns the folder.
+    the six files, each atomically (:mod:`numformer.files`). Lines must not
+    contain ``\\n``. Returns the folder.
     """
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -225,7 +249,5 @@ def write_parallel_dir(path, splits: dict[str, tuple[list[str], list[str]]]) -> 
             for line in lines:
                 if "\n" in line:
                     raise ValueError(f"split {split}.{side}: a line contains a newline: {line!r}")
-            tmp = folder / f".{split}.{side}.tmp{os.getpid()}"
-            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-            os.replace(tmp, folder / f"{split}.{side}")
+            atomic_write_text(folder / f"{split}.{side}", "".join(line + "\n" for line in lines))
     return folder

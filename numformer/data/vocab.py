@@ -23,13 +23,13 @@ Training choices:
 from __future__ import annotations
 
 import math
-import os
 import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..files import atomic_write_bytes
 from .errors import DataError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -193,13 +193,9 @@ class SubwordVocab:
         return cls(processor)
 
     def save(self, path) -> Path:
-        """Write the model to ``path`` (a ``.model`` file, e.g. next to a checkpoint)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_bytes(self.to_bytes())
-        os.replace(tmp, path)
-        return path
+        """Write the model to ``path`` (a ``.model`` file, e.g. next to a checkpoint), atomically;
+        the folder is created if needed. Returns the path."""
+        return atomic_write_bytes(path, self.to_bytes())
 
     # ------------------------------------------------------------------- use
     def __len__(self) -> int:

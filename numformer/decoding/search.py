@@ -4,15 +4,16 @@ The paper decodes with beam size 4, length penalty alpha = 0.6 (GNMT's
 ``lp(Y) = ((5 + |Y|) / 6) ** alpha``, Wu et al. 2016) and at most input length
 + 50 output tokens. Both searches run a whole batch of sentences at once: the
 encoder runs once, then each step feeds one new token per hypothesis through
-:meth:`Transformer.decode_step`, whose per-layer key/value caches make a step
+:meth:`Transformer.decode_step`, whose key/value cache (a
+:class:`~numformer.layers.kv_cache.DecoderCache`, one per search) makes a step
 cost one position rather than a re-run of the prefix.
 
 Hypothesis length |Y| counts the output tokens including the final EOS. At the
 output length limit EOS is forced, with the model's own EOS log-probability
 (fairseq's rule): scoring it 0 would favour hypotheses cut off by the limit.
-Sentences whose search is over are dropped from the batch (the caches are
-compacted), so long sentences do not keep short ones computing. The k beams of a
-sentence share its one encoder output (``decode_step(..., beam=k)``). The per-step
+Sentences whose search is over are dropped from the batch (and their rows from
+the cache), so long sentences do not keep short ones computing. The k beams of a
+sentence share its one encoder output (``model.new_decoder_caches(beam=k)``). The per-step
 arithmetic over the (rows, vocab) scores is :func:`greedy_pick` and :func:`beam_candidates`
 below, as the math; their fast versions (fewer passes, no new (rows, vocab) arrays) are in
 :mod:`numformer.kernels.decoding`.
@@ -26,6 +27,13 @@ from dataclasses import dataclass
 
 from ..backend import get_array_module, to_host
 from ..kernels import kernel
+
+
+# Section 6.1's search settings: the one place they are written (DecodeOptions, train.py and
+# translate.py take their defaults from here)
+PAPER_BEAM = 4
+PAPER_ALPHA = 0.6
+PAPER_MAX_LEN_A, PAPER_MAX_LEN_B = 1.0, 50   # at most a * input length + b output tokens
 
 
 def length_penalty(length, alpha: float):
@@ -101,8 +109,8 @@ class Hypothesis:
     score: float       # logprob / length_penalty(len(tokens) + 1)
 
 
-def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = 1.0, max_len_b: int = 50,
-                  use_cache: bool = True):
+def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = PAPER_MAX_LEN_A,
+                  max_len_b: int = PAPER_MAX_LEN_B, use_cache: bool = True):
     """Pick the most probable token at every step, for a batch of sentences.
 
     src (B, S) -> list of B Hypothesis (length penalty alpha 0: score = logprob).
@@ -115,7 +123,7 @@ def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = 1.0, 
     n = src.shape[0]
     limits = max_lengths(src, pad, max_len_a, max_len_b, model.cfg.max_len)
     memory, src_mask = model.encode(src)
-    caches = model.new_decoder_caches()
+    cache = model.new_decoder_caches()
     active = list(range(n))                  # original index of each sentence still searching
     tokens = xp.full((n, 1), bos_id, dtype=src.dtype)
     logprob = xp.zeros(n, dtype=memory.dtype)
@@ -123,7 +131,7 @@ def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = 1.0, 
     out = [None] * n
     for t in range(int(limits.max())):
         if use_cache:
-            logits = model.decode_step(tokens[:, -1], memory, src_mask, caches, position=t)
+            logits = model.decode_step(tokens[:, -1], memory, src_mask, cache, position=t)
         else:
             logits = model.forward(src, tokens)[:, -1, :]
         # the most probable token (padding and BOS banned, EOS forced at the budget) and its log-probability
@@ -145,12 +153,12 @@ def greedy_search(model, src, bos_id: int, eos_id: int, max_len_a: float = 1.0, 
         tokens, logprob, limits_act = tokens[stay], logprob[stay], limits_act[stay]
         memory, src_mask, src = memory[stay], src_mask[stay], src[stay]
         if use_cache:
-            model.reorder_caches(caches, stay)
+            cache.take_rows_(stay)
     return out
 
 
-def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: float = 0.6,
-                max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1):
+def beam_search(model, src, bos_id: int, eos_id: int, beam: int = PAPER_BEAM, alpha: float = PAPER_ALPHA,
+                max_len_a: float = PAPER_MAX_LEN_A, max_len_b: int = PAPER_MAX_LEN_B, nbest: int = 1):
     """Beam search with the GNMT length penalty for a batch of sentences.
 
     src (B, S) -> list of B lists of ``nbest`` Hypothesis, best first.
@@ -170,7 +178,7 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
     limits = max_lengths(src, pad, max_len_a, max_len_b, model.cfg.max_len)
     # one encoder output per sentence, shared by its k beams (decoder rows are sentence-major: s*k + j)
     memory, src_mask = model.encode(src)
-    caches = model.new_decoder_caches()
+    cache = model.new_decoder_caches(beam=k)
     active = list(range(n))                 # original index of each sentence still searching
     limits_act = xp.asarray(limits)         # their length budgets
     history = xp.full((n * k, 0), pad, dtype=src.dtype)
@@ -181,7 +189,7 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
     t = 0
     while active:
         m = len(active)
-        logits = model.decode_step(last, memory, src_mask, caches, position=t, beam=k)
+        logits = model.decode_step(last, memory, src_mask, cache, position=t)
         vocab = logits.shape[-1]
         force_eos = limits_act == t + 1
         # the 2k best of scores + log_softmax(logits) over each sentence's k*V extensions, best first
@@ -228,13 +236,13 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = 4, alpha: floa
             # the encoder side (memory, its mask, the encoder-decoder keys/values) keeps the staying sentences
             memory, src_mask = memory[stay_dev], src_mask[stay_dev]
             if stay:
-                model.reorder_caches(caches, stay_dev, parts=("cross",))
+                cache.take_sentences_(stay_dev)
             limits_act = limits_act[stay_dev]
             active = [active[i] for i in stay]
         if not active:
             break
         # each new beam continues its parent's prefix: the self-attention keys/values follow it
-        model.reorder_caches(caches, beam_rows, parts=("self",))
+        cache.take_hypotheses_(beam_rows)
         history = xp.concatenate([history[beam_rows], new_token.reshape(-1, 1).astype(history.dtype)], axis=1)
         last = new_token.reshape(-1).astype(history.dtype)
         scores = new_scores

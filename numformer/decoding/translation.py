@@ -29,17 +29,17 @@ import numpy as np
 
 from ..data.batching import pad_rows
 from ..data.text_files import normalize_line
-from .search import beam_search, greedy_search
+from .search import PAPER_ALPHA, PAPER_BEAM, PAPER_MAX_LEN_A, PAPER_MAX_LEN_B, beam_search, greedy_search
 
 
 @dataclass
 class DecodeOptions:
     """Search settings (Section 6.1's defaults: beam 4, alpha 0.6, input length + 50)."""
 
-    beam: int = 4
-    alpha: float = 0.6
-    max_len_a: float = 1.0
-    max_len_b: int = 50
+    beam: int = PAPER_BEAM
+    alpha: float = PAPER_ALPHA
+    max_len_a: float = PAPER_MAX_LEN_A
+    max_len_b: int = PAPER_MAX_LEN_B
     nbest: int = 1
     max_tokens: int = 4000   # source tokens per decoding batch (times beam for the decoder)
 

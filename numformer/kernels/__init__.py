@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 
+from .. import environment
 from ..errors import NumformerError
 
 MODES = ("fast", "plain")
@@ -50,7 +50,7 @@ def _check(mode: str) -> str:
     return mode
 
 
-_mode = _check(os.environ.get("NUMFORMER_KERNELS", "fast").strip().lower() or "fast")
+_mode = _check(environment.kernel_mode())
 _fast = {}      # plain function -> its fast version
 _off = frozenset()  # kernel files left out (measurements of what each one buys)
 _loaded = False
@@ -127,5 +127,5 @@ def kernel_mode(mode: str):
         use_kernels(previous)
 
 
-if os.environ.get("NUMFORMER_KERNELS_OFF"):
-    set_disabled(n.strip() for n in os.environ["NUMFORMER_KERNELS_OFF"].split(",") if n.strip())
+if environment.kernels_off():
+    set_disabled(environment.kernels_off())

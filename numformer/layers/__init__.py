@@ -1,4 +1,7 @@
-"""The layers of the Transformer, one concept per file, each with forward and backward."""
+"""The layers of the Transformer, one concept per file, each with forward and backward.
+
+Each is registered in :mod:`numformer.layers.registry`, where the model reads the classes it builds.
+"""
 from .attention import MultiHeadAttention, ScaledDotProductAttention
 from .dropout import Dropout
 from .embedding import Embedding
@@ -7,6 +10,7 @@ from .layernorm import LayerNorm
 from .linear import Linear
 from .positional import PositionalEncoding
 from .projection import OutputProjection
+from .registry import register
 from .relu import ReLU
 from .sublayer import Residual
 
@@ -14,3 +18,6 @@ __all__ = [
     "Dropout", "Embedding", "FeedForward", "LayerNorm", "Linear", "MultiHeadAttention",
     "OutputProjection", "PositionalEncoding", "ReLU", "Residual", "ScaledDotProductAttention",
 ]
+
+register(Dropout, Embedding, FeedForward, LayerNorm, Linear, MultiHeadAttention, OutputProjection,
+         PositionalEncoding, ReLU, Residual, ScaledDotProductAttention)

@@ -17,9 +17,9 @@ import numpy as np
 from ..backend import DEFAULT_DTYPE, get_array_module
 from ..kernels import kernel
 from ..module import Module
-from .dropout import Dropout
 from .init import DEFAULT_SCHEME
-from .linear import Linear
+from .kv_cache import KVCache
+from .registry import layer_class
 from .softmax import softmax, softmax_backward
 
 MASKED_SCORE = -1e9
@@ -60,32 +60,6 @@ def attention_backward(dout, q, k, v, p, p_used, masked, scale: float, dropout_b
     return ds @ k, ds.swapaxes(-1, -2) @ q, dv
 
 
-def _cache_append(cache: dict, k_new, v_new):
-    """Append (B, h, t, d) keys/values to a self-attention cache; returns the (B, h, T, d) views so far.
-
-    The cache holds ``kbuf``/``vbuf`` (B, h, capacity, d) buffers, doubled when full, and
-    ``k``/``v`` views of their first T positions (:meth:`Transformer.reorder_caches` keeps them in step).
-    """
-    xp = get_array_module(k_new)
-    t_new = k_new.shape[2]
-    n = cache["k"].shape[2] if "k" in cache else 0
-    kbuf = cache.get("kbuf")
-    if kbuf is None or n + t_new > kbuf.shape[2]:
-        cap = max(2 * n, n + t_new, 16)
-        b, h = k_new.shape[:2]
-        new_k = xp.empty((b, h, cap, k_new.shape[3]), dtype=k_new.dtype)
-        new_v = xp.empty((b, h, cap, v_new.shape[3]), dtype=v_new.dtype)
-        if n:
-            new_k[:, :, :n] = cache["k"]
-            new_v[:, :, :n] = cache["v"]
-        cache["kbuf"], cache["vbuf"] = new_k, new_v
-    kbuf, vbuf = cache["kbuf"], cache["vbuf"]
-    kbuf[:, :, n: n + t_new] = k_new
-    vbuf[:, :, n: n + t_new] = v_new
-    cache["k"], cache["v"] = kbuf[:, :, : n + t_new], vbuf[:, :, : n + t_new]
-    return cache["k"], cache["v"]
-
-
 class ScaledDotProductAttention(Module):
     """Eq. 1 over batched heads.
 
@@ -96,7 +70,7 @@ class ScaledDotProductAttention(Module):
 
     def __init__(self, dropout: float = 0.0, rng=None):
         super().__init__()
-        self.dropout = Dropout(dropout, rng)
+        self.dropout = layer_class("Dropout")(dropout, rng)
         self.weights = None  # last attention weights, kept only when record_weights is set
         self.record_weights = False
         self._cache = None
@@ -133,11 +107,11 @@ class MultiHeadAttention(Module):
     ``w_v``; all heads in one map), split into h heads of d_k (a view, no copy);
     ``O = Attention(Q, K, V)`` per head; heads concatenated and mapped by ``w_o``.
 
-    Incremental decoding (eval mode only) passes ``cache``, a dict per layer:
-    self-attention appends this step's keys/values to it (``cache["k"]``,
-    ``cache["v"]``: (B, h, t, d) views of buffers that grow by doubling, so a step
-    writes one position instead of copying the whole prefix); encoder-decoder
-    attention projects the memory once and reuses it for every step.
+    Incremental decoding (eval mode only) passes ``cache``, this attention's
+    :class:`~numformer.layers.kv_cache.KVCache`: self-attention appends this step's
+    keys/values to it (``cache.k``, ``cache.v``: (B, h, T, d) views of buffers that grow
+    by doubling, so a step writes one position instead of copying the whole prefix);
+    encoder-decoder attention projects the memory once and reuses it for every step.
     """
 
     def __init__(self, d_model: int, heads: int, d_k: int | None = None, d_v: int | None = None,
@@ -151,11 +125,11 @@ class MultiHeadAttention(Module):
         d_v = d_k if d_v is None else d_v
         rng = rng if rng is not None else np.random.default_rng(0)
         self.d_model, self.heads, self.d_k, self.d_v = d_model, heads, d_k, d_v
-        self.w_q = Linear(d_model, heads * d_k, rng=rng, dtype=dtype, init=init, role="qkv")
-        self.w_k = Linear(d_model, heads * d_k, rng=rng, dtype=dtype, init=init, role="qkv")
-        self.w_v = Linear(d_model, heads * d_v, rng=rng, dtype=dtype, init=init, role="qkv")
-        self.attention = ScaledDotProductAttention(attn_dropout, dropout_rng)
-        self.w_o = Linear(heads * d_v, d_model, rng=rng, dtype=dtype, init=init, role="out")
+        self.w_q = layer_class("Linear")(d_model, heads * d_k, rng=rng, dtype=dtype, init=init, role="qkv")
+        self.w_k = layer_class("Linear")(d_model, heads * d_k, rng=rng, dtype=dtype, init=init, role="qkv")
+        self.w_v = layer_class("Linear")(d_model, heads * d_v, rng=rng, dtype=dtype, init=init, role="qkv")
+        self.attention = layer_class("ScaledDotProductAttention")(attn_dropout, dropout_rng)
+        self.w_o = layer_class("Linear")(heads * d_v, d_model, rng=rng, dtype=dtype, init=init, role="out")
         self._cross = False
 
     def _split(self, x):
@@ -169,20 +143,20 @@ class MultiHeadAttention(Module):
         b, h, t, d = x.shape
         return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
 
-    def forward(self, x, memory=None, mask=None, cache=None):
-        """x (B, Tq, d_model), memory (B, Tk, d_model) or None -> (B, Tq, d_model)."""
+    def forward(self, x, memory=None, mask=None, cache: KVCache | None = None):
+        """x (B, Tq, d_model), memory (B, Tk, d_model) or None -> (B, Tq, d_model); ``cache`` when decoding."""
         self._cross = memory is not None
         q = self._split(self.w_q(x))
         if not self._cross:
             k, v = self._split(self.w_k(x)), self._split(self.w_v(x))
             if cache is not None:  # decoding: this step's keys/values join the earlier ones
-                k, v = _cache_append(cache, k, v)
-        elif cache is not None and "k" in cache:  # decoding: the memory was projected at the first step
-            k, v = cache["k"], cache["v"]
+                k, v = cache.append(k, v)
+        elif cache is not None and not cache.empty:  # decoding: the memory was projected at the first step
+            k, v = cache.k, cache.v
         else:
             k, v = self._split(self.w_k(memory)), self._split(self.w_v(memory))
             if cache is not None:
-                cache["k"], cache["v"] = k, v
+                cache.store(k, v)
         return self.w_o(self._merge(self.attention(q, k, v, mask)))
 
     def backward(self, dy):

@@ -10,10 +10,8 @@ import numpy as np
 
 from ..backend import DEFAULT_DTYPE
 from ..module import Module
-from .dropout import Dropout
 from .init import DEFAULT_SCHEME
-from .linear import Linear
-from .relu import ReLU
+from .registry import layer_class
 
 
 class FeedForward(Module):
@@ -23,10 +21,10 @@ class FeedForward(Module):
                  dtype=DEFAULT_DTYPE, init: str = DEFAULT_SCHEME):
         super().__init__()
         rng = rng if rng is not None else np.random.default_rng(0)
-        self.w_1 = Linear(d_model, d_ff, rng=rng, dtype=dtype, init=init)
-        self.relu = ReLU()
-        self.dropout = Dropout(relu_dropout, dropout_rng)
-        self.w_2 = Linear(d_ff, d_model, rng=rng, dtype=dtype, init=init)
+        self.w_1 = layer_class("Linear")(d_model, d_ff, rng=rng, dtype=dtype, init=init)
+        self.relu = layer_class("ReLU")()
+        self.dropout = layer_class("Dropout")(relu_dropout, dropout_rng)
+        self.w_2 = layer_class("Linear")(d_ff, d_model, rng=rng, dtype=dtype, init=init)
 
     def forward(self, x):
         """x (..., d_model) -> (..., d_model)."""

@@ -4,15 +4,14 @@ Backward: ``dW = x^T dy``, ``db = sum(dy)`` over rows, ``dx = dy W^T``.
 Shapes: x (..., d_in) -> y (..., d_out); the leading axes are flattened into rows, so
 each product is one GEMM. The weight is stored as (d_in, d_out), so the forward pass
 needs no transpose. (PyTorch stores (d_out, d_in): the parity tests transpose.)
-``matmul`` is ``@`` unless a lower-precision mode is set (:mod:`numformer.precision`).
+``matmul`` is ``@`` unless a lower-precision mode is set (:func:`numformer.backend.matmul`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..backend import DEFAULT_DTYPE
+from ..backend import DEFAULT_DTYPE, matmul
 from ..module import Module, Parameter
-from ..precision import matmul
 from .init import DEFAULT_SCHEME, linear_bound
 
 

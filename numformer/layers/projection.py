@@ -8,9 +8,8 @@ embeddings add into. Untied, it is a matrix of its own with the same layout.
 from __future__ import annotations
 
 
-from ..backend import DEFAULT_DTYPE
+from ..backend import DEFAULT_DTYPE, matmul
 from ..module import Module, Parameter
-from ..precision import matmul
 from .embedding import vocab_matrix
 
 

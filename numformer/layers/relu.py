@@ -21,8 +21,8 @@ def relu_backward(dy, positive):
 
 
 class ReLU(Module):
-    """``max(0, x)``; keeps the active set ``_cache_positive`` for backward (and for the
-    gradient checker, which tells kinks apart by it)."""
+    """``max(0, x)``; keeps the active set ``[x > 0]`` of a training forward for backward, readable
+    as :attr:`active_set`."""
 
     def __init__(self):
         super().__init__()
@@ -33,6 +33,13 @@ class ReLU(Module):
         if self.training:
             self._cache_positive = positive
         return y
+
+    @property
+    def active_set(self):
+        """The active set ``[x > 0]`` (bool, x's shape) of the last forward in training mode, until backward
+        uses it; None otherwise. The finite-difference checks compare it between the two sides of a probe:
+        when it differs, the probe straddles the kink at 0 and measures nothing (numformer.gradcheck.kinks)."""
+        return self._cache_positive
 
     def backward(self, dy):
         dx = relu_backward(dy, self._cache_positive)

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from ..backend import DEFAULT_DTYPE
 from ..module import Module
-from .dropout import Dropout
-from .layernorm import LayerNorm
+from .registry import layer_class
 
 
 class Residual(Module):
@@ -25,8 +24,8 @@ class Residual(Module):
                  eps: float = 1e-5, dtype=DEFAULT_DTYPE):
         super().__init__()
         self.pre_norm = pre_norm
-        self.norm = LayerNorm(d_model, eps=eps, dtype=dtype)
-        self.dropout = Dropout(dropout, rng)
+        self.norm = layer_class("LayerNorm")(d_model, eps=eps, dtype=dtype)
+        self.dropout = layer_class("Dropout")(dropout, rng)
         self.record_stats = False  # when set, forward keeps (mean, std) of its output (train.py --log-grads)
         self.output_stats = None
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import sys
 
-from ..kernels.host.blas_threads import tune_blas_threads
+from ..kernels.host import tune_host
 
-tune_blas_threads()  # before numpy loads, as train.py does: the warmup study trains
+tune_host()  # before numpy loads, as train.py does: the warmup study trains
 
-from ..cli.errors import OneLineParser, one_line_errors  # noqa: E402
+from ..cli.arguments import OneLineParser  # noqa: E402
+from ..cli.errors import one_line_errors  # noqa: E402
 from ..errors import UsageError  # noqa: E402
 from . import STUDIES, get  # noqa: E402
 

@@ -54,9 +54,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import CHECKPOINT_DIR
 from ..model import Transformer
 from ..presets import get_preset
+from ..run_files import CHECKPOINTS, METRICS
 from ..training.config import TrainConfig
 from ..training.trainer import Trainer
 from .common import Budget, bible_data, markdown_table, pyplot, save_figure, write_outputs
@@ -114,7 +114,7 @@ class PeakSchedule:
 
 def load_data(cfg: Config, folder: Path, log=print):
     if cfg.corpus == "copy":
-        from ..prepare import prepare  # noqa: PLC0415
+        from ..data.prepared import prepare  # noqa: PLC0415
 
         return prepare(folder / "copy", task="copy", seed=cfg.seed, log=lambda line: log(f"data: {line}"))
     return bible_data(folder, log, cfg.vocab_size)
@@ -161,8 +161,8 @@ def measure(cfg: Config = FULL, out="runs/studies", log=print) -> dict:
             trainer.train()
             if trainer.interrupted:  # Ctrl-C or SIGTERM ended the run: stop the study, not just this run
                 raise KeyboardInterrupt
-            shutil.rmtree(folder / CHECKPOINT_DIR, ignore_errors=True)  # the curves are the result, not the weights
-            lines = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            shutil.rmtree(folder / CHECKPOINTS, ignore_errors=True)  # the curves are the result, not the weights
+            lines = [json.loads(x) for x in (folder / METRICS).read_text().splitlines() if x.strip()]
             rows = [r for r in lines if "train_loss" in r]
             runs[name] = {"placement": placement, "warmup": cfg.warmup if warm else 0,
                           "step": [r["step"] for r in rows], "train_loss": [r["train_loss"] for r in rows],

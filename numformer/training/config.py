@@ -45,7 +45,7 @@ class TrainConfig:
     precision: str = "fp32"        # matmuls: fp32, tf32 (GPU) or fp16 with loss scaling (numformer/precision.py)
     max_nonfinite_in_a_row: int = 10  # this many skipped (non-finite) steps in a row stop training
 
-    def validate(self, positional_table: int | None = None) -> "TrainConfig":
+    def checked(self, positional_table: int | None = None) -> "TrainConfig":
         """Refuse, in one line (UsageError, named by its flag), a configuration training cannot run;
         ``positional_table``: the model's ``max_len``, which ``max_len`` may not exceed. Returns self."""
         if self.max_steps is None and self.max_minutes is None:
@@ -228,7 +228,7 @@ def _settle_training(flags: dict, preset: str, device: str, saved: dict | None) 
         base["max_minutes"] = None  # a step budget given alone replaces a time budget, and the other way round
     if flags.get("max_minutes") is not None and flags.get("max_steps") is None:
         base["max_steps"] = None
-    return TrainConfig(**base).validate(positional_table=PRESETS[preset].max_len)
+    return TrainConfig(**base).checked(positional_table=PRESETS[preset].max_len)
 
 
 def _settle_model(flags: dict, saved: dict | None) -> dict:

@@ -1,10 +1,10 @@
-"""Data parallelism: one model replica per process, gradients summed over the processes every step.
+"""Data parallelism: the processes (ranks) that train one model together, and how they talk.
 
 ``mpirun -n K python train.py ...`` starts K processes (ranks). Every rank holds the
 whole model; each optimizer step's batches are dealt out to the ranks
-(:func:`shard_batches`), every rank runs forward and backward on its share, the
-gradients are summed across ranks (one collective call on one flat buffer,
-:class:`GradientBucket`), and every rank applies the same Adam update to the same
+(:func:`numformer.training.data_parallel.shard_batches`), every rank runs forward and backward on
+its share, the gradients are summed across ranks (one collective call on one flat buffer,
+:class:`numformer.training.data_parallel.GradientBucket`), and every rank applies the same Adam update to the same
 summed gradient, so the replicas stay identical without ever sending weights.
 
 Transport, chosen from the device:
@@ -20,25 +20,20 @@ Without a launcher (or with one rank) :func:`init_world` returns :data:`SINGLE`,
 it is an optional extra (``pip install 'numformer[mpi]'``).
 
 Errors: a user mistake (mpi4py missing, more ranks than GPUs) is a
-:class:`DistributedError` (a ValueError, so the CLIs print it as one line). Work that
+:class:`DistributedError` (a NumformerError: the CLIs print it as one line). Work that
 only rank 0 does (reading the run folder, loading a checkpoint) goes through
 :meth:`World.on_main`: if it raises, rank 0 re-raises the exception and every other
 rank raises :class:`RelayedError`, so all ranks stop together and only rank 0 talks.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
-from ..errors import NumformerError
-from ..backend import BackendError, get_array_module, is_cupy_array, to_host
-
-# Launchers' environment variables: Open MPI (and PMIx-based launchers) set the first,
-# MPICH / Intel MPI (hydra) the second.
-_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+from .. import environment
+from ..backend import is_cupy_array, to_host
+from ..errors import NumformerError, exit_code_of, mark_collective
 
 
 class DistributedError(NumformerError, ValueError):
@@ -57,40 +52,9 @@ class RelayedError(RuntimeError):
         self.collective = True
 
 
-def mark_collective(exc: BaseException) -> BaseException:
-    """Record that every rank raises this exception at the same point (no rank is left waiting)."""
-    try:
-        exc.collective = True
-    except AttributeError:  # an exception type with __slots__: treated as rank-local
-        pass
-    return exc
-
-
-def is_collective(exc: BaseException | None) -> bool:
-    """True for an exception every rank raises together (see :func:`mark_collective`)."""
-    return bool(getattr(exc, "collective", False))
-
-
-def exit_code_of(exc: BaseException) -> int:
-    """The exit status a CLI gives for ``exc``: its ``exit_code``, 130 for Ctrl-C, 2 for a user error, else 1."""
-    if isinstance(exc, SystemExit):
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    if hasattr(exc, "exit_code"):
-        return int(exc.exit_code)
-    if isinstance(exc, KeyboardInterrupt):
-        return 130
-    if isinstance(exc, (ValueError, OSError, BackendError)):
-        return 2
-    return 1
-
-
 def launched_size() -> int | None:
     """Number of processes the MPI launcher started (from its environment), None when it does not say."""
-    for var in _SIZE_VARS:
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return None
+    return environment.launched_size()
 
 
 def launched_rank() -> int:
@@ -99,11 +63,7 @@ def launched_rank() -> int:
     Read before MPI starts, so that rank 0 alone prints even the errors that come first
     (a bad flag, mpi4py missing).
     """
-    for var in _RANK_VARS:
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 0
+    return environment.launched_rank() or 0
 
 
 class World:
@@ -285,7 +245,7 @@ def init_world(device: str = "cpu") -> World:
     if size is not None and size <= 1:
         return SINGLE
     if size is None:
-        launcher = any(var in os.environ for var in _RANK_VARS)
+        launcher = environment.under_launcher()
         # No launcher: one process. A launcher that names a rank but no size (srun, PMIx-only
         # launchers): several processes for sure if this is not rank 0; rank 0 without mpi4py
         # is taken for a lone process.
@@ -358,96 +318,3 @@ def _pick_gpu(world: MPIWorld, device: str) -> str:
             "several processes would share one GPU: start one process per GPU (and let each see its own, or all)"))
     xp_for(f"cuda:{index}")
     return f"cuda:{index}"
-
-
-# -- the work of one step: batches out, gradients in -------------------------------------------------
-def shard_batches(costs, size: int, rank: int) -> list[int]:
-    """Indices of the batches rank ``rank`` computes, out of one step's ``size * accum`` batches.
-
-    ``costs``: per batch, the work it stands for (padded tokens, ``B * (S + T)``). Batches
-    are dealt largest first, each to the least-loaded rank that still has fewer than
-    ``len(costs) / size`` (ties: the lower rank), so every rank gets the same number of
-    batches and nearly the same number of tokens. The same on every rank (a pure function
-    of the costs), so no rank needs to ask another. Indices come back in increasing order.
-    A Python loop over the step's few batches, not over tokens.
-    """
-    n = len(costs)
-    if n % size:
-        raise ValueError(f"{n} batches cannot be dealt evenly to {size} processes")
-    per = n // size
-    load = [0] * size
-    owned = [[] for _ in range(size)]
-    for i in sorted(range(n), key=lambda i: (-costs[i], i)):
-        r = min((r for r in range(size) if len(owned[r]) < per), key=lambda r: (load[r], r))
-        owned[r].append(i)
-        load[r] += costs[i]
-    return sorted(owned[rank])
-
-
-class GradientBucket:
-    """All gradients of a model as views into one flat buffer, plus ``extra`` slots for step scalars.
-
-    ``flat`` = ``[grad of params[0] (raveled), grad of params[1], ..., extra slots]``, on the
-    parameters' device and dtype. Each ``Parameter.grad`` becomes a view into it, so
-    backward passes accumulate straight into the buffer and one collective call sums every
-    gradient (and the step's loss, in the extra slots) across ranks: no per-tensor calls,
-    no copies in or out. Build it once the model is on its device (``Module.to`` allocates new
-    gradients).
-    """
-
-    def __init__(self, params, extra: int = 0):
-        params = list(params)
-        xp = get_array_module(params[0].data)
-        dtypes = {p.grad.dtype for p in params}
-        if len(dtypes) != 1:
-            raise ValueError(f"gradients of several dtypes ({sorted(str(d) for d in dtypes)}) cannot share a buffer")
-        self.params = params
-        self.n = sum(int(p.grad.size) for p in params)
-        self.flat = xp.zeros(self.n + extra, dtype=dtypes.pop())
-        self.views = []
-        offset = 0
-        for p in params:
-            view = self.flat[offset:offset + p.grad.size].reshape(p.grad.shape)
-            view[...] = p.grad
-            p.grad = view
-            self.views.append(view)
-            offset += p.grad.size
-        self.extra = self.flat[self.n:]
-
-    def rebind(self) -> None:
-        """Put back any gradient a layer replaced by a new array (``p.grad = ...``) instead of adding into it."""
-        for p, view in zip(self.params, self.views):
-            if p.grad is not view:
-                view[...] = p.grad
-                p.grad = view
-
-    def allreduce_(self, world: World, *scalars):
-        """Sum every gradient and ``scalars`` (0-d arrays or numbers, at most ``extra``) over the ranks.
-
-        The gradients are summed in place; returns the summed scalars as a host float64 array
-        (the one device-to-host copy of the step).
-        """
-        self.rebind()
-        for k, value in enumerate(scalars):
-            self.extra[k] = value
-        world.allreduce_sum_(self.flat)
-        return to_host(self.extra[:len(scalars)]).astype(np.float64)
-
-
-def broadcast_arrays_(world: World, arrays) -> None:
-    """Overwrite every array of ``arrays`` (one device and dtype, each contiguous) with rank 0's.
-
-    Packed into one buffer so that a model's hundreds of tensors cost one broadcast; used at
-    start-up and after ``--resume``, never per step.
-    """
-    arrays = list(arrays)
-    if not world.parallel or not arrays:
-        return
-    xp = get_array_module(arrays[0])
-    flat = xp.concatenate([a.reshape(-1) for a in arrays]) if world.is_main else \
-        xp.empty(sum(int(a.size) for a in arrays), dtype=arrays[0].dtype)
-    world.broadcast_(flat)
-    offset = 0
-    for a in arrays:
-        a[...] = flat[offset:offset + a.size].reshape(a.shape)
-        offset += a.size

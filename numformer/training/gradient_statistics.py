@@ -50,7 +50,7 @@ class GradStats:
                 acts[name] = m.output_stats
             m.record_stats, m.output_stats = False, None
         for name, m in self.ffns:
-            positive = m.relu._cache_positive
+            positive = m.relu.active_set
             if positive is not None:
                 xp = get_array_module(positive)
                 ever = positive.reshape(-1, positive.shape[-1]).any(axis=0)

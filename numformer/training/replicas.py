@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from .distributed import broadcast_arrays_
+from .data_parallel import broadcast_arrays_
 
 
 def sync_replicas(world, optimizer, progress: dict) -> dict:
@@ -92,7 +92,7 @@ def share_run(world, settled):
     from dataclasses import asdict  # noqa: PLC0415
 
     from ..data import SubwordVocab, TokenPairs  # noqa: PLC0415
-    from ..prepare import PreparedData, manifest_digest, open_shared_train  # noqa: PLC0415
+    from ..data.prepared import PreparedData, manifest_digest, open_shared_train  # noqa: PLC0415
     from ..presets import ModelConfig  # noqa: PLC0415
     from .config import RunSettings, TrainConfig  # noqa: PLC0415
 

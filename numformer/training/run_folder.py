@@ -1,24 +1,15 @@
-"""A training run's folder: everything written into it, and the checks on what is found there.
-
-Layout::
-
-    RUN/run.lock                  the lock of the process training into it (numformer/training/run_lock.py)
-    RUN/run.json                  the run's settings: preset, device, data source, model and training config
-    RUN/spm.model                 the shared sentencepiece vocabulary; RUN/prepared/ the encoded corpus
-    RUN/metrics.jsonl             one JSON object per log line (plot with any tool)
-    RUN/grad_stats.jsonl          with --log-grads N: per-tensor statistics every N steps
-    RUN/checkpoints/step_*.npz    the last ``keep_last`` checkpoints (atomic writes; each one is a whole model)
-    RUN/averaged.npz              the average of the last ``average_last`` (Section 6.1)
-    RUN/test.hyp, test_scores.json, plots/, crash.log
+"""A training run's folder: everything written into it, and the checks on what is found there. The
+names of its files are :mod:`numformer.run_files`'s.
 
 :class:`RunFolder` owns it for the trainer and for ``train.py``: the exclusive lock, taken first
 (:func:`~numformer.training.run_lock.lock_run_folder`); ``run.json``, written once per start; the checks of
 a new run (the folder holds no other run, no vocabulary of another corpus) and of the vocabulary
 it may reuse; the preflight (the checkpoint folder is writable and the disk holds what training
-will write); checkpoints written atomically and rotated; the newest readable checkpoint found for
-``--resume`` (leftover temporaries deleted, an unreadable one renamed ``*.corrupt``) and checked
-against the model and vocabulary; metrics appended, and cut back on resume to the checkpoint's
-step; the last checkpoints averaged. What a checkpoint holds is the trainer's business
+will write); checkpoints written atomically and rotated (the last ``keep_last`` kept); the newest
+readable checkpoint found for ``--resume`` (leftover temporaries deleted, an unreadable one renamed
+``*.corrupt``) and checked against the model and vocabulary; ``metrics.jsonl`` appended, and cut back
+on resume to the checkpoint's step; the last ``average_last`` checkpoints averaged (Section 6.1,
+:mod:`numformer.training.averaging`). What a checkpoint holds is the trainer's business
 (:meth:`numformer.training.trainer.Trainer.save`).
 
 Faults it guarantees against: a SIGKILL at any moment leaves the previous checkpoint loadable; a
@@ -31,15 +22,13 @@ import json
 import shutil
 from pathlib import Path
 
-from ..checkpoint import (AVERAGED, CHECKPOINT_DIR, Checkpoint, CheckpointError, atomic_write, average_checkpoints,
-                         load_checkpoint, remove_stale_temporaries, run_checkpoints, save_checkpoint,
-                         step_checkpoint_path)
+from .. import run_files
+from ..checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from ..errors import UsageError
+from ..files import atomic_write_bytes, remove_stale_temporaries, write_json
+from .averaging import average_checkpoints
 from .run_lock import lock_run_folder
 
-SETTINGS = "run.json"
-METRICS = "metrics.jsonl"
-VOCAB = "spm.model"
 INIT_ONLY_FIELDS = ("init",)  # model config fields that only matter before the first step
 
 
@@ -48,8 +37,8 @@ class RunFolder:
 
     def __init__(self, path, lock: bool = True):
         self.path = Path(path)
-        self.checkpoint_dir = self.path / CHECKPOINT_DIR
-        self.metrics_path = self.path / METRICS
+        self.checkpoint_dir = self.path / run_files.CHECKPOINTS
+        self.metrics_path = self.path / run_files.METRICS
         self.lock = lock_run_folder(self.path) if lock else None  # before anything in the folder is read
 
     def close(self) -> None:
@@ -60,7 +49,7 @@ class RunFolder:
     # -- the run's settings -----------------------------------------------------------------------------
     def read_settings(self) -> dict | None:
         """``run.json`` as a dict (None when there is none); an unreadable one is a one-line UsageError."""
-        path = self.path / SETTINGS
+        path = self.path / run_files.SETTINGS
         if not path.is_file():
             return None
         try:
@@ -76,18 +65,18 @@ class RunFolder:
 
     def write_settings(self, settings: dict) -> None:
         """Write ``run.json`` (atomically): the one record of the run's settings."""
-        write_json(self.path / SETTINGS, settings)
+        write_json(self.path / run_files.SETTINGS, settings)
 
     def check_new_run(self, source: str) -> None:
         """A new run (no ``--resume``) may not start over an existing one, nor reuse the vocabulary an
         earlier attempt on another corpus left here."""
         if self.checkpoints():
             raise UsageError(f"{self.path} already holds a run: pass --resume to continue it or choose another --out")
-        if (self.path / VOCAB).exists():
+        if (self.path / run_files.VOCAB).exists():
             old = self.read_settings()
             if old is not None and old.get("data") not in (None, source):
                 raise UsageError(f"{self.path} holds the vocabulary of a run on {old['data']}: choose another --out "
-                                 f"(or delete its {VOCAB})")
+                                 f"(or delete its {run_files.VOCAB})")
 
     def settle_vocabulary(self, vocab_size: int | None, resume: bool, asked_before: int | None, log=print) -> None:
         """``spm.model`` left by an earlier attempt is reused by preparation: never silently against
@@ -96,7 +85,7 @@ class RunFolder:
         ``asked_before``: the ``--vocab-size`` the run asked for (run.json; the data may allow fewer)."""
         from ..data import SubwordVocab  # noqa: PLC0415  (sentencepiece only when a vocabulary is there)
 
-        path = self.path / VOCAB
+        path = self.path / run_files.VOCAB
         if not path.exists():
             return
         vocab = SubwordVocab.load(path)
@@ -119,7 +108,7 @@ class RunFolder:
     # -- checkpoints --------------------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:
         """The run's checkpoint files, oldest first."""
-        return run_checkpoints(self.path)
+        return run_files.run_checkpoints(self.path)
 
     def preflight(self, checkpoint_bytes: int, keep_last: int) -> None:
         """Fail now, in one line, if the folder cannot hold the checkpoints (not after an hour).
@@ -140,7 +129,7 @@ class RunFolder:
                                   "choose another --out or fix the folder's permissions") from None
         weights = (checkpoint_bytes - (1 << 20)) // 3
         need = max(1, keep_last + 1 - len(self.checkpoints())) * checkpoint_bytes
-        if not (self.path / AVERAGED).exists():
+        if not (self.path / run_files.AVERAGED).exists():
             need += weights
         need = int(need * 1.1)
         free = shutil.disk_usage(self.checkpoint_dir).free
@@ -158,7 +147,7 @@ class RunFolder:
 
         A failed write (a full disk) is a one-line CheckpointError naming the previous checkpoint,
         which is intact."""
-        path = step_checkpoint_path(self.path, step)
+        path = run_files.step_checkpoint_path(self.path, step)
         try:
             save_checkpoint(path, model_state, meta, optimizer_state, vocab=vocab)
         except OSError as exc:
@@ -175,7 +164,7 @@ class RunFolder:
 
     def holds_checkpoint_of(self, step: int) -> bool:
         found = self.checkpoints()
-        return bool(found) and found[-1] == step_checkpoint_path(self.path, step)
+        return bool(found) and found[-1] == run_files.step_checkpoint_path(self.path, step)
 
     def resumable_checkpoint(self, model_config: dict, vocab_sha256: str, log=print) -> tuple[Checkpoint, Path] | None:
         """The newest readable checkpoint, checked to continue this run; None when there is none.
@@ -219,8 +208,8 @@ class RunFolder:
                                   "run's --preset and model flags (or leave them out to use the run's)")
         expected = ck.meta.get("vocab_sha256")
         if expected and expected != vocab_sha256:
-            raise CheckpointError(f"{path} was trained with another vocabulary than {self.path / VOCAB}: "
-                                  "restore the run's spm.model or start a new run with another --out")
+            raise CheckpointError(f"{path} was trained with another vocabulary than {self.path / run_files.VOCAB}: "
+                                  f"restore the run's {run_files.VOCAB} or start a new run with another --out")
         if ck.optimizer is None or not all(k in ck.meta for k in ("rng", "epoch", "batch_pos", "elapsed")):
             raise CheckpointError(f"{path} holds no training state (optimizer, data position): it cannot be "
                                   "resumed, only translated with")
@@ -232,7 +221,7 @@ class RunFolder:
         if len(paths) < 2:
             return None
         ck = average_checkpoints(paths)
-        path = self.path / AVERAGED
+        path = self.path / run_files.AVERAGED
         save_checkpoint(path, ck.model, ck.meta, vocab=ck.vocab)
         return path
 
@@ -259,10 +248,5 @@ class RunFolder:
             if at < step or (at == step and not rec.get("skipped")):
                 kept.append(line)
         data = "".join(ln + "\n" for ln in kept).encode("utf-8")
-        atomic_write(self.metrics_path, lambda f: f.write(data))
+        atomic_write_bytes(self.metrics_path, data)
 
-
-def write_json(path, obj) -> None:
-    """``obj`` as indented JSON, written atomically."""
-    data = (json.dumps(obj, indent=2) + "\n").encode("utf-8")
-    atomic_write(path, lambda f: f.write(data))

@@ -34,9 +34,9 @@ import time
 import weakref
 from pathlib import Path
 
+from .. import run_files
 from ..errors import UsageError
 
-LOCK_FILE = "run.lock"
 _HELD: "weakref.WeakValueDictionary[str, RunLock]" = weakref.WeakValueDictionary()  # folder -> this process's lock
 
 
@@ -75,7 +75,7 @@ def lock_run_folder(folder) -> RunLock:
         held = _HELD.get(key)
         if held is not None and held.held:
             return held
-        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = os.open(folder / run_files.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except OSError as exc:
         raise UsageError(f"cannot write to the run folder {folder}: {exc.strerror or exc}: choose another --out "
                          "or fix its permissions") from None
@@ -103,7 +103,7 @@ def read_holder(folder, wait_s: float = 2.0) -> dict | None:
     The holder writes it just after taking the lock: a process refused in between reads nothing, or
     the identity a killed holder left, and waits (up to ``wait_s``) for the live one's.
     """
-    path = Path(folder) / LOCK_FILE
+    path = Path(folder) / run_files.LOCK
     deadline = time.monotonic() + wait_s
     while True:
         try:

@@ -103,8 +103,8 @@ def recorded_decisions(m: Module, dropout: bool, relu: bool) -> dict:
     for n, mod in m.named_modules():
         if dropout and isinstance(mod, Dropout) and mod._cache_mask is not None:
             out[n] = torch.from_numpy(np.asarray(mod._cache_mask, dtype=np.float64))
-        if relu and isinstance(mod, ReLU) and mod._cache_positive is not None:
-            out[n] = torch.from_numpy(np.asarray(mod._cache_positive, dtype=np.float64))
+        if relu and isinstance(mod, ReLU) and mod.active_set is not None:
+            out[n] = torch.from_numpy(np.asarray(mod.active_set, dtype=np.float64))
     return out
 
 
@@ -850,7 +850,7 @@ def relu_decisions(case_id: str, dtype: str) -> dict:
         if isinstance(mod, ReLU):
             def recording(x, name=name, mod=mod, forward=mod.forward):
                 y = forward(x)
-                seen[name] = (np.array(x, dtype=np.float64), np.array(mod._cache_positive, dtype=bool))
+                seen[name] = (np.array(x, dtype=np.float64), np.array(mod.active_set, dtype=bool))
                 return y
             mod.forward = recording  # this instance only
     case.nf_forward(m, {k: np.asarray(v, dtype=DTYPES[dtype]) for k, v in case.inputs.items()})

@@ -1,4 +1,4 @@
-"""One line for every mistake (cli_common.one_line_errors): bad training data, bad flags, damaged or missing
+"""One line for every mistake (numformer.cli.errors.one_line_errors): bad training data, bad flags, damaged or missing
 models and vocabularies get one line on stderr naming the problem and what to do, exit status 2, no
 traceback; a bug of numformer's says it is a bug and where its traceback went, exit status 1."""
 import errno
@@ -11,11 +11,10 @@ import pytest
 
 import train
 import translate
-from numformer.cli import errors as cli_common
 from numformer.checkpoint import load_checkpoint, save_checkpoint
-from numformer.cli.errors import load_model
+from numformer.checkpoint.trained_model import load_model
 from numformer.data import SubwordVocab
-from numformer.errors import UsageError
+from numformer.errors import NumformerError, UsageError
 from numformer.training.trainer import Trainer
 from support import (ROOT, TEXT, VOCAB_SIZE, assert_one_line_error, copy_args, corrupt, cuda_available,
                      make_random_run, run_main, write_corpus)
@@ -172,8 +171,8 @@ def test_bad_utf8_on_standard_input_names_the_line(copy_run):
 
 
 def test_user_errors_are_the_projects_own_classes():
-    assert ValueError not in cli_common.USER_ERRORS and OSError not in cli_common.USER_ERRORS
-    assert UsageError in cli_common.USER_ERRORS
+    assert not issubclass(ValueError, NumformerError) and not issubclass(OSError, NumformerError)
+    assert issubclass(UsageError, NumformerError)
 
 
 def bug_report(err, prog):

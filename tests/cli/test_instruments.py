@@ -4,7 +4,7 @@ import pytest
 
 import train
 from numformer.attention_maps import attention_pictures, record_attention
-from numformer.cli.errors import load_model
+from numformer.checkpoint.trained_model import load_model
 from numformer.plot import main as plot_main
 from numformer.plot import plot_run
 

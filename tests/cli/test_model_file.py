@@ -17,8 +17,10 @@ sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
 from numformer import checkpoint as checkpoint_module  # noqa: E402
-from numformer.checkpoint import load_checkpoint, newest_model_file, save_checkpoint  # noqa: E402
-from numformer.cli.errors import load_model  # noqa: E402
+from numformer.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from numformer.checkpoint.command import main as checkpoint_command  # noqa: E402
+from numformer.checkpoint.run_model_file import newest_model_file  # noqa: E402
+from numformer.checkpoint.trained_model import load_model  # noqa: E402
 from numformer.decoding.search import log_softmax  # noqa: E402
 from numformer.presets import ModelConfig  # noqa: E402
 
@@ -37,7 +39,7 @@ def run(tmp_path_factory):
     command: train.py keeps an average only when it validates better, and 6 steps are too few), spm.model."""
     out = tmp_path_factory.mktemp("modelfile") / "run"
     assert train.main(copy_args(out, 6)) == 0
-    assert checkpoint_module.main(["average", "--last", "2", str(out), "--out", str(out / "averaged.npz")]) == 0
+    assert checkpoint_command(["average", "--last", "2", str(out), "--out", str(out / "averaged.npz")]) == 0
     return out
 
 
@@ -83,7 +85,7 @@ def test_an_old_checkpoint_without_the_vocabulary_loads_with_vocab(run, tmp_path
 @pytest.fixture(scope="module")
 def exported(run, tmp_path_factory):
     out = tmp_path_factory.mktemp("export") / "model.safetensors"
-    assert checkpoint_module.main(["export", str(run), "--format", "safetensors", "--out", str(out)]) == 0
+    assert checkpoint_command(["export", str(run), "--format", "safetensors", "--out", str(out)]) == 0
     return out
 
 
@@ -107,7 +109,7 @@ def test_safetensors_round_trip(run, exported, tmp_path):
 
 def test_npz_export_is_a_model_without_training_state(run, tmp_path):
     out = tmp_path / "model.npz"
-    assert checkpoint_module.main(["export", str(run / "checkpoints" / "step_0000006.npz"), "--out", str(out)]) == 0
+    assert checkpoint_command(["export", str(run / "checkpoints" / "step_0000006.npz"), "--out", str(out)]) == 0
     ck = load_checkpoint(out)
     assert ck.optimizer is None and ck.vocab is not None and "rng" not in ck.meta
     assert out.stat().st_size < (run / "checkpoints" / "step_0000006.npz").stat().st_size / 2  # no Adam moments

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import translate
 from numformer.decoding import translation
-from numformer.cli.errors import load_model
+from numformer.checkpoint.trained_model import load_model
 from numformer.data import normalize_line
 from numformer.decoding.search import Hypothesis
 from numformer.decoding.translation import DecodeOptions, split_long, translate_lines

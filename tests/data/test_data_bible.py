@@ -12,8 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from numformer.data import DataError, load_parallel_dir
+from numformer.data import DataError, alignment, load_parallel_dir
 from numformer.data import bible
+from numformer.data.bible import osis
+from numformer.data.bible.__main__ import main as bible_main
 
 SWORD = Path("/usr/share/sword/mods.d")
 
@@ -134,7 +136,7 @@ def test_length_rule_holds(corpus_dir, corpus):
     model = meta["length_model"]
     assert 0.9 < model["ratio"] < 1.0 and 1.0 < model["scale"] < 1.7
     src, tgt = corpus["train"]
-    d = bible.length_deviation([len(s) for s in src], [len(t) for t in tgt], model["ratio"], model["scale"])
+    d = alignment.length_deviation([len(s) for s in src], [len(t) for t in tgt], model["ratio"], model["scale"])
     assert np.abs(d).max() <= bible.MAX_DEVIATION
     assert meta["stats"]["dropped_length"] < 200
 
@@ -160,7 +162,7 @@ def test_cache_is_reused_and_force_rebuilds(corpus_dir, tmp_path):
 
 @needs_modules
 def test_cli_prints_counts(corpus_dir, corpus, capsys):
-    assert bible.main(["--out", str(corpus_dir)]) == 0
+    assert bible_main(["--out", str(corpus_dir)]) == 0
     out = capsys.readouterr().out
     assert str(corpus_dir) in out
     for split in ("train", "valid", "test"):
@@ -174,6 +176,22 @@ def test_default_cache_dir(monkeypatch, tmp_path):
     monkeypatch.delenv("NUMFORMER_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert bible.default_cache_dir() == tmp_path / "x" / "numformer" / "bible-en-es"
+
+
+def test_sword_path_is_searched_first(monkeypatch, tmp_path):
+    from numformer.data.bible import sword
+
+    monkeypatch.setenv("SWORD_PATH", str(tmp_path))
+    assert sword.candidate_sword_paths()[0] == tmp_path
+    assert sword.candidate_sword_paths(tmp_path / "given") == [tmp_path / "given"]
+
+
+def test_the_command_runs_as_a_module_without_warnings():
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-W", "error", "-m", "numformer.data.bible", "--help"],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0 and "--sword-path" in proc.stdout, proc.stderr
 
 
 def test_missing_modules_give_the_install_command(tmp_path):
@@ -204,51 +222,22 @@ def test_missing_pysword_gives_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pysword.modules", None)
     with pytest.raises(DataError, match=r"pip install pysword"):
         bible.build_bible_corpus(tmp_path / "out")
-    assert bible.main(["--out", str(tmp_path / "out")]) == 1
+    assert bible_main(["--out", str(tmp_path / "out")]) == 1
 
 
 def test_clean_osis():
     raw = ('<w lemma="strong:H0430">In</w> <w lemma="strong:H0853">the</w> <w>beginning</w>, <w>God</w>'
            '<note placement="foot"><reference type="annotateRef">1:1 </reference>A note.</note>'
            '<w>created</w> &amp; <w>made</w><note>x</note>. ')
-    assert bible.clean_osis(raw) == "In the beginning, God created & made."
+    assert osis.clean_osis(raw) == "In the beginning, God created & made."
     psalm = ('<div type="x-milestone" subType="x-preverse" sID="pv1"/><title canonical="true" type="psalm">'
              'A Psalm by David.</title> <lg sID="g1"/> <l level="1" sID="g2"/>Yahweh, how<l eID="g2" level="1"/>'
              '<l level="2" sID="g3"/>many!<l eID="g3" level="2"/>')
-    assert bible.clean_osis(psalm) == "A Psalm by David. Yahweh, how many!"
+    assert osis.clean_osis(psalm) == "A Psalm by David. Yahweh, how many!"
     heading = '<title type="section">A heading</title><speaker>Beloved</speaker> Let him kiss me'
-    assert bible.clean_osis(heading) == "Let him kiss me"
+    assert osis.clean_osis(heading) == "Let him kiss me"
     tail = 'Amen. <chapter eID="Rev.22"/> <div eID="x" osisID="Rev" type="book"/> <title>Glossary</title> words'
-    assert bible.clean_osis(tail) == "Amen."
+    assert osis.clean_osis(tail) == "Amen."
     added = ('<w>Rehum</w><transChange type="added">y</transChange><w>Baana</w>. '
              '(<transChange type="added">dijo</transChange>) ¿<w>Quién</w>?')
-    assert bible.clean_osis(added) == "Rehum y Baana. (dijo) ¿Quién?"
-
-
-def test_align_lengths_recovers_a_shift():
-    rng = np.random.default_rng(0)
-    en = rng.integers(30, 300, size=40).tolist()
-    ratio, scale = 0.96, 1.33
-    es = [max(1, int(round(x * ratio + rng.normal(0, 3)))) for x in en]
-    # The Spanish side lacks verse 10 and merges verses 30 and 31.
-    es_shifted = es[:10] + es[11:30] + [es[30] + es[31]] + es[32:]
-    en_keys = list(range(40))
-    es_keys = en_keys[:10] + en_keys[11:30] + [30] + en_keys[32:]
-    beads = bible.align_lengths(en, es_shifted, ratio, scale, src_keys=en_keys, tgt_keys=es_keys)
-    assert (10, 11, 10, 10) in beads                     # EN verse 10 unmatched
-    assert (30, 32, 29, 30) in beads                     # EN 30+31 <-> ES merged verse
-    ones = [b for b in beads if b[1] - b[0] == 1 and b[3] - b[2] == 1]
-    assert len(ones) == 40 - 3
-    # Beads cover both sequences in order.
-    assert beads[0][0] == beads[0][2] == 0 and beads[-1][1] == 40 and beads[-1][3] == len(es_shifted)
-    for a, b in zip(beads, beads[1:]):
-        assert a[1] == b[0] and a[3] == b[2]
-
-
-def test_align_lengths_keeps_reference_pairs_when_lengths_are_ambiguous():
-    # Equal lengths everywhere: nothing to gain from moving; the reference
-    # pairing (diagonal) must win thanks to the anchor bonus.
-    beads = bible.align_lengths([50] * 10, [48] * 10, 0.96, 1.33, src_keys=list(range(10)), tgt_keys=list(range(10)))
-    assert beads == [(i, i + 1, i, i + 1) for i in range(10)]
-    assert bible.align_lengths([], [], 0.96, 1.33) == []
-    assert bible.align_lengths([10, 20], [], 0.96, 1.33) == [(0, 1, 0, 0), (1, 2, 0, 0)]
+    assert osis.clean_osis(added) == "Rehum y Baana. (dijo) ¿Quién?"

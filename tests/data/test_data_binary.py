@@ -126,6 +126,20 @@ def test_npy_written_in_chunks_opens_memory_mapped(tmp_path):
     assert list(tmp_path.iterdir()) == [path]
 
 
+def test_npy_appender_aborted_leaves_nothing(tmp_path):
+    w = NpyAppender(tmp_path / "a.npy", np.int64)
+    w.append(np.arange(3))
+    w.abort()
+    with pytest.raises(KeyError):
+        with NpyAppender(tmp_path / "b.npy", np.int64) as w:
+            w.append(np.arange(3))
+            raise KeyError("stop")
+    assert list(tmp_path.iterdir()) == []
+    with NpyAppender(tmp_path / "c.npy", np.int64) as w:
+        w.append(np.arange(3))
+    assert np.load(tmp_path / "c.npy").tolist() == [0, 1, 2] and list(tmp_path.iterdir()) == [tmp_path / "c.npy"]
+
+
 def test_pairs_open_memory_mapped_and_gather_the_rows(tmp_path):
     rng = np.random.default_rng(4)
     src, tgt = random_pairs(rng, 40)

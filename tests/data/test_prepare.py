@@ -1,4 +1,4 @@
-"""Preparing a corpus once (numformer/prepare.py): the binary dataset, its reuse, re-preparation after a change,
+"""Preparing a corpus once (numformer/data/prepared.py, the command numformer/prepare.py): the binary dataset, its reuse, re-preparation after a change,
 the vocabulary's sample, errors with file and line, and two MPI ranks sharing one prepared dataset."""
 import json
 import subprocess
@@ -12,7 +12,8 @@ import train
 from support import ENV, mpirun
 from numformer.data import DataError, SubwordVocab, read_lines
 from numformer.data.encoding import CachedEncoder
-from numformer.prepare import MANIFEST, PREPARED_DIR, prepare
+from numformer.data.prepared import MANIFEST, prepare
+from numformer.run_files import PREPARED
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ("the a of and to in is was he for it with as his on be at by i this had not are but from or have an they "
@@ -56,7 +57,7 @@ def count_encodes(monkeypatch):
 def test_preparation_writes_memory_mapped_ids_equal_to_sentencepiece(corpus, tmp_path):
     data = prepare(tmp_path / "run", data_dir=corpus, vocab_size=200, seed=1)
     assert not data.reused and (tmp_path / "run" / "spm.model").is_file()
-    prep = tmp_path / "run" / PREPARED_DIR
+    prep = tmp_path / "run" / PREPARED
     manifest = json.loads((prep / MANIFEST).read_text())
     assert manifest["pairs"] == {"train": 300, "valid": 20, "test": 20}
     assert manifest["vocab"]["size"] == data.vocab.size == 200
@@ -73,7 +74,7 @@ def test_preparation_writes_memory_mapped_ids_equal_to_sentencepiece(corpus, tmp
 
 def test_a_second_preparation_reuses_the_files_without_encoding(corpus, tmp_path, monkeypatch):
     prepare(tmp_path / "run", data_dir=corpus, vocab_size=200, seed=1)
-    prep = tmp_path / "run" / PREPARED_DIR
+    prep = tmp_path / "run" / PREPARED
     stamps = {p.name: p.stat().st_mtime_ns for p in prep.iterdir()}
     calls = count_encodes(monkeypatch)
     again = prepare(tmp_path / "run", data_dir=corpus, vocab_size=200, seed=1)
@@ -160,7 +161,7 @@ def test_a_bad_line_deep_in_a_file_is_reported_with_its_line_number(corpus, tmp_
     (corpus / "train.tgt").write_bytes(b"\n".join(lines))
     with pytest.raises(DataError, match=r"train\.tgt line 251 is not valid UTF-8"):
         prepare(tmp_path / "run", data_dir=corpus, vocab_size=200, seed=1)
-    assert not (tmp_path / "run" / PREPARED_DIR / MANIFEST).exists()
+    assert not (tmp_path / "run" / PREPARED / MANIFEST).exists()
 
 
 def test_prepare_only_then_training_reuses_the_dataset(corpus, tmp_path, capsys):
@@ -199,7 +200,7 @@ def _two_rank_setup(corpus, tmp_path, *extra):
 
 def test_two_ranks_share_one_prepared_dataset(corpus, tmp_path):
     r0, r1 = _two_rank_setup(corpus, tmp_path)
-    prepared = str((tmp_path / "run" / PREPARED_DIR / "train.src.ids.npy").resolve())
+    prepared = str((tmp_path / "run" / PREPARED / "train.src.ids.npy").resolve())
     assert r0["size"] == r1["size"] == 2
     assert r0["encoded_blocks"] > 0 and r1["encoded_blocks"] == 0  # rank 0 prepared, rank 1 only opened
     assert r0["memmap"] and r1["memmap"] and r0["file"] == r1["file"] == prepared

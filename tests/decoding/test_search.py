@@ -9,7 +9,7 @@ from numformer.presets import get_preset
 
 
 def test_grouped_beam_step_equals_the_step_on_repeated_memory():
-    """decode_step(beam=k) (one memory row per sentence) equals the plain step on memory repeated k times,
+    """decode_step with a beam-k cache (one memory row per sentence) equals the plain step on memory repeated k times,
     across a beam permutation of the self-attention caches and a sentence leaving the batch."""
     from numformer.model import Transformer
     from numformer.presets import get_preset
@@ -21,24 +21,24 @@ def test_grouped_beam_step_equals_the_step_on_repeated_memory():
         src = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3]])
         memory, mask = m.encode(src)
         rep = np.repeat(np.arange(2), k)
-        grouped, plain = m.new_decoder_caches(), m.new_decoder_caches()
+        grouped, plain = m.new_decoder_caches(beam=k), m.new_decoder_caches()
         mem_p, mask_p = memory[rep], mask[rep]
         rng = np.random.default_rng(4)
         for t in range(6):
             rows = mem_p.shape[0]
             tokens = rng.integers(3, 30, rows)
-            a = m.decode_step(tokens, memory, mask, grouped, position=t, beam=k)
+            a = m.decode_step(tokens, memory, mask, grouped, position=t)
             b = m.decode_step(tokens, mem_p, mask_p, plain, position=t)
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
             if t == 2:  # beams swap parents inside each sentence
                 perm = np.array([1, 1, 0, 5, 3, 4])
-                m.reorder_caches(grouped, perm, parts=("self",))
-                m.reorder_caches(plain, perm)
+                grouped.take_hypotheses_(perm)
+                plain.take_rows_(perm)
             if t == 4:  # sentence 0 is done: only sentence 1's beams go on
                 stay = np.array([1])
-                m.reorder_caches(grouped, np.arange(3, 6), parts=("self",))
-                m.reorder_caches(grouped, stay, parts=("cross",))
-                m.reorder_caches(plain, np.arange(3, 6))
+                grouped.take_hypotheses_(np.arange(3, 6))
+                grouped.take_sentences_(stay)
+                plain.take_rows_(np.arange(3, 6))
                 memory, mask, mem_p, mask_p = memory[stay], mask[stay], mem_p[3:], mask_p[3:]
 
 

@@ -3,7 +3,7 @@
 Every read of a device value on the host (``float(x)``, ``bool(x)``, ``.item()``,
 ``.get()``, printing) makes the host wait for the GPU to finish all queued work. The
 training step needs exactly one such read: the loss and the global gradient norm,
-fetched together (``numformer.training.trainer.read_scalars``), for the non-finite check, the
+fetched together (``numformer.backend.read_scalars``), for the non-finite check, the
 fp16 loss scaler and the log line. The list of every read, and why each is there, is in
 ``docs/gpu.md`` ("Host syncs in the training step").
 
@@ -36,7 +36,7 @@ def _worker_helpers():
 @pytest.mark.parametrize("precision,clip", [("fp32", 0.0), ("fp32", 1.0), ("fp16", 0.0), ("tf32", 0.0)])
 def test_one_host_read_per_training_step(monkeypatch, tmp_path, precision, clip):
     from numformer.model import Transformer
-    from numformer.prepare import PreparedData
+    from numformer.data.prepared import PreparedData
     from numformer.presets import get_preset
     from numformer.training.config import TrainConfig
     from numformer.training.trainer import Trainer

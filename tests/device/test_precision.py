@@ -33,8 +33,9 @@ from numformer.layers.projection import OutputProjection
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer
 from numformer.optim import Adam, NoamSchedule, clip_grad_norm, grad_norm
-from numformer.precision import (DynamicLossScaler, PrecisionError, get_matmul_precision, matmul,
-                                 matmul_precision, set_matmul_precision)
+from numformer.backend import matmul
+from numformer.precision import (PrecisionError, get_matmul_precision, matmul_precision, set_matmul_precision)
+from numformer.training.loss_scaling import DynamicLossScaler
 from numformer.presets import get_preset
 
 LAYER_TOL = 2e-3   # one layer, fp16 vs float32 (measured <= 1.2e-3)

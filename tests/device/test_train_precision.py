@@ -13,6 +13,7 @@ sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
 from numformer import precision  # noqa: E402
+from numformer.training import loss_scaling  # noqa: E402
 from numformer.checkpoint import load_checkpoint  # noqa: E402
 
 
@@ -47,13 +48,13 @@ def test_overflow_steps_halve_the_scale_and_are_not_failures(tmp_path, monkeypat
     """A scale of 2**60 overflows float16 at once: the scaler halves it, step after step, until the scaled
     gradients fit; those steps are skipped quietly (no 'not finite' line, not counted towards
     --stop-after-nonfinite 2) and training then reaches --max-steps."""
-    real_init = precision.DynamicLossScaler.__init__
+    real_init = loss_scaling.DynamicLossScaler.__init__
 
     def huge(self, *a, **k):
         real_init(self, *a, **k)
         self.scale = 2.0 ** 60
 
-    monkeypatch.setattr(precision.DynamicLossScaler, "__init__", huge)
+    monkeypatch.setattr(loss_scaling.DynamicLossScaler, "__init__", huge)
     out = tmp_path / "run"
     assert train.main(args(out, 6, "--precision", "fp16", "--stop-after-nonfinite", "2")) == 0
     stdout = capsys.readouterr().out
@@ -68,7 +69,7 @@ def test_overflow_steps_halve_the_scale_and_are_not_failures(tmp_path, monkeypat
     # the scale (and its overflow count) come back with --resume
     ck = load_checkpoint(out / "checkpoints" / "step_0000006.npz")
     assert ck.meta["loss_scaler"]["scale"] == scale
-    monkeypatch.setattr(precision.DynamicLossScaler, "__init__", real_init)
+    monkeypatch.setattr(loss_scaling.DynamicLossScaler, "__init__", real_init)
     assert train.main(["--out", str(out), "--resume", "--max-steps", "8", "--no-progress", "--no-test"]) == 0
     after = [r for r in records(out) if r["step"] > 6]
     assert after and after[0]["loss_scale"] == scale

@@ -12,11 +12,11 @@ import pytest
 import lab_files
 from grad_checks import exercises
 from numformer import loss as loss_module
-from numformer import model as model_module
-from numformer.cli.errors import load_model
+from numformer.checkpoint.trained_model import load_model
 from numformer.kernels import kernel_mode
 from numformer.layers import LayerNorm
 from numformer.layers.layernorm import layernorm_backward
+from numformer.layers.registry import layer_class
 from numformer.model import Transformer
 from numformer.optim import Adam
 from numformer.presets import ModelConfig
@@ -69,8 +69,8 @@ def test_a_swapped_layer_reaches_every_use_and_trains_bit_for_bit(name, tmp_path
         ref_losses, ref_state = _train(ref_model, loss_module.LabelSmoothedCrossEntropy(0.1, 0), _batches())
         with swapped({ex.swap: cls}):
             model = Transformer(CFG, seed=3)
-            crit = loss_module.LabelSmoothedCrossEntropy(0.1, 0)
-        assert model_module.EncoderLayer is swappable()["EncoderLayer"]  # restored after the block
+            crit = layer_class("LabelSmoothedCrossEntropy")(0.1, 0)  # as the trainer builds it
+        assert layer_class(ex.swap) is swappable()[ex.swap]  # restored after the block
         mine = [m for m in list(model.modules()) + [crit] if isinstance(m, cls)]
         theirs = [m for m in list(ref_model.modules()) + [loss_module.LabelSmoothedCrossEntropy(0.1, 0)]
                   if type(m) is ex.layer]
@@ -123,11 +123,11 @@ def test_using_rebinds_numformers_methods_to_the_given_function():
 def test_unswapped_gives_numformers_classes_back_inside_a_block(tmp_path):
     _, cls = _reference_file("layernorm", tmp_path)
     with swapped(LayerNorm=cls):
-        assert model_module.LayerNorm is cls
+        assert layer_class("LayerNorm") is cls
         with unswapped():
-            assert model_module.LayerNorm is LayerNorm
-        assert model_module.LayerNorm is cls
-    assert model_module.LayerNorm is LayerNorm
+            assert layer_class("LayerNorm") is LayerNorm
+        assert layer_class("LayerNorm") is cls
+    assert layer_class("LayerNorm") is LayerNorm
     with pytest.raises(SwapError, match="unknown layer 'Conv2d'"):
         with swapped(Conv2d=cls):
             pass

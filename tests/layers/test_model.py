@@ -2,7 +2,8 @@
 import numpy as np
 
 from numformer.layers import ScaledDotProductAttention
-from numformer.model import Transformer, causal_mask, padding_mask, take_rows_
+from numformer.layers.kv_cache import take_rows_
+from numformer.model import Transformer, causal_mask, padding_mask
 from numformer.presets import get_preset
 
 
@@ -59,8 +60,8 @@ def test_decode_step_equals_full_forward():
         tgt = np.array([[2, 12, 13, 14], [2, 15, 16, 17]])
         full = m(src, tgt)
         memory, src_mask = m.encode(src)
-        caches = m.new_decoder_caches()
-        steps = [m.decode_step(tgt[:, t], memory, src_mask, caches, position=t) for t in range(tgt.shape[1])]
+        cache = m.new_decoder_caches()
+        steps = [m.decode_step(tgt[:, t], memory, src_mask, cache, position=t) for t in range(tgt.shape[1])]
         np.testing.assert_allclose(np.stack(steps, axis=1), full, rtol=1e-10, atol=1e-10)
 
 
@@ -118,14 +119,14 @@ def test_growing_decoder_cache_and_reorder():
     src = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3], [4, 4, 5, 3, 0]])
     tgt = np.concatenate([np.full((3, 1), 2), rng.integers(4, 30, (3, 39))], axis=1)
     memory, src_mask = m.encode(src)
-    caches = m.new_decoder_caches()
+    cache = m.new_decoder_caches()
     prefix_rows = np.arange(3)
     for t in range(tgt.shape[1]):
         if t == 25:  # reorder: rows (2, 0) continue (the batch shrinks, as when beams are dropped)
             index = np.array([2, 0])
-            m.reorder_caches(caches, index)
+            cache.take_rows_(index)
             memory, src_mask, prefix_rows = memory[index], src_mask[index], prefix_rows[index]
-        step = m.decode_step(tgt[prefix_rows, t], memory, src_mask, caches, position=t)
+        step = m.decode_step(tgt[prefix_rows, t], memory, src_mask, cache, position=t)
     full = m(src[prefix_rows], tgt[prefix_rows])[:, -1]
     np.testing.assert_allclose(step, full, rtol=1e-10, atol=1e-10)
 

@@ -50,4 +50,4 @@ def test_an_impossible_config_is_refused_up_front():
     with pytest.raises(UsageError, match="d_model 128 is not divisible by heads 3"):
         get_preset("tiny", heads=3)
     with pytest.raises(UsageError, match="dropout must be in"):
-        ModelConfig(dropout=1.5).validate()
+        ModelConfig(dropout=1.5).checked()

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from numformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint, save_checkpoint
+from numformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from numformer.model import Transformer
 from numformer.optim import Adam, NoamSchedule
 from numformer.presets import get_preset
+from numformer.training.averaging import average_checkpoints
 
 
 def model(seed=0):
@@ -81,7 +82,7 @@ def test_average(tmp_path):
 
 
 def test_average_command(tmp_path):
-    from numformer.checkpoint import main
+    from numformer.checkpoint.command import main
 
     run = tmp_path / "run"
     for i in range(4):

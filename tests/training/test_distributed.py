@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 
 from numformer.checkpoint import load_checkpoint
-from numformer.training.distributed import SINGLE, GradientBucket, init_world, shard_batches
-from numformer.training.trainer import dropout_seed
+from numformer.training.data_parallel import GradientBucket, shard_batches
+from numformer.training.distributed import SINGLE, init_world
+from numformer.training.step_hooks import dropout_seed
 from support import ENV, assert_same_training_state, mpirun
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -297,7 +298,7 @@ def test_nccl_training_step_matches_one_process_on_one_gpu(tmp_path):
 
     from numformer.training.distributed import NCCLWorld
     from numformer.model import Transformer
-    from numformer.prepare import PreparedData
+    from numformer.data.prepared import PreparedData
     from numformer.presets import get_preset
     from numformer.training.config import TrainConfig
     from numformer.training.trainer import Trainer

@@ -20,8 +20,10 @@ import train
 from numformer.training import run_folder as run_folder_module
 from numformer.training import trainer as trainer_module
 from numformer.checkpoint import load_checkpoint
-from numformer.training.distributed import SINGLE
-from numformer.training.run_folder import RunFolder
+from mpi_worker import TinyVocab, pairs
+from numformer.model import Transformer
+from numformer.data.prepared import PreparedData
+from numformer.presets import get_preset
 from numformer.training.config import TrainConfig
 from support import ROOT, assert_one_line_error, copy_args, resume_args, run_main, write_corpus
 
@@ -378,11 +380,9 @@ def test_a_run_of_non_finite_steps_stops_training_and_keeps_the_last_good_checkp
 
 def test_the_default_limit_is_ten_in_a_row(tmp_path, monkeypatch):
     logged = []
-    trainer = trainer_module.Trainer.__new__(trainer_module.Trainer)
-    trainer.cfg = TrainConfig(max_steps=1)
-    trainer.skipped_steps = trainer.nonfinite_in_a_row = 0
-    trainer.log, trainer.elapsed, trainer.epoch = logged.append, 0.0, 0
-    trainer.world, trainer.folder, trainer.tensorboard = SINGLE, RunFolder(tmp_path), None
+    model = Transformer(get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=1), seed=5)
+    data = PreparedData(TinyVocab(), {}, {"train": pairs(20)}, "task:faults")
+    trainer = trainer_module.Trainer(model, data, TrainConfig(max_steps=1), tmp_path, progress=False, log=logged.append)
     for _ in range(9):
         trainer._skipped(7, float("nan"), float("inf"))
     with pytest.raises(trainer_module.StopTraining, match="10 steps in a row"):

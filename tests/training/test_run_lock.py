@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from numformer.checkpoint import load_checkpoint
-from numformer.training.run_lock import LOCK_FILE, RunFolderInUse, lock_run_folder, read_holder
+from numformer.run_files import LOCK as LOCK_FILE
+from numformer.training.run_lock import RunFolderInUse, lock_run_folder, read_holder
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), NUMFORMER_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")

@@ -10,7 +10,7 @@ import pytest
 import sacrebleu
 
 import train
-from numformer.cli.errors import load_model
+from numformer.checkpoint.trained_model import load_model
 from numformer.data import load_parallel_dir, make_synthetic, write_parallel_dir
 from numformer.decoding.search import beam_search, greedy_search
 from numformer.model import Transformer

@@ -4,13 +4,14 @@ By default glibc serves every block above a (dynamic, at most 32 MB) threshold w
 fresh ``mmap`` and unmaps it on free, so each large numpy temporary of a training step
 (activations, the (tokens, vocab) logits) is page-faulted and zeroed by the kernel again
 on every step. Raising the mmap and trim thresholds lets those blocks be reused:
-measured -15% to -20% step time on the CPU presets. Process-wide; applied once when
-numformer is imported unless ``NUMFORMER_MALLOC_TUNE=0`` or ``NUMFORMER_KERNELS=plain``.
+measured -15% to -20% step time on the CPU presets. Process-wide; applied by
+:func:`numformer.kernels.host.tune_host` unless ``NUMFORMER_MALLOC_TUNE=0`` or ``NUMFORMER_KERNELS=plain``.
 """
 from __future__ import annotations
 
-import os
 import sys
+
+from ... import environment
 
 
 def tune_allocator() -> bool:
@@ -30,10 +31,12 @@ def tune_allocator() -> bool:
         return False
 
 
-def wanted() -> bool:
-    """Whether the environment asks for the tuning (the default) or not."""
-    return (os.environ.get("NUMFORMER_MALLOC_TUNE", "1") != "0"
-            and os.environ.get("NUMFORMER_KERNELS", "fast").strip().lower() != "plain")
+_tuned = None  # the outcome, once tried (the thresholds are process-wide: set them once)
 
 
-ALLOCATOR_TUNED = tune_allocator() if wanted() else False
+def tune_allocator_if_wanted() -> bool:
+    """:func:`tune_allocator` once per process, unless the environment says no; True if tuned."""
+    global _tuned
+    if _tuned is None:
+        _tuned = tune_allocator() if environment.host_tuning_wanted("malloc") else False
+    return _tuned

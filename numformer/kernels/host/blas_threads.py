@@ -18,8 +18,8 @@ Timeouts of 4 to 12 measured alike; 5 is in the middle of that range.
 Decoding is the other way round: its GEMMs are small and back to back, and
 waking the sleeping threads for each costs more than the spin (greedy
 decoding of the small model, 2 threads: 76 -> 70 sentences/s). So this is
-not done on import: ``train.py`` and the training benchmarks call
-:func:`tune_blas_threads` first thing, ``translate.py`` does not.
+not done for every process: ``train.py`` and the training benchmarks call
+:func:`numformer.kernels.host.tune_host` first thing, ``translate.py`` calls it with ``blas=False``.
 
 OpenBLAS reads the variable once, when it loads (when numpy is first
 imported), so the call only takes effect before numpy is imported; in a
@@ -29,19 +29,16 @@ environment alone.
 """
 from __future__ import annotations
 
-import os
 import sys
+
+from ... import environment
 
 BLAS_THREAD_TIMEOUT = "5"  # OpenBLAS clamps to 4..30: spin 2**5 = 32 cycles, then sleep
 
 
 def tune_blas_threads() -> bool:
     """Set ``OPENBLAS_THREAD_TIMEOUT`` unless numpy is already loaded or the user chose; True if set here."""
-    if (os.environ.get("NUMFORMER_BLAS_TUNE", "1") == "0" or "numpy" in sys.modules
-            or os.environ.get("NUMFORMER_KERNELS", "fast").strip().lower() == "plain"):
+    if not environment.host_tuning_wanted("blas") or "numpy" in sys.modules:
         return False
-    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
-        return False
-    os.environ["OPENBLAS_THREAD_TIMEOUT"] = BLAS_THREAD_TIMEOUT
-    return True
+    return environment.set_blas_thread_timeout(BLAS_THREAD_TIMEOUT)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 
+from ... import environment
 from ...backend import is_cupy_array
 
 _pool = None
@@ -28,10 +29,8 @@ def get_num_threads() -> int:
     """Threads for host elementwise work: $NUMFORMER_NUM_THREADS, else $OMP_NUM_THREADS, else the usable cores."""
     global _num_threads
     if _num_threads is None:
-        env = os.environ.get("NUMFORMER_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
-        if env and env.isdigit() and int(env) > 0:
-            _num_threads = int(env)
-        else:
+        _num_threads = environment.num_threads()
+        if _num_threads is None:
             try:
                 _num_threads = len(os.sched_getaffinity(0))
             except AttributeError:

@@ -1,214 +1,25 @@
-"""Finite-difference gradient checks, shared by ``python -m grad_checks`` and the tests.
+"""The check of any layer: :func:`check` (``check(layer, *inputs)``) runs the finite-difference check of
+:func:`~numformer.gradcheck.finite_differences.run_case` on any object with the layer contract, a user's
+own layer included, and returns a printable :class:`CheckReport`.
 
-The scalar checked is ``L = sum_i <out_i, G_i>`` with random upstream gradients G
-(never all-ones: ones hide bugs in attention). For each tensor (parameters and
-float inputs) the analytic gradient from ``backward`` is compared with central
-differences in float64::
-
-    dL/dx[i] ~ (L(x + h e_i) - L(x - h e_i)) / 2h
-
-on every entry of a small tensor, or on a random sample of entries of a large
-one plus a few random +-1 directions u (``<grad, u>`` against
-``(L(x + h u) - L(x - h u)) / 2h``, Chainer's idea: two forwards per direction
-cover every entry at once). The error is ``|a - n| / max(|a| + |n|, tiny)``, the
-worst over the probes of a tensor is reported.
-
-Step h = 1e-5 by default. Central differences have truncation error O(h^2 L''')
-and round-off O(eps_64 * |L| / h); the step that balances them is about
-eps_64^(1/3) ~ 6e-6. Measured on these checks: h = 1e-6 leaves round-off of
-~3e-11 in the full model's derivatives, h = 1e-5 ten times less, with truncation
-still below 1e-10 relative.
-
-Floor of the denominator: ``tiny = floor_ratio * max|analytic gradient|`` over the
-whole case (floor_ratio 1e-3). Some gradients are exactly zero by symmetry (the
-key bias: softmax is invariant to a shift of a whole row of scores), and entries
-1000x smaller than the case's largest are at round-off level; a plain relative
-error of two round-off-sized numbers is ~1 and says nothing. With the floor,
-such entries must agree to ``tolerance * tiny`` in absolute terms instead.
-
-Kinks: ReLU is not differentiable at 0. When the +h and -h evaluations of a
-probe see different ReLU active sets, the difference quotient straddles a kink
-and measures nothing; such a probe is dropped (counted in ``kinks``, reported)
-and, for a sampled tensor or a direction, another entry or direction is drawn in
-its place (up to four times the number asked for). A tensor none of whose probes
-could be measured fails: no evidence is not a pass.
-
-:func:`check` (``check(layer, *inputs)``) runs the same check on any object with the layer
-contract, a user's own layer included, and returns a printable :class:`CheckReport`; the
-exercises (``python -m grad_checks exercise``) grade students' backward passes with it and
-with :func:`analytic_gradients`, the one forward and backward both checks start from.
+The layer is checked as a float64 copy (:func:`detached_copy`), its parameters found however it keeps
+them, its dropout generators replayed so every forward draws the same mask. What a layer does wrong
+before any number can be compared (a gradient per input missing, a wrong shape, NaN) is a
+:class:`LayerContractError`, reported in one line (:func:`validate_gradients`); the exercises' grading
+(``python -m grad_checks``) uses the same pieces on a student's backward.
 """
 from __future__ import annotations
 
+import copy
+import inspect
+import sys
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
-TINY = 1e-8  # below this |a| + |n|, both gradients are zero to round-off: the error is measured against TINY
-
-
-@dataclass
-class TensorResult:
-    """The outcome for one tensor of one check."""
-
-    layer: str
-    case: str
-    tensor: str
-    shape: tuple
-    probes: int
-    max_rel_error: float
-    tolerance: float
-    samples: list = field(default_factory=list)  # (probe, analytic, numeric, rel_error) for --verbose
-    kinks: int = 0  # probes dropped because +h and -h gave different ReLU active sets
-
-    @property
-    def passed(self) -> bool:
-        """At least one probe measured, and the worst within the tolerance."""
-        return bool(self.probes > 0 and self.max_rel_error <= self.tolerance)
-
-
-def rel_error(a: float, n: float, tiny: float = TINY) -> float:
-    """``|a - n| / max(|a| + |n|, tiny)``."""
-    return abs(a - n) / max(abs(a) + abs(n), tiny)
-
-
-@dataclass
-class GradCase:
-    """One gradient check: a module, its float inputs, and how to run it forward and backward.
-
-    forward(module, inputs) -> array or tuple of arrays (the outputs);
-    backward(module, upstream) -> dict input-name -> gradient (upstream: list of arrays matching outputs);
-    before_forward(): called before every forward (e.g. restore the dropout RNG so masks repeat).
-    params: name -> Parameter to check (default: module.named_parameters()).
-    """
-
-    layer: str
-    case: str
-    module: object
-    inputs: dict
-    forward: Callable
-    backward: Callable
-    before_forward: Callable | None = None
-    params: dict | None = None
-
-
-def _as_tuple(out):
-    return out if isinstance(out, tuple) else (out,)
-
-
-def analytic_gradients(case: GradCase, rng: np.random.Generator) -> tuple[list, list]:
-    """One forward and backward of ``case`` with random upstream gradients drawn from ``rng``.
-
-    -> (upstream, tensors): the upstream gradients (one per output) and, for every parameter
-    then every input with a gradient, ``(name, the array itself, a copy of its analytic gradient)``;
-    inputs are named ``input:NAME``. The same ``rng`` state gives the same upstream gradients,
-    so two versions of a layer built alike can be compared tensor by tensor.
-    """
-    module = case.module
-    module.train()
-    if case.before_forward is not None:
-        case.before_forward()
-    outs = _as_tuple(case.forward(module, case.inputs))
-    upstream = [rng.standard_normal(np.shape(o)) for o in outs]
-    module.zero_grad()
-    input_grads = case.backward(module, upstream)
-    params = case.params if case.params is not None else dict(module.named_parameters())
-    tensors = [(name, p.data, np.array(p.grad)) for name, p in params.items()]
-    tensors += [(f"input:{name}", case.inputs[name], np.asarray(g)) for name, g in input_grads.items()]
-    return upstream, tensors
-
-
-def run_case(case: GradCase, rng: np.random.Generator, h: float = 1e-5, full_size: int = 64,
-             sample: int = 8, directions: int = 3, tolerance: float = 1e-6,
-             keep_samples: int = 0, floor_ratio: float = 1e-3) -> list[TensorResult]:
-    """Check every parameter and input tensor of ``case``; returns one TensorResult per tensor."""
-    module = case.module
-    upstream, tensors = analytic_gradients(case, rng)
-
-    def objective(upstream):
-        """(L, kink signature): the signature is the ReLU active set of this forward."""
-        if case.before_forward is not None:
-            case.before_forward()
-        outs = _as_tuple(case.forward(module, case.inputs))
-        signature = hash(b"".join(np.packbits(m._cache_positive).tobytes()
-                                  for m in module.modules() if getattr(m, "_cache_positive", None) is not None))
-        module.clear_cache()
-        return float(sum(np.sum(o * g) for o, g in zip(outs, upstream))), signature
-
-    def central_difference(perturb, restore):
-        """(L(x + h d) - L(x - h d)) / 2h, or None when the two sides straddle a ReLU kink."""
-        perturb(+h)
-        lp, sp = objective(upstream)
-        perturb(-h)
-        lm, sm = objective(upstream)
-        restore()
-        return None if sp != sm else (lp - lm) / (2 * h)
-
-
-    # The floor of the error's denominator: a fraction of the largest gradient entry of the case.
-    gmax = max([float(np.abs(g).max()) for _, _, g in tensors if g.size] + [0.0])
-    tiny = max(floor_ratio * gmax, TINY)
-    results = []
-    for name, x, grad in tensors:
-        if grad.shape != x.shape:
-            raise AssertionError(f"{case.layer}/{case.case}: gradient of {name} has shape {grad.shape}, expected {x.shape}")
-        probes = []
-        if not x.flags.c_contiguous:
-            raise AssertionError(f"{case.layer}/{case.case}: {name} must be C-contiguous to be perturbed in place")
-        flat = x.reshape(-1)  # a view: perturbing it perturbs the tensor the module reads
-        if x.size <= full_size:
-            entries, wanted = range(x.size), x.size
-        else:  # a random order of all entries: a kink's replacement is the next one
-            entries, wanted = rng.permutation(x.size)[: 4 * sample], sample
-        gflat = grad.reshape(-1)
-        skipped = measured = 0
-        for i in entries:
-            if measured == wanted:
-                break
-            old = flat[i]
-
-            def perturb(s, i=i, old=old):
-                flat[i] = old + s
-
-            def restore(i=i, old=old):
-                flat[i] = old
-
-            n = central_difference(perturb, restore)
-            if n is None:  # derivative undefined at a kink: this entry cannot be checked by differences
-                skipped += 1
-                continue
-            probes.append((str(tuple(int(j) for j in np.unravel_index(i, x.shape))), float(gflat[i]), n))
-            measured += 1
-        if x.size > full_size:
-            k = tries = 0
-            while k < directions and tries < 4 * directions:
-                tries += 1
-                u = rng.choice([-1.0, 1.0], size=x.shape)
-                old = x.copy()
-
-                def perturb(s, u=u, old=old):
-                    x[...] = old + s * u
-
-                def restore(old=old):
-                    x[...] = old
-
-                n = central_difference(perturb, restore)
-                if n is None:  # straddles a kink: draw another direction
-                    skipped += 1
-                    continue
-                probes.append((f"direction {k}", float(np.sum(grad * u)), n))
-                k += 1
-        errors = [rel_error(a, n, tiny) for _, a, n in probes]
-        worst = max(errors) if errors else 0.0
-        kept = [(p, a, n, e) for (p, a, n), e in zip(probes, errors)][:keep_samples]
-        results.append(TensorResult(case.layer, case.case, name, tuple(x.shape), len(probes), worst, tolerance, kept,
-                                    skipped))
-    module.zero_grad()
-    return results
-
-
-# -- check(layer, *inputs): the same check for any object with the layer contract ------------------
+from ..backend import RandomState
+from ..user_code import exception_line
+from .finite_differences import GradCase, analytic_gradients, format_results, run_case
 
 @dataclass
 class CheckReport:
@@ -247,16 +58,6 @@ class CheckReport:
     __repr__ = __str__
 
 
-def format_results(results, indent: str = "") -> str:
-    """A table of TensorResults: tensor, shape, probes, kinks, worst relative error, pass/FAIL."""
-    w = max([len("tensor")] + [len(r.tensor) for r in results])
-    ws = max([len("shape")] + [len(str(r.shape)) for r in results])
-    rows = [f"{indent}{'tensor':<{w}}  {'shape':<{ws}}  {'probes':>6}  {'kinks':>5}  {'worst rel err':>13}  result"]
-    rows += [f"{indent}{r.tensor:<{w}}  {str(r.shape):<{ws}}  {r.probes:>6}  {r.kinks:>5}  {r.max_rel_error:>13.2e}  "
-             f"{'pass' if r.passed else 'FAIL'}" for r in results]
-    return "\n".join(rows)
-
-
 def _is_float_array(value) -> bool:
     return isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)
 
@@ -274,8 +75,6 @@ def _find_parameters(layer) -> list:
 
 def _generators(layer) -> list:
     """Random generators the layer draws from (dropout): restored before every forward so masks repeat."""
-    from .backend import RandomState  # noqa: PLC0415
-
     owners = list(layer.modules()) if hasattr(layer, "modules") else [layer]
     found, seen = [], set()
     for owner in owners:
@@ -328,9 +127,6 @@ class _Foreign:
 def detached_copy(obj):
     """A deep copy of ``obj`` (a layer, the arguments of a call) that shares modules instead of copying
     them (a RandomState holds its array module, ``numpy``, which cannot be copied)."""
-    import copy  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
     return copy.deepcopy(obj, {id(m): m for m in list(sys.modules.values())})
 
 
@@ -358,8 +154,6 @@ def _float64_twin(layer, notes):
 
 def _takes_no_upstream(backward) -> bool:
     """A loss: its backward takes no argument (the upstream gradient of a scalar loss is 1)."""
-    import inspect  # noqa: PLC0415
-
     try:
         params = inspect.signature(backward).parameters.values()
     except (TypeError, ValueError):
@@ -369,8 +163,6 @@ def _takes_no_upstream(backward) -> bool:
 
 def _input_names(forward, n: int) -> list:
     """The names of forward's first ``n`` positional parameters (``x``, ``memory``), ``argI`` where unknown."""
-    import inspect  # noqa: PLC0415
-
     try:
         params = list(inspect.signature(forward).parameters.values())
     except (TypeError, ValueError):
@@ -482,8 +274,6 @@ def check(layer, *inputs, seed: int = 0, step: float = 1e-5, tolerance: float = 
         report.error = str(exc)
         return report
     except Exception as exc:  # noqa: BLE001  (whatever the user's layer raises)
-        from .user_code import exception_line  # noqa: PLC0415
-
         report.error = ("not implemented yet: " if isinstance(exc, NotImplementedError) else "the layer raised ") + \
             exception_line(exc)
         return report

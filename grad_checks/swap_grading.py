@@ -1,0 +1,39 @@
+"""Grading a layer class swapped in for training (``train.py --swap``), before the first step.
+
+numformer swaps the class in (:mod:`numformer.swap`) and knows nothing of the exercises; ``train.py``
+hands :func:`grade_swap` to :func:`numformer.swap.swapped_from_specs`, which logs the line it returns
+for each swapped layer. The grade is the exercise's (:func:`grad_checks.grading.grade`, numformer's own
+backward on the exercise's cases; no finite differences, so it takes a moment).
+"""
+from __future__ import annotations
+
+from numformer.swap import SwapError
+
+from . import exercises
+from .grading import grade
+
+
+def exercise_for(layer: str):
+    """The exercise whose answer is a ``layer`` (the name ``--swap`` takes), or None when none is."""
+    return next((e for e in exercises.all_exercises() if e.swap == layer), None)
+
+
+def grade_swap(layer: str, user_class: type, file: str) -> str:
+    """One line: where the swapped ``layer`` comes from (``file``: ``"PATH:CLASS"``) and how its backward
+    grades against numformer's on the exercise's cases.
+
+    A layer that is not written yet (NotImplementedError) is refused: a SwapError. A wrong one is trained
+    with anyway, after a warning: seeing what a wrong backward does to training is a fair experiment.
+    """
+    where, path = f"swap: {layer} <- {file}", file.rpartition(":")[0]
+    exercise = exercise_for(layer)
+    if exercise is None:
+        return f"{where} (no exercise grades a {layer}: not checked)"
+    result = grade(exercise, user_class, file=path, finite_differences=False)
+    if result.not_implemented:
+        raise SwapError(f"--swap {layer}: {file} is not written yet ({result.not_implemented}): write it, and "
+                        f"check it with python -m grad_checks check {path}")
+    if result.passed:
+        return f"{where}: its backward grades {result.summary()} on {len(result.cases)} cases"
+    return (f"{where}: WARNING: its backward grades {result.summary()} (python -m grad_checks check {path} says "
+            "more); training with it anyway")

@@ -1,0 +1,51 @@
+"""Which file is the model a path names: a model file as it is; for a run folder, its average
+(``RUN/averaged.npz``) when that averages the run's newest checkpoint, else the newest checkpoint.
+
+What ``translate.py``, ``python -m grad_checks --checkpoint``, ``python -m numformer.attention_maps`` and
+``python -m numformer.checkpoint export`` load when given a run folder.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import run_files
+from . import CheckpointError, read_meta
+
+
+def step_of(path) -> int | None:
+    """The optimizer step in a training checkpoint's name (``step_0001234.npz`` -> 1234), else None."""
+    stem = Path(path).name.split(".")[0]
+    return int(stem[5:]) if stem.startswith("step_") and stem[5:].isdigit() else None
+
+
+def newest_model_file(path) -> Path:
+    """The model a path names: a file as it is; for a run folder its ``averaged.npz`` if that averages
+    the run's newest checkpoint, else the newest checkpoint.
+
+    An average is stale when the run trained on after it was written (``--resume`` after an earlier
+    attempt ended): its last source step (``meta["step"]``) is older than the newest checkpoint's,
+    and it must not shadow that checkpoint.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    averaged, found = path / run_files.AVERAGED, run_files.run_checkpoints(path)
+    if not found:
+        if averaged.is_file():
+            return averaged
+        raise CheckpointError(f"{path} holds no checkpoint (expected {run_files.AVERAGED} or "
+                              f"{run_files.CHECKPOINTS}/step_*.npz): train a model into it first or give a "
+                              "checkpoint file")
+    if averaged.is_file():
+        newest = step_of(found[-1])
+        try:
+            step = read_meta(averaged).get("step")
+        except CheckpointError:
+            return averaged  # a damaged average: loading it says so, in one line
+        if isinstance(step, int) and newest is not None:
+            fresh = step >= newest
+        else:  # no step recorded: the file times decide
+            fresh = averaged.stat().st_mtime >= found[-1].stat().st_mtime
+        if fresh:
+            return averaged
+    return found[-1]
