@@ -63,11 +63,14 @@ def grad_norm(params):
 def clip_grad_norm(params, max_norm: float):
     """Scale all gradients so their global L2 norm is at most ``max_norm``; returns the norm before clipping.
 
-    The norm stays on the device (a 0-d array) so clipping does not force a host sync.
+    ``max_norm`` 0 (or less) clips nothing: the norm alone (the paper does not clip). The norm stays on the
+    device (a 0-d array) so clipping does not force a host sync.
     """
     params = list(params)
     if not params:
         return 0.0
+    if max_norm <= 0:
+        return grad_norm(params)
     xp = get_array_module(params[0].grad)
     total = grad_norm(params)
     scale = xp.minimum(max_norm / (total + 1e-6), 1.0).astype(params[0].grad.dtype)

@@ -14,7 +14,7 @@ machine without it) and no pickles (``np.load(allow_pickle=False)``):
 
 :func:`load_checkpoint` and :func:`read_meta` also read a model exported as ``.safetensors``
 (:mod:`numformer.checkpoint.safetensors_file`), told apart by content. Around the file: averaging
-(:mod:`numformer.training.averaging`), exporting (:mod:`numformer.checkpoint.export`), which file of a run folder
+(:mod:`numformer.checkpoint.averaging`), exporting (:mod:`numformer.checkpoint.export`), which file of a run folder
 is its model (:mod:`numformer.checkpoint.run_model_file`), a trained model with its config and vocabulary
 loaded from a file or run folder (:mod:`numformer.checkpoint.trained_model`), and the command line
 ``python -m numformer.checkpoint`` (:mod:`numformer.checkpoint.command`).

@@ -16,7 +16,7 @@ from . import CheckpointError, save_checkpoint
 from .export import export_model
 from .run_model_file import newest_model_file
 from .safetensors_file import SafetensorsError
-from ..training.averaging import average_checkpoints
+from .averaging import average_checkpoints
 
 
 def main(argv=None) -> int:

@@ -3,8 +3,7 @@
 ``trainer`` (the step: forward, loss, backward, clip, Adam; the loop), ``step_hooks`` (what a run
 hangs on the step), ``config`` (the settings of a run and how flags settle into them), ``epochs``
 (where training stands in the data), ``metrics`` (the log lines), ``validation``, ``run_folder`` and
-``run_lock`` (what a run writes, and the lock that makes it one process's), ``averaging`` (the last
-checkpoints averaged, Section 6.1), ``distributed``, ``data_parallel`` and ``replicas`` (several
-processes training one model), ``loss_scaling`` (fp16), ``gradient_statistics``, ``tensorboard_log``
-and ``progress`` (what a person watches).
+``run_lock`` (what a run writes, and the lock that makes it one process's), ``distributed``,
+``data_parallel`` and ``replicas`` (several processes training one model), ``loss_scaling`` (fp16),
+``gradient_statistics``, ``tensorboard_log`` and ``progress`` (what a person watches).
 """

@@ -9,7 +9,7 @@ will write); checkpoints written atomically and rotated (the last ``keep_last`` 
 readable checkpoint found for ``--resume`` (leftover temporaries deleted, an unreadable one renamed
 ``*.corrupt``) and checked against the model and vocabulary; ``metrics.jsonl`` appended, and cut back
 on resume to the checkpoint's step; the last ``average_last`` checkpoints averaged (Section 6.1,
-:mod:`numformer.training.averaging`). What a checkpoint holds is the trainer's business
+:mod:`numformer.checkpoint.averaging`). What a checkpoint holds is the trainer's business
 (:meth:`numformer.training.trainer.Trainer.save`).
 
 Faults it guarantees against: a SIGKILL at any moment leaves the previous checkpoint loadable; a
@@ -26,7 +26,7 @@ from .. import run_files
 from ..checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from ..errors import UsageError
 from ..files import atomic_write_bytes, remove_stale_temporaries, write_json
-from .averaging import average_checkpoints
+from ..checkpoint.averaging import average_checkpoints
 from .run_lock import lock_run_folder
 
 INIT_ONLY_FIELDS = ("init",)  # model config fields that only matter before the first step

@@ -48,7 +48,7 @@ from ..backend import read_scalars
 from ..checkpoint import CheckpointError, vocab_fingerprint
 from ..errors import StopTraining, mark_collective
 from ..layers.registry import layer_class
-from ..optim import Adam, NoamSchedule, clip_grad_norm, grad_norm
+from ..optim import Adam, NoamSchedule, clip_grad_norm
 from ..precision import matmul_precision
 from .config import TrainConfig
 from .data_parallel import GradientBucket, shard_batches
@@ -142,8 +142,7 @@ class Trainer:
             nll = nll + crit.nll_sum
             model.backward(hooks.seed_backward(crit.backward()))                                 # 3. backward
         loss, nll = hooks.after_backward(loss, nll)
-        clip = self.cfg.clip_norm
-        gnorm = clip_grad_norm(params, clip) if clip > 0 else grad_norm(params)                  # 4. clip
+        gnorm = clip_grad_norm(params, self.cfg.clip_norm)                                       # 4. clip
         loss, gnorm = read_scalars(xp, loss, gnorm)
         status = hooks.verdict(loss, gnorm) or finite_status(loss, gnorm)
         if status is not StepStatus.OK:

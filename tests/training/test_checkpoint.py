@@ -7,7 +7,7 @@ from numformer.checkpoint import CheckpointError, load_checkpoint, save_checkpoi
 from numformer.model import Transformer
 from numformer.optim import Adam, NoamSchedule
 from numformer.presets import get_preset
-from numformer.training.averaging import average_checkpoints
+from numformer.checkpoint.averaging import average_checkpoints
 
 
 def model(seed=0):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from . import Checkpoint, CheckpointError, load_checkpoint
 
 
 def average_checkpoints(paths) -> Checkpoint:
