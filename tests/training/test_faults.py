@@ -335,14 +335,14 @@ def test_interrupt_before_training_is_one_line(tmp_path, capsys, monkeypatch):
 
 
 def nan_on_calls(monkeypatch, bad):
-    """Make the gradient norm NaN on the given (1-based) calls of trainer.grad_norm."""
-    real, count = trainer_module.grad_norm, [0]
+    """Make the gradient norm NaN on the given (1-based) calls of the trainer's clip_grad_norm (once a step)."""
+    real, count = trainer_module.clip_grad_norm, [0]
 
-    def fake(params):
+    def fake(params, max_norm):
         count[0] += 1
-        return float("nan") if bad(count[0]) else real(params)
+        return float("nan") if bad(count[0]) else real(params, max_norm)
 
-    monkeypatch.setattr(trainer_module, "grad_norm", fake)
+    monkeypatch.setattr(trainer_module, "clip_grad_norm", fake)
 
 
 def test_scattered_non_finite_steps_are_skipped_logged_and_counted(tmp_path, capsys, monkeypatch):
