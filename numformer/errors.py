@@ -37,6 +37,12 @@ class StopTraining(NumformerError, RuntimeError):
     exit_code = 3
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its class name when the message is empty."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def exit_code_of(exc: BaseException) -> int:
     """The exit status a command line gives for ``exc``: a :class:`NumformerError`'s ``exit_code``,
     130 for Ctrl-C, a ``SystemExit``'s own code, else :data:`BUG_EXIT`."""

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import sys
 
-from .data.prepared import MANIFEST, PreparedData, manifest_digest, open_shared_train, prepare, read_manifest
+from .data.prepared import prepare
 from .data.sources import CORPORA
 from .data.vocab_sample import DEFAULT_VOCAB_SAMPLE
-
-__all__ = ["CORPORA", "DEFAULT_VOCAB_SAMPLE", "MANIFEST", "PreparedData", "manifest_digest", "open_shared_train",
-           "prepare", "read_manifest", "main"]
+from .training.config import TrainConfig
 
 
 # -- the command --------------------------------------------------------------------------------------------
@@ -31,7 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab-size", type=positive_int, help="shared subword vocabulary size (default: from corpus size)")
     ap.add_argument("--vocab-sample", type=positive_int, default=DEFAULT_VOCAB_SAMPLE,
                     help=f"sentences the vocabulary is trained on, at most (default {DEFAULT_VOCAB_SAMPLE:,})")
-    ap.add_argument("--seed", type=int, default=1, help="the run's --seed (default 1, train.py's)")
+    seed = TrainConfig().seed
+    ap.add_argument("--seed", type=int, default=seed, help=f"the run's --seed (default {seed}, train.py's)")
     ap.add_argument("--threads", type=positive_int, help="sentencepiece threads (default: every core)")
     args = ap.parse_args(argv)
     with one_line_errors("prepare"):

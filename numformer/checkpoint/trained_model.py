@@ -14,6 +14,7 @@ from .. import run_files
 from ..backend import resolve_device, xp_for
 from . import CheckpointError, load_checkpoint, vocab_fingerprint
 from ..data import DataError, SubwordVocab
+from ..errors import first_line
 from ..model import Transformer
 from ..presets import ModelConfig
 from .run_model_file import newest_model_file
@@ -48,7 +49,7 @@ def load_model(checkpoint, vocab_path=None, device: str | None = None):
         cfg = ModelConfig.from_dict(ck.meta["model_config"])
         cfg.checked()
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path} has an unreadable model config ({_first_line(exc)}): "
+        raise CheckpointError(f"{path} has an unreadable model config ({first_line(exc)}): "
                               "it was written by another numformer version or is corrupt") from None
     if vocab_path is None and ck.vocab is not None:
         try:
@@ -71,12 +72,7 @@ def load_model(checkpoint, vocab_path=None, device: str | None = None):
     try:
         model.load_state_dict(ck.model)
     except ValueError as exc:
-        raise CheckpointError(f"{path} does not fit its own config ({_first_line(exc)}): it is corrupt, "
+        raise CheckpointError(f"{path} does not fit its own config ({first_line(exc)}): it is corrupt, "
                               "use another checkpoint of the run") from None
     model.to(xp)
     return model.eval(), vocab, path
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import environment, run_files
-from ..errors import BUG_EXIT, INTERRUPTED_EXIT, NumformerError
+from ..errors import BUG_EXIT, INTERRUPTED_EXIT, NumformerError, first_line
 
 # An OSError that says the machine, not the program, is at fault (a full disk, a read-only file system):
 # one line as well. Any other OSError that escapes was not expected where it happened: a bug.
@@ -32,8 +32,7 @@ def error_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and not isinstance(exc, NumformerError) and exc.strerror:
         where = exc.filename if exc.filename is not None else ""
         return f"{where}: {exc.strerror}" if where else exc.strerror
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return first_line(exc)
 
 
 def write_crash_log(prog: str, exc: BaseException, folder=None) -> Path | None:

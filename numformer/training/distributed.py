@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import environment
 from ..backend import is_cupy_array, to_host
-from ..errors import NumformerError, exit_code_of, mark_collective
+from ..errors import NumformerError, exit_code_of, first_line, mark_collective
 
 
 class DistributedError(NumformerError, ValueError):
@@ -181,8 +181,7 @@ class MPIWorld(World):
         self.barrier()  # the others wait here without spinning while rank 0 works
         news = None
         if failure is not None:
-            line = (str(failure).strip().splitlines() or [type(failure).__name__])[0]
-            news = (line, exit_code_of(failure))
+            news = (first_line(failure), exit_code_of(failure))
         news = self.broadcast_object(news)
         if news is None:
             return result

@@ -5,7 +5,7 @@ identical updates of identical summed gradients keep the replicas identical. Wha
 identical around that:
 
 * :func:`share_run`: rank 0 alone reads the run folder and the corpus; the others get its settings,
-  vocabulary and training ids (:class:`~numformer.prepare.PreparedData`), so no other host needs the data;
+  vocabulary and training ids (:class:`~numformer.data.prepared.PreparedData`), so no other host needs the data;
 * :func:`sync_replicas`: when training starts, every rank takes rank 0's weights, Adam moments and
   progress (step, data position, clock, counters), also after a ``--resume`` only rank 0 read;
 * :class:`StopRequests`: SIGINT and SIGTERM (and SIGUSR1, which ``mpirun`` forwards to every rank)
