@@ -53,7 +53,7 @@ from numformer.data.prepared import prepare
 from numformer.data.sources import CORPORA
 from numformer.data.vocab_sample import DEFAULT_VOCAB_SAMPLE
 from numformer.presets import ModelConfig, get_preset
-from numformer.presets import PRESETS
+from numformer.presets import POSITIONAL, PRESETS
 from numformer.swap import check_layout, swapped_from_specs
 from numformer.training.config import GPU_RECIPES, TrainConfig, default_out, default_preset, settle, source_of
 from numformer.training.replicas import share_run
@@ -90,6 +90,9 @@ def parse_args(argv=None):
                    help="train with your own layer class in place of numformer's LAYER, everywhere the model uses "
                         "it (e.g. LayerNorm=my_layernorm.py:LayerNorm, from python -m grad_checks exercise layernorm); "
                         "repeatable; see docs/exercises.md")
+    m.add_argument("--positional", choices=list(POSITIONAL),
+                   help="sinusoidal (Section 3.5, the paper's) or learned position embeddings (Table 3 row E) "
+                        "(default: the preset's)")
     m.add_argument("--init", choices=list(INIT_SCHEMES),
                    help="initialisation of the linear maps: pytorch (torch.nn.Transformer's, the default) or "
                         "xavier (Xavier-uniform everywhere); see numformer/layers/init.py")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from numformer.backend import RandomState
-from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, Linear, MultiHeadAttention,
-                              OutputProjection, PositionalEncoding, ReLU, Residual,
+from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, LearnedPositionalEmbedding, Linear,
+                              MultiHeadAttention, OutputProjection, PositionalEncoding, ReLU, Residual,
                               ScaledDotProductAttention)
 from numformer.layers.softmax import softmax as softmax_fn, softmax_backward
 from numformer.gradcheck import GradCase
@@ -96,6 +96,21 @@ def positional(rng):
     x = rng.standard_normal((B, S, D))
     return [GradCase("PositionalEncoding", "offset 3", m, {"x": x},
                      lambda m, i: m(i["x"], offset=3), lambda m, g: {"x": m.backward(g[0])})]
+
+
+def learned_positions(rng):
+    """The table alone at offset 3 (decoding's rows), and one table shared by a source and a target layer of
+    different lengths (its gradient must collect both uses: added, never assigned)."""
+    m = LearnedPositionalEmbedding(D, 32, dtype=F64, rng=rng)
+    one = GradCase("LearnedPositionalEmbedding", "offset 3", m, {"x": rng.standard_normal((B, S, D))},
+                   lambda m, i: m(i["x"], offset=3), lambda m, g: {"x": m.backward(g[0])})
+    src = LearnedPositionalEmbedding(D, 32, dtype=F64, rng=rng)
+    tied = Holder(src=src, tgt=LearnedPositionalEmbedding(D, 32, dtype=F64, weight=src.weight))
+    ins = {"x": rng.standard_normal((B, S, D)), "y": rng.standard_normal((B, T, D))}
+    two = GradCase("LearnedPositionalEmbedding", "one table, two uses (S 6, T 5 at offset 1)", tied, ins,
+                   lambda m, i: (m.src(i["x"]), m.tgt(i["y"], offset=1)),
+                   lambda m, g: {"y": m.tgt.backward(g[1]), "x": m.src.backward(g[0])})
+    return [one, two]
 
 
 def dropout(rng):
@@ -263,7 +278,9 @@ def transformer(rng):
     out = []
     for name, kw in [("tied, post-LN, dropout 0.1 fixed mask, eps_ls 0.1", dict(dropout=0.1)),
                      ("untied, pre-LN, d_k 3", dict(tie_embeddings=False, pre_norm=True, d_k=3, d_v=4)),
-                     ("tied, post-LN, attention + ReLU dropout", dict(dropout=0.1, attn_dropout=0.1, relu_dropout=0.1))]:
+                     ("tied, post-LN, attention + ReLU dropout", dict(dropout=0.1, attn_dropout=0.1, relu_dropout=0.1)),
+                     ("tied, post-LN, learned positions (Table 3 row E), dropout 0.1 fixed mask",
+                      dict(dropout=0.1, positional="learned"))]:
         model = Transformer(small_config(**kw), seed=int(rng.integers(1 << 30)), dtype=F64)
         crit = LabelSmoothedCrossEntropy(0.1, PAD)
 
@@ -280,6 +297,7 @@ def transformer(rng):
 
 BUILDERS = {
     "Linear": linear, "Embedding": embedding, "OutputProjection": projection, "PositionalEncoding": positional,
+    "LearnedPositionalEmbedding": learned_positions,
     "Dropout": dropout, "ReLU": relu, "LayerNorm": layernorm, "Softmax": softmax,
     "ScaledDotProductAttention": scaled_dot_product, "MultiHeadAttention": multi_head,
     "FeedForward": feedforward, "Residual": residual, "EncoderLayer": encoder_decoder_layers,

@@ -51,10 +51,11 @@ def _error(message: str, status: int = 2) -> int:
 
 
 def list_exercises() -> str:
-    rows = []
-    for i, ex in enumerate(exercises.all_exercises(), 1):
+    rows, every = [], exercises.all_exercises()
+    width = max(len(ex.name) for ex in every)  # the names line up, however long the longest
+    for i, ex in enumerate(every, 1):
         swap = f"--swap {ex.swap}" if ex.swap else "(no layer to swap)"
-        rows.append(f"{i:>2}  {ex.name:<14} {ex.title + (' (' + ex.paper + ')' if ex.paper else ''):<72} "
+        rows.append(f"{i:>2}  {ex.name:<{width}} {ex.title + (' (' + ex.paper + ')' if ex.paper else ''):<72} "
                     f"{len(ex.mistakes)} mistakes  {swap}")
     return "\n".join(rows)
 

@@ -158,6 +158,9 @@ class Transformer(Module):
     the pre-softmax projection are one (vocab, d_model) matrix, listed once as
     ``src_embed.weight``. Untied: three matrices.
 
+    Positions (Section 3.5): the sinusoids, or (``cfg.positional == "learned"``, Table 3 row E) one
+    trained table per stack, ``src_pos.weight`` and ``tgt_pos.weight`` (max_len, d_model).
+
     Construction is deterministic in ``seed``: weights are drawn on the host with
     ``numpy.random.default_rng(seed)`` then cast to ``dtype``; dropout masks come
     from one :class:`RandomState` per model (``self.rng``), seeded from ``seed`` too.
@@ -172,14 +175,25 @@ class Transformer(Module):
         self.src_embed = layer_class("Embedding")(v, d, rng=init_rng, dtype=dtype)
         shared = self.src_embed.weight if cfg.tie_embeddings else None
         self.tgt_embed = layer_class("Embedding")(v, d, weight=shared, rng=init_rng, dtype=dtype)
-        self.src_pos = layer_class("PositionalEncoding")(d, cfg.max_len, dtype)
-        self.tgt_pos = layer_class("PositionalEncoding")(d, cfg.max_len, dtype)
+        positions_rng = np.random.default_rng([seed, 1])  # the learned tables' own stream: see _positions
+        self.src_pos = self._positions(cfg, positions_rng, dtype)
+        self.tgt_pos = self._positions(cfg, positions_rng, dtype)  # one table per stack when learned
         self.src_dropout = layer_class("Dropout")(cfg.dropout, self.rng)
         self.tgt_dropout = layer_class("Dropout")(cfg.dropout, self.rng)
         self.encoder = layer_class("Encoder")(cfg, init_rng, self.rng, dtype)
         self.decoder = layer_class("Decoder")(cfg, init_rng, self.rng, dtype)
         self.generator = layer_class("OutputProjection")(d, v, weight=shared, rng=init_rng, dtype=dtype)
         self._cache_masks = None
+
+    @staticmethod
+    def _positions(cfg: ModelConfig, rng, dtype):
+        """One stack's positional layer (Section 3.5): the sinusoids, or with ``cfg.positional == "learned"``
+        a trained (max_len, d_model) table of its own (Table 3 row E), drawn from ``rng``. That generator is
+        seeded from the model's seed but is not the one the other weights come from, so every other weight
+        equals that of the sinusoidal model of the same seed: row E differs from base in the positions alone."""
+        if cfg.positional == "learned":
+            return layer_class("LearnedPositionalEmbedding")(cfg.d_model, cfg.max_len, dtype, rng=rng)
+        return layer_class("PositionalEncoding")(cfg.d_model, cfg.max_len, dtype)
 
     def _moved(self, xp) -> None:
         self.rng.to(xp)

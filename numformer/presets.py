@@ -8,10 +8,15 @@ LayerNorm gain and bias counted:
 * one feed-forward block: ``2*d*d_ff + d_ff + d``
 * encoder layer: attention + FFN + 2 LayerNorms (4d); decoder layer: 2 attentions + FFN + 3 LayerNorms (6d)
 * embeddings: ``V*d`` once when source, target and pre-softmax weights are tied;
-  ``3*V*d`` untied (source and target vocabularies equal); pre-LN adds 2 final LayerNorms (4d).
+  ``3*V*d`` untied (source and target vocabularies equal); pre-LN adds 2 final LayerNorms (4d);
+  learned positions (row E) add one ``max_len*d`` table per stack.
 
-For base with V = 37,000 this gives 63.1M against the paper's 65M: the paper's
-exact vocabulary is not stated, so the tests accept 60M-66M.
+For base with V = 37,000 (Section 5.1's "about 37000 tokens") this gives 63.1M against the paper's 65M.
+Table 3's parameter column fits V = 41,000: with it every row the paper counts is within the paper's
+rounding to 1M (base 65.1, B 58.0 / 60.4, C 35.7 / 50.4 / 79.8 / 27.9 / 168.0 / 52.5 / 90.3) except big,
+218.3M against the paper's 213M. That gap is the paper's own: its big is 45M above its d_model-1024 row,
+which differs from big only in d_ff 2048 -> 4096, and doubling d_ff in 12 layers adds 2 * 1024 * 2048 * 12
+= 50.3M weights, so no one vocabulary reproduces both figures (tests/layers/test_presets.py).
 """
 from __future__ import annotations
 
@@ -19,6 +24,10 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from .errors import UsageError
 from .layers.init import DEFAULT_SCHEME, SCHEMES
+
+
+#: The positional encodings ModelConfig.positional names (Section 3.5 and Table 3 row E).
+POSITIONAL = ("sinusoidal", "learned")
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,7 @@ class ModelConfig:
     pre_norm: bool = False
     tie_embeddings: bool = True
     max_len: int = 1024
+    positional: str = "sinusoidal"  # Section 3.5: "sinusoidal" (the paper's) or "learned" (Table 3 row E)
     ln_eps: float = 1e-5
     pad_id: int = 0
     init: str = DEFAULT_SCHEME  # weight initialisation of the linear maps: one of layers/init.py's SCHEMES
@@ -86,6 +96,8 @@ class ModelConfig:
             need(isinstance(value, (int, float)) and 0 <= value < 1, f"{name} must be in [0, 1), got {value!r}")
         need(isinstance(self.max_len, int) and self.max_len >= 2,
              f"max_len (the positional table) must be at least 2, got {self.max_len!r}")
+        need(self.positional in POSITIONAL,
+             f"positional must be one of {', '.join(POSITIONAL)}, got {self.positional!r}")
         need(isinstance(self.ln_eps, (int, float)) and self.ln_eps > 0, f"ln_eps must be positive, got {self.ln_eps!r}")
         need(self.init in SCHEMES, f"init must be one of {', '.join(SCHEMES)}, got {self.init!r}")
         return self
@@ -117,20 +129,100 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": _BASE.replace(d_model=128, d_ff=512, heads=4, layers=2, vocab_size=4000),
 }
 
-# Table 3 variants: each changes base in the named columns only.
-TABLE3: dict[str, tuple[ModelConfig, float]] = {
-    "base": (_BASE, 65e6),
-    "B_dk16": (_BASE.replace(d_k=16, d_v=64), 58e6),
-    "B_dk32": (_BASE.replace(d_k=32, d_v=64), 60e6),
-    "C_N2": (_BASE.replace(layers=2), 36e6),
-    "C_N4": (_BASE.replace(layers=4), 50e6),
-    "C_N8": (_BASE.replace(layers=8), 80e6),
-    "C_dmodel256": (_BASE.replace(d_model=256, d_k=32), 28e6),
-    "C_dmodel1024": (_BASE.replace(d_model=1024, d_k=128), 168e6),
-    "C_dff1024": (_BASE.replace(d_ff=1024), 53e6),
-    "C_dff4096": (_BASE.replace(d_ff=4096), 90e6),
-    "big": (PRESETS["big"], 213e6),
-}
+@dataclass(frozen=True)
+class Table3Row:
+    """One row of the paper's Table 3 ("Variations on the Transformer architecture", Section 6.2): the base
+    model changed in ``changes`` (ModelConfig fields -> values, the paper's columns), trained ``steps``
+    steps, and what the paper measured on newstest2013 En-De (beam search, no checkpoint averaging):
+    ``ppl`` (per word-piece), ``bleu`` and ``params`` (millions; None where the paper leaves it blank)."""
+
+    name: str
+    group: str
+    changes: tuple  # ((field, value), ...): the paper's columns that differ from base
+    ppl: float
+    bleu: float
+    params: float | None = None
+    steps: int = 100_000
+
+    @property
+    def config(self) -> ModelConfig:
+        """Base with the row's changes. A row that changes d_k alone keeps base's d_v (row B leaves the d_v
+        column blank), which ModelConfig, whose d_v follows d_k when unset, is told explicitly."""
+        changes = dict(self.changes)
+        if "d_k" in changes and "d_v" not in changes:
+            changes["d_v"] = _BASE.head_dim_v
+        return _BASE.replace(**changes)
+
+    def applied_to(self, base: ModelConfig) -> ModelConfig:
+        """The row's change made to another ``base`` (a CPU-sized one): the size columns (N, d_model, d_ff,
+        h, d_k, d_v) scaled by the row's ratio to the paper's base (h 1 of base's 8 -> an eighth of
+        ``base.heads``), the others (P_drop, eps_ls, positions) set to the row's value. A ratio that leaves
+        a fraction (``base.heads`` 4 and row A's h 1) is a UsageError naming the column."""
+        paper, changes = self.config, {}
+        effective = {"d_k": "head_dim_k", "d_v": "head_dim_v"}
+        for name, value in self.changes + ((("d_v", paper.head_dim_v),) if "d_k" in dict(self.changes)
+                                           and "d_v" not in dict(self.changes) else ()):
+            if name in SIZE_COLUMNS:
+                attr = effective.get(name, name)
+                scaled = getattr(base, attr) * value / getattr(_BASE, attr)
+                if scaled != int(scaled) or scaled < 1:
+                    raise UsageError(f"row {self.name}: {PAPER_COLUMNS[name]} {value} is {value}/{getattr(_BASE, attr)} "
+                                     f"of base's, which leaves {scaled:g} of this base's {getattr(base, attr)}: "
+                                     "choose a base whose sizes it divides")
+                changes[name] = int(scaled)
+            else:
+                changes[name] = value
+        return base.replace(**changes).checked()
+
+    @property
+    def label(self) -> str:
+        """The row as the paper prints it: ``(A) h 1, d_k 512, d_v 512``."""
+        if not self.changes:
+            return self.group
+        cols = ", ".join(f"{PAPER_COLUMNS[k]} {v}" for k, v in self.changes)
+        return f"({self.group}) {cols}" if len(self.group) == 1 else f"{self.group}: {cols}"
+
+
+#: ModelConfig field -> the paper's name for its column in Table 3 (row E adds the positional encoding).
+PAPER_COLUMNS = {"layers": "N", "d_model": "d_model", "d_ff": "d_ff", "heads": "h", "d_k": "d_k", "d_v": "d_v",
+                 "dropout": "P_drop", "label_smoothing": "eps_ls", "positional": "positions"}
+
+
+#: The columns that are sizes: a row's change to them is a ratio when applied to another base.
+SIZE_COLUMNS = ("layers", "d_model", "d_ff", "heads", "d_k", "d_v")
+
+
+def _row(name, group, ppl, bleu, params=None, steps=100_000, **changes) -> Table3Row:
+    return Table3Row(name, group, tuple(changes.items()), ppl, bleu, params, steps)
+
+
+#: Every row of Table 3, in the paper's order, named as its presets are (``train.py --preset A-h1``).
+#: Figures from the paper's Table 3 (dev = newstest2013; PPL per word-piece; params x 10^6).
+TABLE3: dict[str, Table3Row] = {r.name: r for r in (
+    _row("base", "base", 4.92, 25.8, 65),
+    _row("A-h1", "A", 5.29, 24.9, heads=1, d_k=512, d_v=512),
+    _row("A-h4", "A", 5.00, 25.5, heads=4, d_k=128, d_v=128),
+    _row("A-h16", "A", 4.91, 25.8, heads=16, d_k=32, d_v=32),
+    _row("A-h32", "A", 5.01, 25.4, heads=32, d_k=16, d_v=16),
+    _row("B-dk16", "B", 5.16, 25.1, 58, d_k=16),
+    _row("B-dk32", "B", 5.01, 25.4, 60, d_k=32),
+    _row("C-N2", "C", 6.11, 23.7, 36, layers=2),
+    _row("C-N4", "C", 5.19, 25.3, 50, layers=4),
+    _row("C-N8", "C", 4.88, 25.5, 80, layers=8),
+    _row("C-dmodel256", "C", 5.75, 24.5, 28, d_model=256, d_k=32, d_v=32),
+    _row("C-dmodel1024", "C", 4.66, 26.0, 168, d_model=1024, d_k=128, d_v=128),
+    _row("C-dff1024", "C", 5.12, 25.4, 53, d_ff=1024),
+    _row("C-dff4096", "C", 4.75, 26.2, 90, d_ff=4096),
+    _row("D-drop0.0", "D", 5.77, 24.6, dropout=0.0),
+    _row("D-drop0.2", "D", 4.95, 25.5, dropout=0.2),
+    _row("D-ls0.0", "D", 4.67, 25.3, label_smoothing=0.0),
+    _row("D-ls0.2", "D", 5.47, 25.7, label_smoothing=0.2),
+    _row("E-learned", "E", 4.92, 25.7, positional="learned"),
+    _row("big", "big", 4.33, 26.4, 213, steps=300_000, d_model=1024, d_ff=4096, heads=16, dropout=0.3),
+)}
+_BASE_AND_BIG = {"base", "big"}
+PRESETS.update({name: row.config for name, row in TABLE3.items() if name not in _BASE_AND_BIG})
+assert PRESETS["big"] == TABLE3["big"].config  # one definition of big
 
 
 def get_preset(name: str, **overrides) -> ModelConfig:
@@ -150,4 +242,5 @@ def count_parameters(cfg: ModelConfig) -> int:
     dec = cfg.n_decoder_layers * (2 * attn + ffn + 6 * d)
     emb = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 3)
     final = 4 * d if cfg.pre_norm else 0
-    return enc + dec + emb + final
+    positions = 2 * cfg.max_len * d if cfg.positional == "learned" else 0  # one table per stack
+    return enc + dec + emb + final + positions

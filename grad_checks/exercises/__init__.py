@@ -9,9 +9,10 @@ from __future__ import annotations
 from importlib import import_module
 
 # The order to learn them: elementwise, then one matrix, then a row-wise normalisation, the loss,
-# the layers with state or statistics, attention, and last the compositions that call the others.
-ORDER = ("relu", "linear", "softmax", "loss", "layernorm", "dropout", "embedding", "attention",
-         "multihead", "residual", "encoder_layer", "decoder_layer")
+# the layers with state or statistics (the two tables last: the embedding's scatter-add, then the learned
+# positions' sum over the batch), attention, and last the compositions that call the others.
+ORDER = ("relu", "linear", "softmax", "loss", "layernorm", "dropout", "embedding", "learned_positions",
+         "attention", "multihead", "residual", "encoder_layer", "decoder_layer")
 
 
 class UnknownExercise(KeyError):

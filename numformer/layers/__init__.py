@@ -7,6 +7,7 @@ from .dropout import Dropout
 from .embedding import Embedding
 from .feedforward import FeedForward
 from .layernorm import LayerNorm
+from .learned_positions import LearnedPositionalEmbedding
 from .linear import Linear
 from .positional import PositionalEncoding
 from .projection import OutputProjection
@@ -15,9 +16,9 @@ from .relu import ReLU
 from .sublayer import Residual
 
 __all__ = [
-    "Dropout", "Embedding", "FeedForward", "LayerNorm", "Linear", "MultiHeadAttention",
+    "Dropout", "Embedding", "FeedForward", "LayerNorm", "LearnedPositionalEmbedding", "Linear", "MultiHeadAttention",
     "OutputProjection", "PositionalEncoding", "ReLU", "Residual", "ScaledDotProductAttention",
 ]
 
-register(Dropout, Embedding, FeedForward, LayerNorm, Linear, MultiHeadAttention, OutputProjection,
-         PositionalEncoding, ReLU, Residual, ScaledDotProductAttention)
+register(Dropout, Embedding, FeedForward, LayerNorm, LearnedPositionalEmbedding, Linear, MultiHeadAttention,
+         OutputProjection, PositionalEncoding, ReLU, Residual, ScaledDotProductAttention)

@@ -23,6 +23,13 @@ def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:
     return table
 
 
+def check_positions(n: int, max_len: int) -> None:
+    """ValueError (one line) unless ``n`` positions fit a table of ``max_len`` rows; shared with the learned table."""
+    if n > max_len:
+        raise ValueError(f"sequence of {n} positions exceeds the positional table ({max_len}); "
+                         "raise max_len in the model config")
+
+
 class PositionalEncoding(Module):
     """x + PE[offset : offset + time]; ``offset`` is used by incremental decoding."""
 
@@ -34,11 +41,7 @@ class PositionalEncoding(Module):
     def forward(self, x, offset: int = 0):
         """x (batch, time, d_model) -> x + PE rows offset..offset+time-1."""
         t = x.shape[-2]
-        if offset + t > self.max_len:
-            raise ValueError(
-                f"sequence of {offset + t} positions exceeds the positional table ({self.max_len}); "
-                "raise max_len in the model config"
-            )
+        check_positions(offset + t, self.max_len)
         xp = get_array_module(x)
         out = x + xp.asarray(self.table[offset: offset + t], dtype=x.dtype)
         return out

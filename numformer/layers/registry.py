@@ -20,8 +20,9 @@ import importlib
 
 # name -> the module that registers numformer's own class (in this order: numformer_classes() keeps it)
 NAMES = {
-    **dict.fromkeys(("Dropout", "Embedding", "FeedForward", "LayerNorm", "Linear", "MultiHeadAttention",
-                     "OutputProjection", "PositionalEncoding", "ReLU", "Residual", "ScaledDotProductAttention"),
+    **dict.fromkeys(("Dropout", "Embedding", "FeedForward", "LayerNorm", "LearnedPositionalEmbedding", "Linear",
+                     "MultiHeadAttention", "OutputProjection", "PositionalEncoding", "ReLU", "Residual",
+                     "ScaledDotProductAttention"),
                     "numformer.layers"),
     **dict.fromkeys(("EncoderLayer", "DecoderLayer", "Encoder", "Decoder"), "numformer.model"),
     "LabelSmoothedCrossEntropy": "numformer.loss",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..precision import MODES as PRECISIONS
-from ..presets import PRESETS
+from ..presets import PRESETS, TABLE3
 
 
 @dataclass
@@ -99,6 +99,9 @@ RECIPES: dict[str, dict] = {
     "tiny": dict(max_tokens=2000, accum=1, warmup=200, lr_factor=0.5, max_minutes=10, save_every=200,
                  eval_every=200),
 }
+# Table 3's variants of base (presets.TABLE3) train with base's recipe: the paper trains every row the same
+# 100k steps, big excepted (its own recipe above).
+RECIPES.update({name: RECIPES["base"] for name in TABLE3 if name not in RECIPES})
 
 # base on a GPU (``--device cuda``, where base is the default preset). The paper's recipe is for 4.5M
 # sentence pairs: on bible-en-es (28k pairs, about 2.1M source + target tokens) a 50k-token step is 1/42
@@ -110,9 +113,10 @@ GPU_RECIPES: dict[str, dict] = {
     "base": dict(max_tokens=12500, accum=1, warmup=1000, max_minutes=30, max_steps=None, save_every=0,
                  save_every_minutes=5, eval_every=500),
 }
+GPU_RECIPES.update({name: GPU_RECIPES["base"] for name in TABLE3 if name not in ("base", "big")})  # base's variants
 
 SOURCE_FLAGS = ("corpus", "data", "task")   # the data flags, exactly one per run
-MODEL_FLAGS = ("pre_norm", "untied", "dropout", "label_smoothing", "init")
+MODEL_FLAGS = ("pre_norm", "untied", "dropout", "label_smoothing", "init", "positional")
 
 
 def default_preset(device: str) -> str:
@@ -238,9 +242,10 @@ def _settle_model(flags: dict, saved: dict | None) -> dict:
         run = saved["model_config"]
         changes = dict(pre_norm=bool(flags.get("pre_norm")) or run.get("pre_norm", False),
                        tie_embeddings=not flags.get("untied") and run.get("tie_embeddings", True),
-                       dropout=run.get("dropout"), label_smoothing=run.get("label_smoothing"), init=run.get("init"))
+                       dropout=run.get("dropout"), label_smoothing=run.get("label_smoothing"), init=run.get("init"),
+                       positional=run.get("positional"))
         changes = {k: v for k, v in changes.items() if v is not None}
-    for name in ("dropout", "label_smoothing", "init"):
+    for name in ("dropout", "label_smoothing", "init", "positional"):
         if flags.get(name) is not None:
             changes[name] = flags[name]
     return changes

@@ -43,8 +43,9 @@ import pytest
 import torch
 
 from numformer.backend import RandomState
-from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, Linear, MultiHeadAttention,
-                              OutputProjection, PositionalEncoding, ReLU, Residual, ScaledDotProductAttention)
+from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, LearnedPositionalEmbedding, Linear,
+                              MultiHeadAttention, OutputProjection, PositionalEncoding, ReLU, Residual,
+                              ScaledDotProductAttention)
 from numformer.kernels import kernel_mode
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer
@@ -187,6 +188,24 @@ def case_positional_odd_width(rng, dt):
     return Case(m, {"x": rng.standard_normal((B, S, 7))},
                 lambda m, i: {"y": m(i["x"])}, lambda m, g: {"x": m.backward(g["y"])},
                 lambda P, i, d: {"y": tm.positional(i["x"])})
+
+
+def case_learned_positions(rng, dt):
+    m = LearnedPositionalEmbedding(D, 32, dtype=dt, rng=rng)
+    return Case(m, {"x": rng.standard_normal((B, S, D))},
+                lambda m, i: {"y": m(i["x"], offset=3)}, lambda m, g: {"x": m.backward(g["y"])},
+                lambda P, i, d: {"y": tm.learned_positional(P, "", i["x"], offset=3)})
+
+
+def case_learned_positions_shared(rng, dt):
+    """One table used by a source (S rows from 0) and a target (T rows from 2): its gradient is the sum of both."""
+    src = LearnedPositionalEmbedding(D, 16, dtype=dt, rng=rng)
+    m = Holder(src=src, tgt=LearnedPositionalEmbedding(D, 16, dtype=dt, weight=src.weight))
+    return Case(m, {"x": rng.standard_normal((B, S, D)), "y": rng.standard_normal((B, T, D))},
+                lambda m, i: {"sx": m.src(i["x"]), "ty": m.tgt(i["y"], offset=2)},
+                lambda m, g: {"y": m.tgt.backward(g["ty"]), "x": m.src.backward(g["sx"])},
+                lambda P, i, d: {"sx": tm.learned_positional(P, "src", i["x"]),
+                                 "ty": tm.learned_positional(P, "src", i["y"], offset=2)})
 
 
 def case_relu(rng, dt):
@@ -407,6 +426,8 @@ CASES = {
     "OutputProjection": case_output_projection,
     "PositionalEncoding-offset3": case_positional,
     "PositionalEncoding-odd-width": case_positional_odd_width,
+    "LearnedPositions-offset3": case_learned_positions,
+    "LearnedPositions-one-table-two-uses": case_learned_positions_shared,
     "ReLU": case_relu,
     "LayerNorm": case_layernorm,
     "Softmax": case_softmax,
@@ -436,6 +457,9 @@ CASES = {
                                                                 d_k=3, d_v=5, decoder_layers=3),
     "Transformer-tied-post-LN-dropout": lambda r, d: _transformer_case(r, d, dropout=0.1, attn_dropout=0.1,
                                                                        relu_dropout=0.1),
+    "Transformer-learned-positions-dropout": lambda r, d: _transformer_case(r, d, positional="learned", dropout=0.1),
+    "Transformer-learned-positions-untied-pre-LN": lambda r, d: _transformer_case(
+        r, d, positional="learned", tie_embeddings=False, pre_norm=True),
 }
 
 
@@ -781,11 +805,19 @@ def real_loss(rng, dt):
                 lambda P, i, d: {"loss": tm.label_smoothed_loss(i["logits"], _t(target), 0.1, PAD)})
 
 
-def real_transformer(rng, dt):
+def real_learned_positions(rng, dt):
+    """The table at the small preset's training shape, rows from offset 0 (a batch's positions)."""
+    m = LearnedPositionalEmbedding(SMALL["d"], 64, dtype=dt, rng=rng)
+    return Case(m, {"x": rng.standard_normal((SMALL["batch"], SMALL["src"], SMALL["d"]))},
+                lambda m, i: {"y": m(i["x"])}, lambda m, g: {"x": m.backward(g["y"])},
+                lambda P, i, d: {"y": tm.learned_positional(P, "", i["x"])})
+
+
+def real_transformer(rng, dt, **changes):
     """The small preset (3+3 layers, d_model 256, 4 heads, d_ff 1024, vocabulary 8,000, dropout 0.1)
-    on a 64-sentence batch: logits, loss and every gradient."""
+    on a 64-sentence batch: logits, loss and every gradient; ``changes`` to the preset (learned positions)."""
     from numformer.presets import get_preset  # noqa: PLC0415
-    cfg = get_preset("small", vocab_size=SMALL["vocab"], pad_id=PAD, max_len=64)
+    cfg = get_preset("small", vocab_size=SMALL["vocab"], pad_id=PAD, max_len=64, **changes)
     src, tgt = real_batch(rng, SMALL["batch"], SMALL["src"], SMALL["tgt"], SMALL["vocab"])
     m = Transformer(cfg, seed=int(rng.integers(1 << 30)), dtype=dt)
     _randomize(m, rng, 0.1)
@@ -803,6 +835,8 @@ REAL_CASES = {
     "DecoderLayer-base-shape-dropout": lambda r, d: real_layer(r, d, decoder=True),
     "Loss-small-shape-vocab-8000": real_loss,
     "Transformer-small-preset-dropout": real_transformer,
+    "LearnedPositions-small-shape": real_learned_positions,
+    "Transformer-small-preset-learned-positions": lambda r, d: real_transformer(r, d, positional="learned"),
 }
 
 

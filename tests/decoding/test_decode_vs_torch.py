@@ -5,7 +5,8 @@ a ``torch.cat`` key/value cache and a torch re-write of the search rules) must f
 for at least 99% of the sentences, with the same score. This is the check ``bench/decode.py`` reports on a
 trained model, run here on small random models so that it is quick: beam 4 (alpha 0.6) and greedy, post-LN
 tied and pre-LN untied, batches of mixed lengths with sentences finishing at different steps, and the
-output budget (a * source length + b) short enough that EOS is forced for some.
+output budget (a * source length + b) short enough that EOS is forced for some; and a model with learned
+positions (Table 3 row E), whose tables the torch decoder reads from the weights.
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from worst_error import record_worst
 BOS, EOS = 1, 2
 
 
-def _model(pre_norm: bool, tie: bool, seed: int):
+def _model(pre_norm: bool, tie: bool, seed: int, positional: str = "sinusoidal"):
     cfg = ModelConfig(vocab_size=48, d_model=32, d_ff=64, heads=4, layers=2, dropout=0.0, max_len=64,
-                      pre_norm=pre_norm, tie_embeddings=tie)
+                      pre_norm=pre_norm, tie_embeddings=tie, positional=positional)
     model = Transformer(cfg, seed=seed, dtype=np.float64)
     model.eval()
     return model
@@ -36,10 +37,12 @@ def _sentences(n: int, seed: int) -> list:
 
 
 @pytest.mark.parametrize("beam", [4, 1], ids=["beam4", "greedy"])
-@pytest.mark.parametrize("pre_norm,tie", [(False, True), (True, False)], ids=["post-LN-tied", "pre-LN-untied"])
-def test_same_hypotheses_as_torch_in_float64(beam, pre_norm, tie):
+@pytest.mark.parametrize("pre_norm,tie,positional", [(False, True, "sinusoidal"), (True, False, "sinusoidal"),
+                                                     (False, True, "learned")],
+                         ids=["post-LN-tied", "pre-LN-untied", "post-LN-tied-learned-positions"])
+def test_same_hypotheses_as_torch_in_float64(beam, pre_norm, tie, positional):
     torch.set_num_threads(1)
-    model = _model(pre_norm, tie, seed=7)
+    model = _model(pre_norm, tie, seed=7, positional=positional)
     ids = _sentences(60, seed=1)
     # b = 6: short budgets, so some hypotheses end by the forced EOS; max_tokens 80: several batches
     ours = translate_ids(model, ids, BOS, EOS, DecodeOptions(beam=beam, alpha=0.6, max_len_b=6, max_tokens=80))

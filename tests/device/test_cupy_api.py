@@ -8,7 +8,8 @@ public functions only (model forward/backward, the loss, clipping, ``Adam.step``
 greedy and beam search, ``Module.to``, ``state_dict``):
 
 * a model moved to the stand-in trains two steps with the same results as on the host
-  (float64, dropout off), and with dropout on through the device RNG;
+  (float64, dropout off; with the sinusoids and with learned positions), and with dropout on through
+  the device RNG;
 * the embedding backward takes the ``cupyx.scatter_add`` branch; the dropout RNG is
   ``xp.random.default_rng``'s; checkpoints (``state_dict``) come back as host numpy;
 * both searches decode the same tokens as on the host.
@@ -27,10 +28,10 @@ import cupy_standin as cs  # noqa: E402  (tests/ is on sys.path under pytest's r
 from numformer.backend import get_array_module, is_cupy_array, to_host  # noqa: E402
 
 
-def _tiny(dropout=0.0):
+def _tiny(dropout=0.0, **changes):
     from numformer.presets import get_preset
 
-    return get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=2, dropout=dropout)
+    return get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=2, dropout=dropout, **changes)
 
 
 SRC = np.array([[5, 6, 7, 3], [8, 9, 3, 0]])
@@ -72,14 +73,15 @@ def test_the_standin_counts_as_a_device_array(monkeypatch):
     assert cs.READS["float"] == 1
 
 
-def test_device_branches_train_like_the_host_path(monkeypatch):
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_device_branches_train_like_the_host_path(monkeypatch, positional):
     from numformer.model import Transformer
 
-    host = Transformer(_tiny(), seed=0, dtype=np.float64)
+    host = Transformer(_tiny(positional=positional), seed=0, dtype=np.float64)
     host_losses, host_state = _train(host)
 
     xp = cs.install(monkeypatch)
-    dev = Transformer(_tiny(), seed=0, dtype=np.float64).to(xp)
+    dev = Transformer(_tiny(positional=positional), seed=0, dtype=np.float64).to(xp)
     assert dev.xp is xp and is_cupy_array(dev.src_embed.weight.data) and dev.rng.xp is xp
     dev_losses, dev_state = _train(dev)
 

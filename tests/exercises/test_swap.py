@@ -28,9 +28,10 @@ sys.path.insert(0, str(ROOT))
 import train  # noqa: E402
 from support import assert_one_line_error, copy_args, run_main  # noqa: E402
 
-# every kind of layer present: pre-LN (final norms), attention and ReLU dropout, untied embeddings
+# every kind of layer present: pre-LN (final norms), attention and ReLU dropout, untied embeddings, learned
+# positions (Table 3 row E: the LearnedPositionalEmbedding exercise's layer; PositionalEncoding has no exercise)
 CFG = ModelConfig(vocab_size=13, d_model=8, d_ff=16, heads=2, layers=2, dropout=0.1, attn_dropout=0.1,
-                  relu_dropout=0.1, pre_norm=True, max_len=32)
+                  relu_dropout=0.1, pre_norm=True, max_len=32, positional="learned")
 SWAPPED = [e.name for e in exercises.all_exercises() if e.swap]
 
 

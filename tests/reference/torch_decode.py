@@ -67,7 +67,10 @@ class TorchDecoder:
         self.embed_src = w["src_embed.weight"]
         self.embed_tgt = w["src_embed.weight" if arch.tie else "tgt_embed.weight"]
         self.out_w = w["src_embed.weight" if arch.tie else "generator.weight"]
-        self.pe = sinusoid_table(max_len, arch.d_model, dtype)
+        if arch.positional == "learned":  # Table 3 row E: the model's own tables, one per stack
+            self.pe_src, self.pe_tgt = w["src_pos.weight"], w["tgt_pos.weight"]
+        else:
+            self.pe_src = self.pe_tgt = sinusoid_table(max_len, arch.d_model, dtype)
         self.scale = math.sqrt(arch.d_model)
 
         def lin(prefix):
@@ -128,7 +131,7 @@ class TorchDecoder:
     def encode(self, src):
         """src (B, S) int64 -> (memory (B, S, d), mask (B, 1, 1, S) bool, True = attend)."""
         mask = (src != self.arch.pad_id)[:, None, None, :]
-        x = F.embedding(src, self.embed_src) * self.scale + self.pe[: src.shape[1]]
+        x = F.embedding(src, self.embed_src) * self.scale + self.pe_src[: src.shape[1]]
 
         def self_attn(layer, h):
             q, k, v = F.linear(h, *layer["qkv"]).chunk(3, dim=-1)
@@ -154,7 +157,7 @@ class TorchDecoder:
 
     def step(self, tokens, position: int, state: dict):
         """tokens (N,) at ``position`` -> logits (N, V); the caches in ``state`` grow by one position."""
-        y = (F.embedding(tokens[:, None], self.embed_tgt) * self.scale + self.pe[position])
+        y = (F.embedding(tokens[:, None], self.embed_tgt) * self.scale + self.pe_tgt[position])
         mask = state["mask"]
         for i, layer in enumerate(self.dec):
             def self_attn(h, i=i, layer=layer):

@@ -7,7 +7,8 @@ is an independent second implementation of the paper (Vaswani et al. 2017):
   ``F.linear``, ``F.embedding``, ``F.layer_norm``, ``torch.softmax``, ``F.relu``,
   ``F.cross_entropy(label_smoothing=eps)`` (eps spread as eps/V over all V classes,
   the same convention as numformer's loss);
-* its own sinusoid table (Section 3.5) and its own masks, built from the token ids;
+* its own sinusoid table (Section 3.5) and its own masks, built from the token ids; learned positions
+  (Table 3 row E) as plain rows of a leaf tensor, ``P["src_pos.weight"][:T]``;
 * masked attention scores are *replaced* by -1e9 (``masked_fill``), boolean masks
   True = attend, exactly the documented numformer semantics.
 
@@ -60,6 +61,7 @@ class Arch:
     ln_eps: float = 1e-5
     pad_id: int = 0
     label_smoothing: float = 0.1
+    positional: str = "sinusoidal"  # or "learned" (Table 3 row E): the tables src_pos.weight, tgt_pos.weight
 
     @classmethod
     def from_config(cls, cfg) -> "Arch":
@@ -69,7 +71,7 @@ class Arch:
         n_dec = cfg.decoder_layers if cfg.decoder_layers is not None else cfg.layers
         return cls(d_model=cfg.d_model, heads=cfg.heads, d_k=d_k, d_v=d_v, n_enc=cfg.layers, n_dec=n_dec,
                    pre_norm=cfg.pre_norm, tie=cfg.tie_embeddings, ln_eps=cfg.ln_eps, pad_id=cfg.pad_id,
-                   label_smoothing=cfg.label_smoothing)
+                   label_smoothing=cfg.label_smoothing, positional=cfg.positional)
 
 
 class MirrorParams:
@@ -175,6 +177,18 @@ def positional(x, offset: int = 0):
     return x + sinusoid_table(offset + t, d, x.dtype)[offset:]
 
 
+def learned_positional(P, prefix: str, x, offset: int = 0):
+    """Table 3 row (E): x (B, T, d) + P[offset : offset + T], the table the leaf ``prefix.weight`` (max_len, d);
+    autograd's slice backward scatters the batch-summed gradient into those rows."""
+    t = x.shape[-2]
+    return x + P[_join(prefix, "weight")][offset: offset + t]
+
+
+def positions(P, prefix: str, x, arch: Arch):
+    """The stack's positions (``prefix`` src_pos or tgt_pos): the sinusoids, or the learned table."""
+    return learned_positional(P, prefix, x) if arch.positional == "learned" else positional(x)
+
+
 def layer_norm(P, prefix: str, x, eps: float):
     return F.layer_norm(x, (x.shape[-1],), P[_join(prefix, "weight")], P[_join(prefix, "bias")], eps)
 
@@ -270,9 +284,9 @@ def transformer(P, src, tgt_in, arch: Arch, replay=None):
     gen_w = "src_embed" if arch.tie else "generator"
     src_mask = padding_mask(src, arch.pad_id)
     tgt_mask = causal_mask(tgt_in.shape[1]) & padding_mask(tgt_in, arch.pad_id)
-    x = dropout(replay, "src_dropout", positional(embedding(P, src_w, src, arch.d_model)))
+    x = dropout(replay, "src_dropout", positions(P, "src_pos", embedding(P, src_w, src, arch.d_model), arch))
     memory = encoder(P, "encoder", x, src_mask, arch, replay)
-    y = dropout(replay, "tgt_dropout", positional(embedding(P, tgt_w, tgt_in, arch.d_model)))
+    y = dropout(replay, "tgt_dropout", positions(P, "tgt_pos", embedding(P, tgt_w, tgt_in, arch.d_model), arch))
     h = decoder(P, "decoder", y, memory, tgt_mask, src_mask, arch, replay)
     return output_projection(P, gen_w, h)
 

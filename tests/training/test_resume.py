@@ -25,6 +25,7 @@ RESUME_MISMATCH = {
     "another seed": (["--seed", "7"], "differs from the run's seed 1"),
     "another model flag": (["--pre-norm"], "pre_norm False (asked: True)"),
     "another dropout": (["--dropout", "0.3"], "dropout 0.1 (asked: 0.3)"),
+    "other positions": (["--positional", "learned"], "positional 'sinusoidal' (asked: 'learned')"),
 }
 
 

@@ -47,3 +47,10 @@ def test_big_averages_the_last_20_checkpoints():
     tcfg = recipe("big")
     assert tcfg.average_last == 20 and tcfg.keep_last >= 20
     assert recipe("base").average_last == 5
+
+
+def test_positional_flag_and_the_row_e_preset_choose_learned_positions():
+    flags = vars(train.parse_args(["--corpus", "bible-en-es", "--positional", "learned"]))
+    assert settle(flags, "cpu", None, "runs/x").model["positional"] == "learned"
+    row_e = settle(vars(train.parse_args(["--corpus", "bible-en-es", "--preset", "E-learned"])), "cpu", None, "runs/x")
+    assert row_e.preset == "E-learned" and row_e.train == recipe("base")
