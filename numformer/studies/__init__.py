@@ -8,7 +8,9 @@ A study module holds: ``NAME``, ``TITLE``, ``CITATION`` (the paper and the figur
 ``MINUTES`` (its stated time on 2 cores), a ``Config`` dataclass with ``FULL`` (the study) and ``SMALL``
 (what its CI test runs), ``measure(cfg, ...)`` (numbers only), ``check(results)`` (the qualitative finding
 as bounds; returns what fails) and ``run(out, cfg)`` (measure, draw, write). Its docstring states the
-claim, the shapes and seeds, what numformer found, where it differs, the command and the time.
+claim, the shapes and seeds, what numformer found, where it differs, the command and the time. A study with
+flags of its own also has ``add_arguments(parser)`` and ``config_from_args(args, cfg) -> cfg`` (table3's
+``--rows``, ``--steps`` ...), which ``python -m numformer.studies`` calls when that study is named.
 
 A finding that does not reproduce is a result: each study says what differs (initialisation, data,
 scale) rather than being tuned until it agrees.
@@ -22,6 +24,7 @@ STUDIES = {
     "ln-placement": "ln_placement",
     "warmup": "warmup",
     "output-change": "output_change",
+    "table3": "table3",
 }
 
 
