@@ -169,7 +169,7 @@ def add_arguments(parser) -> None:
     g.add_argument("--scale", choices=SCALES, help="small: each row's change applied to a CPU-sized base "
                                                     "(default); full: the paper's shapes (for a GPU)")
     budget = g.add_mutually_exclusive_group()
-    budget.add_argument("--steps", type=int, help="training steps per run (default 600)")
+    budget.add_argument("--steps", type=int, help="training steps per run (default 1000)")
     budget.add_argument("--minutes", type=float, help="training minutes per run (instead of --steps)")
     g.add_argument("--seeds", help="comma-separated seeds, each row trained once per seed (default 1,2)")
     source = g.add_mutually_exclusive_group()
@@ -427,17 +427,11 @@ GROUP_CLAIMS = {"A": "one head is worse than the best head count",
                 "E": "learned positions are about equal to the sinusoids"}
 
 
-def short(row: str) -> str:
-    """A row by its change alone: ``h 1, d_k 512, d_v 512``; base is ``base``."""
-    changes = TABLE3[row].changes
-    return ", ".join(f"{PAPER_COLUMNS[k]} {v}" for k, v in changes) if changes else "base"
-
-
 def compare(worse: str, better: str, summ: dict) -> dict:
     """The paper says ``worse``'s dev PPL is above ``better``'s: "held", "reversed" or "inside the seed
     spread" (the difference of the means no larger than the larger of the two rows' min..max ranges)."""
     w, b = summ.get(worse, {}).get("dev_ppl"), summ.get(better, {}).get("dev_ppl")
-    line = {"worse": worse, "better": better, "claim": f"{short(worse)} above {short(better)}",
+    line = {"worse": worse, "better": better, "claim": f"{worse} above {better}",
             "paper": [TABLE3[worse].ppl, TABLE3[better].ppl]}
     if w is None or b is None:
         return {**line, "verdict": "no result", "numformer": None}
@@ -451,7 +445,7 @@ def about_equal(row: str, base: str, summ: dict) -> dict:
     """Row E: learned positions about equal to the sinusoids: "held" when the PPL difference is inside the
     seed spread or within E_TOLERANCE of base's PPL, otherwise "differs" (by how much)."""
     r, b = summ[row]["dev_ppl"], summ[base]["dev_ppl"]
-    line = {"worse": row, "better": base, "claim": f"{short(row)} about equal to {short(base)}",
+    line = {"worse": row, "better": base, "claim": f"{row} about equal to {base}",
             "paper": [TABLE3[row].ppl, TABLE3[base].ppl]}
     if r is None or b is None:
         return {**line, "verdict": "no result", "numformer": None}
@@ -564,8 +558,19 @@ def _cell(s: dict | None, digits: int) -> str:
     return f"{s['mean']:.{digits}f} ({s['min']:.{digits}f}..{s['max']:.{digits}f})"
 
 
-HEADER = ["row", "change", "params", "paper dev PPL", "numformer dev PPL (min..max)", "paper dev BLEU",
+HEADER = ["row", "paper's change", "as run here", "params", "paper dev PPL", "numformer dev PPL (min..max)", "paper dev BLEU",
           "numformer dev BLEU (min..max)"]
+
+
+def as_run(row: str, results: dict) -> str:
+    """The row's columns as its model was built here (at small scale ``h 1, d_k 128, d_v 128`` for the
+    paper's ``h 1, d_k 512, d_v 512``); ``-`` without a run."""
+    config = next((r["config"] for r in results["runs"] if r["row"] == row), None)
+    if config is None:
+        return "-"
+    built = effective(config)
+    changes = [k for k, _ in TABLE3[row].changes]
+    return ", ".join(f"{PAPER_COLUMNS[k]} {built[EFFECTIVE[k][0]]}" for k in changes) if changes else "base"
 
 
 def table(results: dict) -> str:
@@ -586,7 +591,8 @@ def table(results: dict) -> str:
         params = f"{r['params'] / 1e6:.2f}M" if r["params"] is not None else "-"
         ppl = "diverged" if r["dev_ppl"] is None and r["diverged"] else _cell(r["dev_ppl"], 2)
         bleu = _cell(r["dev_bleu"], 2)
-        lines.append(f"| {row} | {t.label} | {params} | {t.ppl:.2f} | {ppl} | {t.bleu:.1f} | {bleu} |")
+        lines.append(f"| {row} | {t.label} | {as_run(row, results)} | {params} | {t.ppl:.2f} | {ppl} | {t.bleu:.1f} "
+                     f"| {bleu} |")
     verdicts = ["", "Directions (the paper's, judged on dev PPL; \"inside the seed spread\": the difference of the "
                     "means is no larger than the larger min..max of the two rows):", ""]
     for group, pairs in directions(results).items():
@@ -638,7 +644,7 @@ def picture(results: dict, path) -> Path:
         ax.legend(fontsize=8)
     s = results["settings"]
     budget = f"{s['steps']} steps" if s["steps"] is not None else f"{s['minutes']:g} min"
-    fig.suptitle(f"Vaswani et al. 2017, Table 3 on numformer ({s['scale']} scale, {results['data']}, {budget} "
+    fig.suptitle(f"Vaswani et al. 2017, Table 3 on numformer\n({s['scale']} scale, {results['data']}, {budget} "
                  f"per run, seeds {', '.join(map(str, results['seeds']))})", fontsize=10)
     return save_figure(fig, path)
 

@@ -65,9 +65,10 @@ def test_the_table_has_the_papers_and_numformers_columns_a_row_per_row_and_a_lin
     md = (small.out / "table3.md").read_text()
     assert "| " + " | ".join(table3.HEADER) + " |" in md
     for column in ("paper dev PPL", "numformer dev PPL (min..max)", "paper dev BLEU", "numformer dev BLEU (min..max)",
-                   "params", "change"):
+                   "params", "paper's change", "as run here"):
         assert column in table3.HEADER
-    assert "| base | base |" in md and f"| A-h1 | {TABLE3['A-h1'].label} |" in md
+    assert "| base | base | base |" in md
+    assert f"| A-h1 | {TABLE3['A-h1'].label} | h 1, d_k 32, d_v 32 |" in md  # the paper's 512 is 8x base's d_k
     assert f"| {TABLE3['A-h1'].ppl:.2f} |" in md  # the paper's dev PPL beside numformer's
     group_lines = [line for line in md.splitlines() if line.startswith("* ")]
     assert len(group_lines) == 1 and group_lines[0].startswith("* A,")  # only the groups run
