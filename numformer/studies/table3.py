@@ -440,37 +440,41 @@ GROUP_CLAIMS = {"A": "one head is worse than the best head count",
                 "E": "learned positions are about equal to the sinusoids"}
 
 
+def _pair(first: str, second: str, claim: str, summ: dict):
+    """The comparison line of two rows' dev PPL, and (difference of the means, the larger of the two
+    min..max ranges), or None when either row has no result."""
+    f, s = summ.get(first, {}).get("dev_ppl"), summ.get(second, {}).get("dev_ppl")
+    line = {"worse": first, "better": second, "claim": claim, "paper": [TABLE3[first].ppl, TABLE3[second].ppl]}
+    if f is None or s is None:
+        return {**line, "verdict": "no result", "numformer": None}, None
+    diff, spread = f["mean"] - s["mean"], max(f["max"] - f["min"], s["max"] - s["min"])
+    return {**line, "numformer": [f["mean"], s["mean"]], "difference": diff, "spread": spread}, (diff, spread)
+
+
 def compare(worse: str, better: str, summ: dict) -> dict:
     """The paper says ``worse``'s dev PPL is above ``better``'s: "held", "reversed" or "inside the seed
     spread" (the difference of the means no larger than the larger of the two rows' min..max ranges)."""
-    w, b = summ.get(worse, {}).get("dev_ppl"), summ.get(better, {}).get("dev_ppl")
-    line = {"worse": worse, "better": better, "claim": f"{worse} above {better}",
-            "paper": [TABLE3[worse].ppl, TABLE3[better].ppl]}
-    if w is None or b is None:
-        return {**line, "verdict": "no result", "numformer": None}
-    diff = w["mean"] - b["mean"]
-    spread = max(w["max"] - w["min"], b["max"] - b["min"])
-    verdict = "inside the seed spread" if abs(diff) <= spread else ("held" if diff > 0 else "reversed")
-    return {**line, "verdict": verdict, "numformer": [w["mean"], b["mean"]], "difference": diff, "spread": spread}
+    line, found = _pair(worse, better, f"{worse} above {better}", summ)
+    if found is None:
+        return line
+    diff, spread = found
+    return {**line, "verdict": "inside the seed spread" if abs(diff) <= spread else ("held" if diff > 0 else "reversed")}
 
 
 def about_equal(row: str, base: str, summ: dict) -> dict:
     """Row E: learned positions about equal to the sinusoids: "held" when the PPL difference is inside the
     seed spread or within E_TOLERANCE of base's PPL, otherwise "differs" (by how much)."""
-    r, b = summ[row]["dev_ppl"], summ[base]["dev_ppl"]
-    line = {"worse": row, "better": base, "claim": f"{row} about equal to {base}",
-            "paper": [TABLE3[row].ppl, TABLE3[base].ppl]}
-    if r is None or b is None:
-        return {**line, "verdict": "no result", "numformer": None}
-    diff = r["mean"] - b["mean"]
-    spread = max(r["max"] - r["min"], b["max"] - b["min"])
+    line, found = _pair(row, base, f"{row} about equal to {base}", summ)
+    if found is None:
+        return line
+    diff, spread = found
     if abs(diff) <= spread:
         verdict = "held (inside the seed spread)"
-    elif abs(diff) <= E_TOLERANCE * b["mean"]:
+    elif abs(diff) <= E_TOLERANCE * line["numformer"][1]:
         verdict = f"held (within {100 * E_TOLERANCE:.0f}% of base)"
     else:
-        verdict = f"differs ({100 * diff / b['mean']:+.1f}% PPL)"
-    return {**line, "verdict": verdict, "numformer": [r["mean"], b["mean"]], "difference": diff, "spread": spread}
+        verdict = f"differs ({100 * diff / line['numformer'][1]:+.1f}% PPL)"
+    return {**line, "verdict": verdict}
 
 
 def _value(row: str, column: str):
