@@ -165,6 +165,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ("small", "python3 -m numformer.studies ln-placement --small --out runs/studies  # the full one: minutes"),
     "python3 -m numformer.studies ln-placement --out runs/studies":
         ("small", "python3 -m numformer.studies ln-placement --small --out runs/studies  # the full one: minutes"),
+    "python3 -m numformer.studies table3 --rows A,D,E --seeds 1,2":
+        ("small", "python3 -m numformer.studies table3 --small --rows A-h1 --seeds 1,2 --out runs/studies-table3"
+                  "  # the full one: about an hour"),
     "pip install -e '.[tensorboard]'": ("skip", "bash .ci/setup installs this extra (the check runs in its tree)"),
     "python3 train.py --corpus bible-en-es --tensorboard --log-grads 100":
         ("small", f"python3 train.py --corpus bible-en-es --tensorboard --log-grads 2 --out runs/bible-tb {SMALL_BIBLE}"),
