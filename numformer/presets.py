@@ -144,24 +144,28 @@ class Table3Row:
     params: float | None = None
     steps: int = 100_000
 
-    @property
-    def config(self) -> ModelConfig:
-        """Base with the row's changes. A row that changes d_k alone keeps base's d_v (row B leaves the d_v
-        column blank), which ModelConfig, whose d_v follows d_k when unset, is told explicitly."""
+    def _settings(self) -> dict:
+        """The row's changes as ModelConfig must be told them: a row that changes d_k alone keeps base's d_v
+        (row B leaves the d_v column blank), which ModelConfig, whose d_v follows d_k when unset, is told
+        explicitly."""
         changes = dict(self.changes)
         if "d_k" in changes and "d_v" not in changes:
             changes["d_v"] = _BASE.head_dim_v
-        return _BASE.replace(**changes)
+        return changes
+
+    @property
+    def config(self) -> ModelConfig:
+        """Base with the row's changes."""
+        return _BASE.replace(**self._settings())
 
     def applied_to(self, base: ModelConfig) -> ModelConfig:
         """The row's change made to another ``base`` (a CPU-sized one): the size columns (N, d_model, d_ff,
         h, d_k, d_v) scaled by the row's ratio to the paper's base (h 1 of base's 8 -> an eighth of
         ``base.heads``), the others (P_drop, eps_ls, positions) set to the row's value. A ratio that leaves
         a fraction (``base.heads`` 4 and row A's h 1) is a UsageError naming the column."""
-        paper, changes = self.config, {}
+        changes = {}
         effective = {"d_k": "head_dim_k", "d_v": "head_dim_v"}
-        for name, value in self.changes + ((("d_v", paper.head_dim_v),) if "d_k" in dict(self.changes)
-                                           and "d_v" not in dict(self.changes) else ()):
+        for name, value in self._settings().items():
             if name in SIZE_COLUMNS:
                 attr = effective.get(name, name)
                 scaled = getattr(base, attr) * value / getattr(_BASE, attr)

@@ -91,6 +91,7 @@ from ..decoding.translation import DecodeOptions
 from ..errors import StopTraining, UsageError
 from ..files import write_json
 from ..model import Transformer
+from ..plot import read_jsonl
 from ..presets import PAPER_COLUMNS, TABLE3, ModelConfig, count_parameters
 from ..run_files import CHECKPOINTS, METRICS, run_checkpoints
 from ..training.config import TrainConfig
@@ -326,9 +327,7 @@ def check_study_file(out: Path, current: dict) -> None:
 
 
 def last_train_loss(folder: Path) -> float | None:
-    lines = [json.loads(x) for x in (folder / METRICS).read_text().splitlines() if x.strip()] \
-        if (folder / METRICS).is_file() else []
-    losses = [r["train_loss"] for r in lines if "train_loss" in r]
+    losses = [r["train_loss"] for r in read_jsonl(folder / METRICS) if "train_loss" in r]
     return losses[-1] if losses else None
 
 
@@ -548,9 +547,9 @@ def check(results: dict) -> list[str]:
     base = effective(results["base"])
     for (row, seed), r in sorted(by.items()):
         built = effective(r["config"])
-        if count_parameters(ModelConfig.from_dict(r["config"])) != r["params"]:
-            failed.append(f"{row} seed {seed}: the model has {r['params']} parameters, its config "
-                          f"{count_parameters(ModelConfig.from_dict(r['config']))}")
+        counted = count_parameters(ModelConfig.from_dict(r["config"]))
+        if counted != r["params"]:
+            failed.append(f"{row} seed {seed}: the model has {r['params']} parameters, its config {counted}")
         should = {a for col, _ in TABLE3[row].changes for a in EFFECTIVE[col]}
         differ = {k for k in set(built) | set(base) if built.get(k) != base.get(k)}
         if differ != should:
