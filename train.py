@@ -35,7 +35,7 @@ from numformer.kernels.host import tune_host
 
 tune_host()  # before numpy loads: OpenBLAS reads its thread settings then (numformer/kernels/host/)
 
-from grad_checks.swap_grading import grade_swap  # --swap: the student's layer graded before training
+from grad_checks.swap_grading import grade_swap, solved_specs  # --swap: the student's layers graded before training
 from numformer import run_files
 from numformer.backend import xp_for
 from numformer.checkpoint import load_checkpoint
@@ -89,7 +89,8 @@ def parse_args(argv=None):
     m.add_argument("--swap", action="append", metavar="LAYER=FILE.py:CLASS",
                    help="train with your own layer class in place of numformer's LAYER, everywhere the model uses "
                         "it (e.g. LayerNorm=my_layernorm.py:LayerNorm, from python -m grad_checks exercise layernorm); "
-                        "repeatable; see docs/exercises.md")
+                        "repeatable; all=DIR swaps in every layer whose exercise file in DIR checks exact (and "
+                        "refuses a folder holding one that does not); see docs/exercises.md")
     m.add_argument("--positional", choices=list(POSITIONAL),
                    help="sinusoidal (Section 3.5, the paper's) or learned position embeddings (Table 3 row E) "
                         "(default: the preset's)")
@@ -162,7 +163,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     """The flow: parse, open the run, prepare the data, build the model and the trainer, train, test."""
     args = parse_on_rank0(parse_args, argv)
-    with processes("train.py", args.device) as procs, swapped_from_specs(args.swap, grade=grade_swap):
+    with processes("train.py", args.device) as procs, swapped_from_specs(args.swap, grade=grade_swap,
+                                                                               expand=solved_specs):
         world, device = procs.world, procs.device
         xp = xp_for(world.device if world.size > 1 else device)  # cuda asked for but missing: one line, now
         out = Path(args.out) if args.out else default_out(vars(args), args.preset or default_preset(device))

@@ -4,7 +4,8 @@ Prints a table (layer, case, tensor, probes, worst relative error, pass/fail) an
 exits 1 if any tensor fails; ``--json`` prints one JSON object instead.
 
 The exercises (grad_checks/lab.py): ``python -m grad_checks exercise --list``,
-``exercise NAME [--out DIR]``, ``check FILE``, ``mutants``.
+``exercise NAME [--out DIR] [--level derive|implement]``, ``hint FILE``, ``check FILE``,
+``exercise --status DIR``, ``mutants``.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def main(argv=None) -> int:
     if argv and argv[0] in LAB_COMMANDS:  # the exercises: a command of their own, the checks below unchanged
         return lab_main(argv)
     ap = argparse.ArgumentParser(prog="python -m grad_checks", description=__doc__.splitlines()[0],
-                                 epilog="exercises: python -m grad_checks exercise --list | exercise NAME | check FILE")
+                                 epilog="exercises: python -m grad_checks exercise --list | exercise NAME | hint FILE | check FILE "
+                                        "| exercise --status DIR")
     ap.add_argument("--layer", action="append", metavar="NAME",
                     help=f"check only this layer (repeatable): {', '.join(BUILDERS)}")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

@@ -3,8 +3,14 @@
 An exercise names the *reference*: the function or method of numformer that computes a
 backward pass (``numformer.layers.layernorm.layernorm_backward``, ``Residual.backward``). It
 never copies it: the file a student gets (:func:`skeleton`) is generated from the reference's
-signature and docstring with the body replaced by ``raise NotImplementedError``, under the
-equations of the reference's module docstring and the forward code it consumes (shown, done).
+signature with the body replaced by ``raise NotImplementedError``, at one of two levels:
+
+* ``derive`` (the default): the forward's equations, the shapes and what the backward returns
+  (the exercise's ``forward`` and ``returns``), and the forward code (shown, done); no backward
+  equation. The student derives the gradient, which is the skill the exercise exists for;
+  ``python -m grad_checks hint FILE`` reveals the derivation a step at a time (``steps``).
+* ``implement``: the equations of the reference's module docstring (backward included) and the
+  reference's docstring: the student turns given equations into array code.
 Each catalogued mistake is a small function beside the exercise with the reference's signature,
 its docstring's first line the explanation a student reads.
 
@@ -63,6 +69,10 @@ class Exercise:
     doc: the skeleton's docstring when the target has none.
     imports: lines the file imports (helpers the student may use).
     swap: the layer name for ``--swap``; None when numformer has no such layer class.
+    forward: the derive-level header: the forward's equations, the shapes the function receives and what it
+        returns, in the paper's notation; no backward equation (a test searches for the reference's).
+    returns: the derive-level docstring of the function to write: one line, what it returns.
+    steps: the derivation, one step per ``hint``, in order; the last one gives the whole backward.
     """
 
     name: str
@@ -79,6 +89,9 @@ class Exercise:
     swap: str | None = None
     paper: str = ""
     in_place: tuple = ()  # arguments the function may change in place (the embedding's grad)
+    forward: str = ""
+    returns: str = ""
+    steps: tuple = ()
     mistake_names: dict = field(init=False)
 
     def __post_init__(self):
@@ -186,12 +199,23 @@ def _source(obj) -> str:
     return textwrap.dedent(inspect.getsource(obj))
 
 
+def _without_docstring(code: str) -> str:
+    """A function's source with its docstring left out: a layer's ``backward`` may state the math in it."""
+    node = ast.parse(code).body[0]
+    first = node.body[0]
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)):
+        return code
+    lines = code.splitlines()
+    return "\n".join(lines[: first.lineno - 1] + lines[first.end_lineno:])
+
+
 def _commented(code: str) -> str:
     return "\n".join(("# " + line).rstrip() for line in code.rstrip().splitlines())
 
 
-def _skeleton_of(target, doc: str, indent: str, message: str) -> str:
-    """``target``'s def line(s) and docstring (``doc`` when it has none), its body a NotImplementedError."""
+def _skeleton_of(target, doc: str, indent: str, message: str, own_doc: bool = True) -> str:
+    """``target``'s def line(s) and docstring (``doc`` when it has none, or when not ``own_doc``), its body a
+    NotImplementedError."""
     source = textwrap.dedent(inspect.getsource(target))
     node = ast.parse(source).body[0]
     lines = source.splitlines()
@@ -199,28 +223,45 @@ def _skeleton_of(target, doc: str, indent: str, message: str) -> str:
     has_doc = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
         and isinstance(body[0].value.value, str)
     inner = " " * body[0].col_offset
-    if has_doc:
+    if has_doc and own_doc:
         head = lines[: body[0].end_lineno]
     else:
-        head = lines[: body[0].lineno - 1] + [f'{inner}"""{doc}"""']
+        start = body[0].lineno - 1
+        head = lines[:start] + [f'{inner}"""{line}' if i == 0 else (inner + line if line else "")
+                                for i, line in enumerate(textwrap.wrap(doc, 100 - len(indent) - len(inner) - 3)
+                                                         or [""])]
+        head[-1] += '"""'
     head.append(f"{inner}raise NotImplementedError({message!r})")
     return textwrap.indent("\n".join(head), indent)
 
 
-def _header(ex: Exercise, number: int, total: int, path: str) -> str:
+LEVELS = ("derive", "implement")
+
+
+def _header(ex: Exercise, number: int, total: int, path: str, level: str) -> str:
     module = inspect.getmodule(ex.target)
-    equations = textwrap.indent(inspect.getdoc(module).strip(), "    ")
     where = module.__name__.replace(".", "/") + ".py"
-    parts = [f"Exercise {number} of {total}: {ex.title}" + (f" ({ex.paper})" if ex.paper else "") + ".",
-             f"From numformer ({where}):\n\n{equations}",
-             textwrap.fill(f"Your part: write the body of {ex.student_name} below, replacing its `raise "
-                           "NotImplementedError`. The arrays are float64 when graded and float32 in training; every "
-                           "line must work on both.", 100)]
-    if ex.notes:
-        parts.append(textwrap.fill(" ".join(ex.notes.split()), 100))
+    parts = [f"Exercise {number} of {total}: {ex.title}" + (f" ({ex.paper})" if ex.paper else "")
+             + f". Level: {level}."]
+    if level == "derive":
+        parts.append(_paragraphs(ex.forward))
+        parts.append(textwrap.fill(f"Your part: derive the backward pass on paper from the forward above, then write "
+                                   f"the body of {ex.student_name} below, replacing its `raise NotImplementedError`. "
+                                   "The arrays are float64 when graded and float32 in training; every line must work "
+                                   "on both.", 100))
+        parts.append(f"Stuck? One step of the derivation at a time ({len(ex.steps)} steps):\n\n"
+                     f"    python -m grad_checks hint {path}")
+    else:
+        equations = textwrap.indent(inspect.getdoc(module).strip(), "    ")
+        parts += [f"From numformer ({where}):\n\n{equations}",
+                  textwrap.fill(f"Your part: write the body of {ex.student_name} below, replacing its `raise "
+                                "NotImplementedError`. The arrays are float64 when graded and float32 in training; "
+                                "every line must work on both.", 100)]
+        if ex.notes:
+            parts.append(textwrap.fill(" ".join(ex.notes.split()), 100))
     check = f"    python -m grad_checks check {path}"
     parts.append("Check it (finite differences and numformer's own backward on several inputs; when it is wrong,\n"
-                 "the report says where, and names the mistake when it is a known one):\n\n" + check)
+                 "the report says where, and names the mistake or the term when it can):\n\n" + check)
     if ex.swap:
         cls = ex.layer.__name__
         parts.append("When it checks exact, train with it (every " + ex.swap + " numformer builds is yours):\n\n"
@@ -232,12 +273,28 @@ def _header(ex: Exercise, number: int, total: int, path: str) -> str:
     return f"{quote}{text}\n\"\"\""
 
 
-def skeleton(ex: Exercise, number: int, total: int, path: str) -> str:
-    """The text of the exercise file, generated from numformer's code as it is now."""
+def _paragraphs(text: str) -> str:
+    """``text`` with its paragraphs (blank-line separated) filled to 100 columns; indented lines (equations)
+    kept as written."""
+    out = []
+    for para in textwrap.dedent(text).strip().split("\n\n"):
+        if all(line.startswith(" ") for line in para.splitlines()):
+            out.append(para)
+        else:
+            out.append(textwrap.fill(" ".join(para.split()), 100))
+    return "\n\n".join(out)
+
+
+def skeleton(ex: Exercise, number: int, total: int, path: str, level: str = "derive") -> str:
+    """The text of the exercise file at ``level`` (:data:`LEVELS`), generated from numformer's code as it is now."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown level {level!r}: choose from {', '.join(LEVELS)}")
     cls = ex.layer.__name__
     ref_module = ex.layer.__module__
     message = f"{ex.student_name} is not written yet: replace this line with its body"
-    out = [_header(ex, number, total, path), "", "import numpy as np", ""]
+    own_doc = level == "implement"  # the reference's docstring states the backward: implement level only
+    doc = ex.doc if own_doc else (ex.returns or ex.doc)
+    out = [_header(ex, number, total, path, level), "", "import numpy as np", ""]
     out += list(ex.imports)
     out.append(f"from {ref_module} import {cls} as Numformer{cls}")
     if not ex.is_method:
@@ -251,7 +308,10 @@ def skeleton(ex: Exercise, number: int, total: int, path: str) -> str:
         out.append("# ---- done: the forward pass, and what calls your code (numformer's code as it is now; for reading) "
                    "----")
         for obj in shown:
-            out += ["#", f"# {obj.__module__}.{obj.__qualname__}:", _commented(_source(obj))]
+            code = _source(obj)
+            if level == "derive" and obj.__name__ == "backward":  # the call is shown, the math it states is not
+                code = _without_docstring(code)
+            out += ["#", f"# {obj.__module__}.{obj.__qualname__}:", _commented(code)]
         if not ex.is_method and any("kernel(" in _source(o) for o in shown):
             out += ["#", "# kernel(f) is numformer's switch to a fast version of f; for your function it is your function."]
         out.append("")
@@ -260,9 +320,9 @@ def skeleton(ex: Exercise, number: int, total: int, path: str) -> str:
         out += [f"class {cls}(Numformer{cls}):",
                 f'    """numformer\'s {cls} (its __init__, forward and children), with your {ex.target.__name__}."""',
                 "",
-                _skeleton_of(ex.target, ex.doc, "    ", message), ""]
+                _skeleton_of(ex.target, doc, "    ", message, own_doc), ""]
     else:
-        out += [_skeleton_of(ex.target, ex.doc, "", message), "", "",
+        out += [_skeleton_of(ex.target, doc, "", message, own_doc), "", "",
                 f"# numformer's {cls}, its methods calling your {ex.target.__name__} (leave this line as it is):",
                 f"# `python -m grad_checks check` grades the function above, `train.py --swap` trains with this class.",
                 f"{cls} = using(Numformer{cls}, {ex.target.__name__}={ex.target.__name__})", ""]

@@ -18,9 +18,13 @@ and every input's):
 
 When the student's code is wrong, each catalogued mistake is run on the same cases: one that
 agrees with the student's output on every case (to the approximate tolerance, or failing with
-the same error) is named, with its one-line explanation; otherwise the worst tensor is described
-(all zeros, a constant factor, how many entries are wrong). An exception, NotImplementedError, a
-wrong shape or NaN in the student's code is one line each, never a traceback.
+the same error) is named, with its one-line explanation. Otherwise the mistake is located
+(grad_checks/locate.py): a single edit of numformer's backward that reproduces the student's
+output names the term ("your dx is right except that the term ... enters with a + sign"); else
+numformer's terms weighed differently name each wrong term; else each gradient is said right or
+wrong, and for a wrong one which entries (with the worst one described: all zeros, a constant
+factor, float32). An exception, NotImplementedError, a wrong shape or NaN in the student's code
+is one line each, never a traceback.
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ from numformer.kernels import kernel_mode
 from numformer.user_code import exception_line, where
 
 from .exercise import Exercise, OutputMismatch
+from .locate import (located_sentence, same_error, same_error_sentence, single_edit, weighed_sentence, weighed_terms,
+                     wrong_entries)
 
 EXACT = 1e-10   # worst relative error of a gradient equal to numformer's up to round-off
 APPROX = 1e-6   # the finite-difference tolerance: below it a gradient is right, if not to the last bit
@@ -78,6 +84,8 @@ class Grade:
     cases: list = field(default_factory=list)
     not_implemented: str | None = None
     mistake: str | None = None
+    location: str | None = None  # the mistake located to a term, when no catalogued one explains it
+    raised: bool = False  # every case stopped at an exception: the error line is where it went wrong
     hints: list = field(default_factory=list)
     check_command: str = ""
 
@@ -102,7 +110,8 @@ class Grade:
         """One line: EXACT / APPROXIMATE / WRONG (and the mistake) / ERROR / NOT IMPLEMENTED."""
         if self.not_implemented:
             return f"NOT IMPLEMENTED: {self.not_implemented}"
-        named = f": the catalogued mistake {self.mistake}" if self.mistake else ""
+        named = f": the catalogued mistake {self.mistake}" if self.mistake else \
+            ": the mistake located (see the diagnosis)" if self.location else ""
         if self.errors:
             return f"ERROR{named}: {self.errors[0]}"
         wrong = [t for t in self.tensors if t.verdict == "wrong" or (t.fd is not None and not t.fd.passed)]
@@ -138,6 +147,8 @@ class Grade:
         lines.append("")
         if self.mistake:
             lines.append(f"diagnosis: {self.mistake}: {ex.explanation(ex.mistake_names[self.mistake])}")
+        elif self.location:
+            lines.append(f"diagnosis: {self.location}")
         for hint in self.hints:
             lines.append(f"hint: {hint}")
         lines.append(f"result: {self.summary()}")
@@ -156,7 +167,9 @@ def run_class(ex: Exercise, cls: type, seed: int = 0, file=None) -> tuple:
     outcomes = []
     for i, case in enumerate(cases):
         try:
-            _, tensors = analytic_gradients(case, np.random.default_rng([seed, i]))
+            # [seed, i, 2], not [seed, i]: numpy pads a seed with zeros, so [seed, 0] is the stream the case
+            # builders drew the inputs from, and case 1's upstream gradient would repeat its inputs (ReLU: dy == x)
+            _, tensors = analytic_gradients(case, np.random.default_rng([seed, i, 2]))
             validate_gradients(tensors, case.layer)
             outcomes.append(Outcome(grads={name: g for name, _, g in tensors}))
         except NotImplementedError as exc:
@@ -196,7 +209,7 @@ def verdict(error: float) -> str:
     return "exact" if error <= EXACT else "approximate" if error <= APPROX else "wrong"
 
 
-def _agreement(mine: Outcome, theirs: Outcome, reference: Outcome):
+def agreement(mine: Outcome, theirs: Outcome, reference: Outcome):
     """The worst error between two candidates' outcomes on one case, or None when they disagree."""
     if mine.error is not None or theirs.error is not None:
         if mine.signature != theirs.signature:
@@ -220,21 +233,26 @@ def _agreement(mine: Outcome, theirs: Outcome, reference: Outcome):
     return worst if worst <= APPROX else None
 
 
-def closest_mistake(ex: Exercise, mine: list, reference: list, seed: int = 0):
-    """(name, worst error) of the catalogued mistake that agrees with ``mine`` on every case, or None."""
+def closest(candidates, mine: list, reference: list):
+    """(key, worst error) of the candidate whose outcomes agree with ``mine`` on every case (the closest, if
+    several), or None. ``candidates``: (key, outcomes) pairs, the outcomes on the same cases as ``mine``."""
     best = None
-    for mistake in ex.mistakes:
-        _, theirs = run_function(ex, mistake, seed)
+    for key, theirs in candidates:
         worst = 0.0
         for a, b, r in zip(mine, theirs, reference):
-            agree = _agreement(a, b, r)
+            agree = agreement(a, b, r)
             if agree is None:
                 worst = None
                 break
             worst = max(worst, agree)
         if worst is not None and (best is None or worst < best[1]):
-            best = (mistake.__name__, worst)
+            best = (key, worst)
     return best
+
+
+def closest_mistake(ex: Exercise, mine: list, reference: list, seed: int = 0):
+    """(name, worst error) of the catalogued mistake that agrees with ``mine`` on every case, or None."""
+    return closest(((m.__name__, run_function(ex, m, seed)[1]) for m in ex.mistakes), mine, reference)
 
 
 def _describe_wrong(name: str, got, ref, tiny: float) -> str:
@@ -269,6 +287,7 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
         if stopped is not None:
             result.not_implemented = stopped.error
             return result
+        result.raised = all(o.error is not None and o.grads is None and o.raw is None for o in mine)
         for case, me, ref in zip(cases or [None] * len(mine), mine, reference):
             cg = CaseGrade(case.case if case is not None else "building the layer")
             result.cases.append(cg)
@@ -288,8 +307,50 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
             found = closest_mistake(ex, mine, reference, seed)
             result.mistake = found[0] if found is not None else None
             if found is None:
-                result.hints += _hints(result, mine, reference)
+                _locate(result, ex, mine, reference, seed)
     return result
+
+
+def _locate(result: Grade, ex: Exercise, mine: list, reference: list, seed: int) -> None:
+    """No catalogued mistake explains the answer: a single edit of numformer's backward, numformer's terms
+    weighed differently, or which gradients and entries are wrong (grad_checks/locate.py)."""
+    raising = same_error(ex, mine, seed)
+    if raising:
+        result.location = same_error_sentence(ex, raising)
+        return
+    mutant = single_edit(ex, mine, reference, seed)
+    if mutant is not None:
+        result.location = located_sentence(ex, mutant) + _right_and_wrong(result)
+        return
+    weighed = weighed_terms(ex, mine, reference, seed)
+    if weighed is not None:
+        result.location = weighed_sentence(weighed) + _right_and_wrong(result)
+        return
+    result.hints += [h for h in _hints(result, mine, reference) if " is wrong at " not in h]  # said below
+    if any(t.verdict == "wrong" for t in result.tensors):
+        result.hints.append("over every case: " + _right_and_wrong(result)[2:-1].replace("wrong as a result", "wrong"))
+    for k, (case, me, ref) in enumerate(zip(result.cases, mine, reference), 1):  # the first case with a wrong one
+        if me.error is not None or not any(t.verdict == "wrong" for t in case.tensors):
+            continue
+        for t in case.tensors:
+            if t.verdict == "wrong" and t.tensor in me.grads:
+                result.hints.append(wrong_entries(t.tensor, me.grads[t.tensor], ref.grads[t.tensor],
+                                                  _floor(ref.grads), APPROX) + f" (case {k}: {case.name})")
+        break
+
+
+def _right_and_wrong(result: Grade, cases=None) -> str:
+    """" (wrong as a result: input:x; right: weight, bias)": the gradients the mistake touches and those it leaves
+    right, over ``cases`` (every case by default)."""
+    wrong, right = [], []
+    for t in [t for c in (result.cases if cases is None else cases) for t in c.tensors]:
+        bad = t.verdict == "wrong" or (t.fd is not None and not t.fd.passed)
+        (wrong if bad else right).append(t.tensor)
+    wrong = list(dict.fromkeys(wrong))
+    right = [t for t in dict.fromkeys(right) if t not in wrong]
+    if not wrong:
+        return ""
+    return f" (wrong as a result: {', '.join(wrong)}" + (f"; right: {', '.join(right)})" if right else ")")
 
 
 def _hints(result: Grade, mine: list, reference: list) -> list:

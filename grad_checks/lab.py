@@ -2,7 +2,11 @@
 
     python -m grad_checks exercise --list                  the exercises, in the order to learn them
     python -m grad_checks exercise layernorm [--out DIR]   write DIR/my_layernorm.py to fill in
+                                     [--level derive|implement]  derive (default): the forward only;
+                                                                 implement: the backward's equations too
+    python -m grad_checks hint my_layernorm.py             the derivation, one more step each time
     python -m grad_checks check my_layernorm.py            grade it (exit 0 right, 1 wrong)
+    python -m grad_checks exercise --status DIR            which exercises in DIR check exact
     python -m grad_checks check --exercise layernorm FILE  a file without an EXERCISE line
     python -m grad_checks mutants [--exercise NAME]        how many mutants of the references the grading catches
 
@@ -20,9 +24,11 @@ from numformer.cli.errors import one_line_errors
 from numformer.user_code import UserCodeError, load_file
 
 from . import exercises
-from .exercise import skeleton
+from .exercise import LEVELS, skeleton
+from .hints import HintError, hint
+from .progress import folder_status, status_table
 
-COMMANDS = ("exercise", "check", "mutants")
+COMMANDS = ("exercise", "check", "hint", "mutants")
 PROG = "python -m grad_checks"
 
 
@@ -35,6 +41,15 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--list", action="store_true", help="list the exercises in the order to learn them")
     ex.add_argument("--out", default=".", metavar="DIR", help="folder to write my_NAME.py into (default: here)")
     ex.add_argument("--force", action="store_true", help="overwrite an existing file (your work in it is lost)")
+    ex.add_argument("--level", choices=LEVELS, default="derive",
+                    help="derive (default): the forward, the shapes and what to return, the backward yours to "
+                         "derive (python -m grad_checks hint FILE helps a step at a time); implement: the "
+                         "backward's equations are given, the code is yours")
+    ex.add_argument("--status", metavar="DIR", help="grade every exercise file in DIR and list which check exact")
+    hi = sub.add_parser("hint", help="the next step of an exercise's derivation")
+    hi.add_argument("file", help="the exercise file (my_layernorm.py)")
+    hi.add_argument("--step", type=int, metavar="K", help="show the steps up to K (default: one more than last time)")
+    hi.add_argument("--all", action="store_true", help="show every step, the whole derivation")
     ck = sub.add_parser("check", help="grade an exercise file")
     ck.add_argument("file", help="the exercise file (my_layernorm.py)")
     ck.add_argument("--exercise", metavar="NAME", help="the exercise the file answers (default: its EXERCISE line)")
@@ -60,15 +75,16 @@ def list_exercises() -> str:
     return "\n".join(rows)
 
 
-def write_exercise(name: str, out: str = ".", force: bool = False) -> Path:
-    """Write the exercise file ``OUT/my_NAME.py``; refuses to overwrite unless ``force``."""
+def write_exercise(name: str, out: str = ".", force: bool = False, level: str = "derive") -> Path:
+    """Write the exercise file ``OUT/my_NAME.py`` at ``level``; refuses to overwrite unless ``force``."""
     ex = exercises.get(name)
     path = Path(out) / f"my_{ex.name}.py"
     if path.exists() and not force:
         raise FileExistsError(f"{path} exists and may hold your work: check it, delete it, or pass --force "
                               "(or another --out)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(skeleton(ex, exercises.number(ex.name), len(exercises.ORDER), str(path)), encoding="utf-8")
+    path.write_text(skeleton(ex, exercises.number(ex.name), len(exercises.ORDER), str(path), level),
+                    encoding="utf-8")
     return path
 
 
@@ -89,7 +105,7 @@ def student_code(module, ex):
     return fn
 
 
-def check_file(path: str, exercise: str | None = None, seed: int = 0):
+def check_file(path: str, exercise: str | None = None, seed: int = 0, finite_differences: bool = True):
     """Load and grade one file -> (Grade or None, exit status, message)."""
     from .grading import grade  # noqa: PLC0415
 
@@ -109,7 +125,7 @@ def check_file(path: str, exercise: str | None = None, seed: int = 0):
     except UserCodeError as exc:
         return None, 1, f"{p}: {exc}"
     result = grade(ex, fn, who=f"{ex.student_name} in {p}", file=p, seed=seed,
-                   check_command=f"{PROG} check {path}")
+                   check_command=f"{PROG} check {path}", finite_differences=finite_differences)
     return result, 0 if result.passed else 1, ""
 
 
@@ -125,12 +141,21 @@ def _run(args) -> int:
             if args.list:
                 print(list_exercises())
                 return 0
+            if args.status:
+                rows = folder_status(args.status)
+                print(status_table(rows, args.status))
+                return 0 if all(r.state == "exact" for r in rows) else 1
             if not args.name:
-                return _error("name an exercise, or pass --list to see them")
-            path = write_exercise(args.name, args.out, args.force)
+                return _error("name an exercise, or pass --list or --status DIR")
+            path = write_exercise(args.name, args.out, args.force, args.level)
             ex = exercises.get(args.name)
-            print(f"wrote {path}: write the body of {ex.student_name} in it, then check it with\n"
-                  f"    {PROG} check {path}")
+            print(f"wrote {path} (level {args.level}): write the body of {ex.student_name} in it, then check it "
+                  f"with\n    {PROG} check {path}"
+                  + (f"\nstuck? one step of the derivation at a time: {PROG} hint {path}"
+                     if args.level == "derive" else ""))
+            return 0
+        if args.command == "hint":
+            print(hint(args.file, args.step, args.all))
             return 0
         if args.command == "check":
             result, status, message = check_file(args.file, args.exercise, args.seed)
@@ -147,5 +172,5 @@ def _run(args) -> int:
         return mutants_main(args.exercise, args.verbose)
     except exercises.UnknownExercise as exc:
         return _error(exc.args[0])
-    except FileExistsError as exc:
+    except (FileExistsError, FileNotFoundError, HintError) as exc:
         return _error(str(exc))

@@ -41,6 +41,43 @@ class Mutant:
     edit: str           # what was changed, in words
     source: str         # the mutated function
     function: object
+    said: str = ""      # the mistake as a student reads it: "the term `b` enters with a + sign (...)"
+    subject: str = ""   # what the edited statement computes: "dx", "dxhat", "the returned values", ""
+    statement: str = ""  # numformer's statement the edit is in, as code
+
+
+def _statement(fn_def, node):
+    """The innermost statement of ``fn_def`` that holds ``node`` (by position)."""
+    best = None
+    for stmt in ast.walk(fn_def):
+        if isinstance(stmt, ast.stmt) and stmt is not fn_def and stmt.lineno <= node.lineno <= stmt.end_lineno \
+                and (stmt.lineno, stmt.col_offset) <= (node.lineno, node.col_offset):
+            if best is None or (stmt.end_lineno - stmt.lineno) <= (best.end_lineno - best.lineno):
+                best = stmt
+    return best
+
+
+def _subject(stmt, node, outputs) -> str:
+    """What ``stmt`` computes, as the student names it: the assigned name, the returned output that holds
+    ``node`` (``outputs``: the exercise's names of the returned values), or "" when it is a bare call."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        target = stmt.targets[0]
+        if isinstance(target, ast.Tuple) and isinstance(stmt.value, ast.Tuple):
+            for t, v in zip(target.elts, stmt.value.elts):
+                if any(n is node for n in ast.walk(v)):
+                    return ast.unparse(t)
+        return ast.unparse(target)
+    if isinstance(stmt, ast.AugAssign):
+        return ast.unparse(stmt.target)
+    if isinstance(stmt, ast.Return) and stmt.value is not None:
+        elts = stmt.value.elts if isinstance(stmt.value, ast.Tuple) else [stmt.value]
+        if node is stmt:
+            return "the returned values"
+        for i, v in enumerate(elts):
+            if any(n is node for n in ast.walk(v)):
+                return outputs[i] if i < len(outputs) else "the returned value" if len(elts) == 1 \
+                    else f"returned value {i + 1}"
+    return ""
 
 
 def _text(node, limit: int = 50) -> str:
@@ -48,60 +85,119 @@ def _text(node, limit: int = 50) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _axis(node):
+    """The int a reduction's axis is given as (``axis=-1``, ``sum(0)``), and where: ("kw", i) or ("arg", 0)."""
+    for i, kw in enumerate(node.keywords):
+        if kw.arg == "axis":
+            value = kw.value
+            break
+    else:
+        if not node.args:
+            return None
+        value, i = node.args[0], None
+    try:
+        axis = ast.literal_eval(value)
+    except ValueError:
+        return None
+    return (axis, ("kw", i) if i is not None else ("arg", 0)) if isinstance(axis, int) else None
+
+
+AXES = (0, -1)  # a reduction moved between the rows (axis 0) and the features (the last axis): the classic mix-up
+
+
 def _edits(node) -> list:
-    """(description, replacement node) for every mutation of ``node`` itself."""
+    """(description, replacement node, what a student reads) for every mutation of ``node`` itself.
+
+    The description names the edit as made to numformer's code (``mutants`` lists it); what a student reads
+    completes "your dx is right except that ...", the mistake seen from their side."""
     out = []
     if isinstance(node, ast.BinOp):
         left, right = node.left, node.right
         if isinstance(node.op, (ast.Add, ast.Sub)):
-            out.append((f"term `{_text(right)}` dropped", left))
+            out.append((f"term `{_text(right)}` dropped", left, f"the term `{_text(right)}` is missing"))
             out.append((f"term `{_text(left)}` dropped",
-                        right if isinstance(node.op, ast.Add) else ast.UnaryOp(ast.USub(), right)))
+                        right if isinstance(node.op, ast.Add) else ast.UnaryOp(ast.USub(), right),
+                        f"the term `{_text(left)}` is missing"))
             flipped = ast.Sub() if isinstance(node.op, ast.Add) else ast.Add()
-            out.append((f"sign of `{_text(right)}` flipped", ast.BinOp(left, flipped, right)))
+            sign, was = ("-", "added") if isinstance(node.op, ast.Add) else ("+", "subtracted")
+            out.append((f"sign of `{_text(right)}` flipped", ast.BinOp(left, flipped, right),
+                        f"the term `{_text(right)}` enters with a {sign} sign (it is {was})"))
         elif isinstance(node.op, ast.Mult):
-            out.append((f"factor `{_text(right)}` dropped", left))
-            out.append((f"factor `{_text(left)}` dropped", right))
+            out.append((f"factor `{_text(right)}` dropped", left,
+                        f"the factor `{_text(right)}` is missing from `{_text(node)}`"))
+            out.append((f"factor `{_text(left)}` dropped", right,
+                        f"the factor `{_text(left)}` is missing from `{_text(node)}`"))
         elif isinstance(node.op, ast.Div):
-            out.append((f"divisor `{_text(right)}` dropped", left))
+            out.append((f"divisor `{_text(right)}` dropped", left,
+                        f"`{_text(node)}` is not divided by `{_text(right)}`"))
         elif isinstance(node.op, ast.MatMult):
-            out.append((f"operands of `{_text(node)}` swapped", ast.BinOp(right, ast.MatMult(), left)))
+            out.append((f"operands of `{_text(node)}` swapped", ast.BinOp(right, ast.MatMult(), left),
+                        f"the product `{_text(node)}` has its operands the other way round"))
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        out.append((f"minus of `{_text(node)}` dropped", node.operand))
+        said = f"`{_text(node.operand)}` stands where `{_text(node)}` belongs (the minus sign is missing)" \
+            if isinstance(node.operand, ast.Constant) else f"the minus sign of `{_text(node)}` is missing"
+        out.append((f"minus of `{_text(node)}` dropped", node.operand, said))
     elif isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Add, ast.Sub)):
         flipped = ast.Sub() if isinstance(node.op, ast.Add) else ast.Add()
-        out.append((f"`{_text(node)}` with its sign flipped", ast.AugAssign(node.target, flipped, node.value)))
+        does, should = ("subtracts", "add") if isinstance(node.op, ast.Add) else ("adds", "subtract")
+        out.append((f"`{_text(node)}` with its sign flipped", ast.AugAssign(node.target, flipped, node.value),
+                    f"it {does} `{_text(node.value)}` where `{_text(node)}` should {should} it"))
     elif isinstance(node, ast.Attribute) and node.attr == "T":
-        out.append((f"transpose of `{_text(node)}` dropped", node.value))
+        out.append((f"transpose of `{_text(node)}` dropped", node.value,
+                    f"it uses `{_text(node.value)}` where its transpose `{_text(node)}` belongs"))
     elif isinstance(node, ast.Call):
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
         if isinstance(func, ast.Attribute) and name in TRANSPOSES:
-            out.append((f"transpose of `{_text(node)}` dropped", func.value))
+            out.append((f"transpose of `{_text(node)}` dropped", func.value,
+                        f"it uses `{_text(func.value)}` where the transpose `{_text(node)}` belongs"))
         if isinstance(func, ast.Attribute) and name in ("sum", "mean"):
             other = "mean" if name == "sum" else "sum"
             new = copy.deepcopy(node)
             new.func.attr = other
-            out.append((f"`{_text(node)}` became a {other}", new))
+            extra = "missing" if name == "sum" else "too many"
+            out.append((f"`{_text(node)}` became a {other}", new,
+                        f"`{_text(node)}` takes a {other} where it should take a {name} (a factor of the axis' "
+                        f"length {extra})"))
+            found = _axis(node)
+            if found is not None:
+                axis, (how, i) = found
+                for other_axis in AXES:
+                    if other_axis == axis:
+                        continue
+                    new = copy.deepcopy(node)
+                    value = ast.parse(str(other_axis), mode="eval").body
+                    if how == "kw":
+                        new.keywords[i].value = value
+                    else:
+                        new.args[0] = value
+                    out.append((f"axis of `{_text(node)}` became {other_axis}", new,
+                                f"`{_text(node)}` reduces over axis {other_axis} where it should reduce over axis "
+                                f"{axis}"))
         if name == "matmul" and len(node.args) == 2:
             new = copy.deepcopy(node)
             new.args = [new.args[1], new.args[0]]
-            out.append((f"operands of `{_text(node)}` swapped", new))
+            out.append((f"operands of `{_text(node)}` swapped", new,
+                        f"the product `{_text(node)}` has its operands the other way round"))
         if name == "where" and len(node.args) == 3:
-            out.append((f"masking `{_text(node)}` dropped", node.args[2]))
+            out.append((f"masking `{_text(node)}` dropped", node.args[2],
+                        f"the masking `{_text(node)}` is missing (the masked entries get a gradient)"))
         if name.endswith("backward") and node.args:
-            out.append((f"`{_text(node)}` skipped (its gradient passed through)", node.args[0]))
+            out.append((f"`{_text(node)}` skipped (its gradient passed through)", node.args[0],
+                        f"`{_text(node)}` is skipped: the gradient passes through without that backward"))
         for i, kw in enumerate(node.keywords):
             if kw.arg == "keepdims":
                 new = copy.deepcopy(node)
                 del new.keywords[i]
-                out.append((f"keepdims of `{_text(node)}` dropped", new))
+                out.append((f"keepdims of `{_text(node)}` dropped", new,
+                            f"`{_text(node)}` lacks keepdims=True, so it no longer broadcasts along its row"))
     elif isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple) and len(node.value.elts) >= 2:
         for i in range(len(node.value.elts) - 1):
             elts = list(node.value.elts)
             elts[i], elts[i + 1] = elts[i + 1], elts[i]
             out.append((f"returned `{_text(elts[i + 1])}` and `{_text(elts[i])}` swapped",
-                        ast.Return(ast.Tuple(elts, ast.Load()))))
+                        ast.Return(ast.Tuple(elts, ast.Load())),
+                        f"`{_text(elts[i + 1])}` and `{_text(elts[i])}` are returned in each other's place"))
     return out
 
 
@@ -136,7 +232,10 @@ def mutants(ex) -> list:
         for j in range(len(_edits(node))):
             tree = ast.parse(source)
             parent, fieldname, index, node = list(_sites(tree.body[0]))[k]
-            edit, new = _edits(node)[j]
+            stmt = _statement(tree.body[0], node)
+            subject = _subject(stmt, node, ex.outputs) if stmt is not None else ""
+            statement = _text(stmt, 80) if stmt is not None else ""
+            edit, new, said = _edits(node)[j]
             new = ast.copy_location(new, node)
             if index is None:
                 setattr(parent, fieldname, new)
@@ -146,7 +245,7 @@ def mutants(ex) -> list:
             namespace = dict(vars(module))
             exec(compile(tree, f"<mutant of {target.__qualname__}>", "exec"), namespace)  # noqa: S102
             found.append(Mutant(ex.name, first_line + node.lineno - 1, edit, ast.unparse(tree),
-                                namespace[target.__name__]))
+                                namespace[target.__name__], said, subject, statement))
     return found
 
 
@@ -167,6 +266,8 @@ class MutantResult:
     verdict: str        # "wrong", "error", "approximate" or "exact"
     mistake: str | None  # the catalogued mistake it was diagnosed as, if any
     detail: str
+    location: str | None = None  # else the mistake located to a term (grad_checks/locate.py), if it was
+    raised: bool = False  # it raised an exception (not a refused output) on every case
 
 
 def grade_mutants(names=None) -> list:
@@ -185,7 +286,7 @@ def grade_mutants(names=None) -> list:
                 verdict = "exact"
             else:
                 verdict = "approximate"
-            results.append(MutantResult(m, verdict, g.mistake, g.summary()))
+            results.append(MutantResult(m, verdict, g.mistake, g.summary(), g.location, g.raised))
     return results
 
 
@@ -197,11 +298,17 @@ def main(names=None, verbose: bool = False) -> int:
         m = r.mutant
         why = EQUIVALENT.get((m.exercise, m.edit))
         print(f"{r.verdict:<11} {m.exercise:<14} line {m.line:>4}: {m.edit}"
-              + (f"  [mistake {r.mistake}]" if r.mistake else "") + (f"\n{'':<12}equivalent: {why}" if why else ""))
+              + (f"  [mistake {r.mistake}]" if r.mistake else "")
+              + (f"\n{'':<12}diagnosis: {r.location}" if r.location and verbose else "")
+              + (f"\n{'':<12}equivalent: {why}" if why else ""))
     named = sum(r.mistake is not None for r in caught)
+    located = sum(r.mistake is None and r.location is not None for r in caught)
+    raised = sum(r.mistake is None and r.location is not None and r.raised for r in caught)
     print(f"{len(caught)} of {len(results)} mutants caught ({sum(r.verdict == 'wrong' for r in caught)} wrong, "
-          f"{sum(r.verdict == 'error' for r in caught)} failing); {named} of the caught diagnosed as a catalogued "
-          f"mistake; {len(survived)} not caught, {sum((r.mutant.exercise, r.mutant.edit) in EQUIVALENT for r in survived)}"
-          " of them known equivalents")
+          f"{sum(r.verdict == 'error' for r in caught)} failing); of the caught, {named} diagnosed as a catalogued "
+          f"mistake, {located} located to the term ({raised} of them raising an exception, named by the edits "
+          f"that raise the same error), {len(caught) - named - located} neither; {len(survived)} "
+          f"not caught, {sum((r.mutant.exercise, r.mutant.edit) in EQUIVALENT for r in survived)} of them known "
+          "equivalents")
     unexplained = [r for r in survived if (r.mutant.exercise, r.mutant.edit) not in EQUIVALENT]
     return 1 if unexplained else 0

@@ -11,6 +11,9 @@ from numformer.swap import SwapError
 
 from . import exercises
 from .grading import grade
+from .progress import swap_specs
+
+_GRADED: dict = {}  # (layer, "PATH:CLASS") -> the line, for a layer graded by solved_specs already
 
 
 def exercise_for(layer: str):
@@ -25,6 +28,8 @@ def grade_swap(layer: str, user_class: type, file: str) -> str:
     A layer that is not written yet (NotImplementedError) is refused: a SwapError. A wrong one is trained
     with anyway, after a warning: seeing what a wrong backward does to training is a fair experiment.
     """
+    if (layer, file) in _GRADED:
+        return _GRADED[(layer, file)]
     where, path = f"swap: {layer} <- {file}", file.rpartition(":")[0]
     exercise = exercise_for(layer)
     if exercise is None:
@@ -37,3 +42,13 @@ def grade_swap(layer: str, user_class: type, file: str) -> str:
         return f"{where}: its backward grades {result.summary()} on {len(result.cases)} cases"
     return (f"{where}: WARNING: its backward grades {result.summary()} (python -m grad_checks check {path} says "
             "more); training with it anyway")
+
+
+def solved_specs(folder: str) -> tuple:
+    """``train.py --swap all=DIR``: (a spec per layer solved in DIR, the lines to log); a file that does not
+    check exact is refused in one line (:func:`grad_checks.progress.swap_specs`)."""
+    specs, lines = swap_specs(folder)
+    for spec in specs:
+        layer, _, file = spec.partition("=")
+        _GRADED[(layer, file)] = f"swap: {layer} <- {file}: checked EXACT against numformer's backward"
+    return specs, lines

@@ -204,13 +204,17 @@ def describe(swaps: dict, files: dict, grade=None) -> list:
 
 
 @contextlib.contextmanager
-def swapped_from_specs(specs, log=print, grade=None):
+def swapped_from_specs(specs, log=print, grade=None, expand=None):
     """``train.py --swap``: load every spec (a bad one fails here, in one line, before any data is read),
     log where each swapped layer comes from and, with ``grade``, how it grades (:func:`describe`), then
-    run the block with them swapped in."""
+    run the block with them swapped in.
+
+    ``expand(folder) -> (specs, lines)`` turns ``all=DIR`` into one spec per layer solved in DIR (the caller's:
+    ``train.py`` passes ``grad_checks.swap_grading.solved_specs``); without it ``all=`` is refused."""
     if not specs:
         yield {}
         return
+    specs = expanded(specs, expand, log)
     swaps = from_specs(specs)
     files = {}
     for spec in specs:
@@ -220,6 +224,26 @@ def swapped_from_specs(specs, log=print, grade=None):
         log(line)
     with swapped(swaps):
         yield swaps
+
+
+def expanded(specs, expand, log=print) -> list:
+    """``specs`` with every ``all=DIR`` replaced by ``expand(DIR)``'s specs (its lines logged)."""
+    out = []
+    try:
+        for spec in specs:
+            layer, sep, folder = spec.partition("=")
+            if layer.strip() != "all" or not sep:
+                out.append(spec)
+                continue
+            if expand is None:
+                raise SwapError("--swap all=DIR needs the exercises' grading (train.py provides it)")
+            more, lines = expand(folder.strip())
+            for line in lines:
+                log(line)
+            out += more
+    except SwapError as exc:  # every process of a data-parallel run fails here alike
+        raise mark_collective(exc) from None
+    return out
 
 
 def from_specs(specs) -> dict:

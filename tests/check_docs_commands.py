@@ -158,6 +158,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "--swap LayerNorm=lab/my_layernorm.py:LayerNorm":
         ("small", f"python3 train.py --corpus bible-en-es --preset small --out runs/bible-mine "
                   f"--swap LayerNorm=lab/my_layernorm.py:LayerNorm {SMALL_BIBLE}"),
+    "python -m grad_checks hint lab/my_layernorm.py": ("run", "python -m grad_checks hint lab/my_layernorm.py"),
+    "python -m grad_checks exercise --status lab": ("run", "python -m grad_checks exercise --status lab"
+                                                           "  # exit 1 until all thirteen are exact"),
+    "python3 train.py --task copy --preset tiny --max-steps 300 --no-test --swap all=lab --out runs/all-mine":
+        ("small", "python3 train.py --task copy --preset tiny --max-steps 3 --no-test --swap all=lab --out runs/all-mine"),
+    "python3 train.py --corpus bible-en-es --preset small --max-steps 300 --no-test --out runs/bible-numformer":
+        ("small", f"python3 train.py --corpus bible-en-es --preset small --out runs/bible-numformer {SMALL_BIBLE}"),
+    "python3 train.py --corpus bible-en-es --preset small --max-steps 300 --no-test --out runs/bible-all-mine "
+    "--swap all=lab":
+        ("small", "python3 -c \"import sys; sys.path.insert(0, 'tests'); from pathlib import Path; import lab_files; "
+                  "from grad_checks import exercises; [lab_files.write(ex, ex.target, Path('lab')) "
+                  "for ex in exercises.all_exercises()]\" && python3 train.py --corpus bible-en-es --preset small "
+                  f"--out runs/bible-all-mine --swap all=lab {SMALL_BIBLE}  # every exercise solved first"),
     # -- studies and TensorBoard -------------------------------------------------------------------------------
     "python3 -m numformer.studies --list": ("run", "python3 -m numformer.studies --list"),
     "python3 -m numformer.studies NAME --small": ("run", "python3 -m numformer.studies output-change --small"),

@@ -69,4 +69,40 @@ EXERCISE = Exercise(
     mistakes=(repeated_ids_overwritten, scale_forgotten, assigned_not_added, new_array_not_in_place),
     notes="grad is the weight's .grad (V, d_model): add into it in place and return it. ids (n,) and dy (n, d_model) "
           "are flattened over batch and time; scale is sqrt(d_model), or 1 when the layer has no scale. Forward "
-          "is W[ids] * scale; padding ids are ordinary rows here.")
+          "is W[ids] * scale; padding ids are ordinary rows here.",
+    forward="""
+        The token embedding (Section 3.4): a lookup of rows of the learned matrix W (V, d_model), multiplied by
+        sqrt(d_model). The layer flattens batch and time into n positions; position t holds the token id ids_t
+        and gets
+
+            e_t  = scale * W[ids_t]            e_t is (d_model,): row ids_t of W, scaled
+            e_tj = scale * W_(ids_t, j)        t = 1 .. n, j = 1 .. d_model
+
+        with scale = sqrt(d_model), or 1 for a layer built with scale=False. The same id can occur at many
+        positions (within a sentence and across the batch); padding ids are ordinary rows here. Section 3.4
+        shares one matrix between the two embedding layers and the pre-softmax linear transformation (weight
+        tying), so W is used by several layers and its gradient collects a contribution from each.
+
+        Your function receives grad, the weight's .grad array (V, d_model), which may already hold the gradient
+        of W's other uses; ids (n,), int; dy = dL/de (n, d_model); and scale (float). It must add this layer's
+        contribution to dL/dW into grad, in place (the layer ignores your return value: it relies on grad having
+        changed), and return grad. The ids have no gradient.""",
+    returns="Add this layer's contribution to dL/dW (V, d_model) into grad in place and return grad, from the ids "
+            "(n,), dy = dL/de (n, d_model) and the forward's scale.",
+    steps=("Entry W_vj reaches the output exactly at the positions t that looked up row v (ids_t = v), as e_tj = "
+           "scale * W_vj, so de_tj/dW_vj = scale there and 0 elsewhere. The chain rule sums over those positions: "
+           "dL/dW_vj = sum over the t with ids_t = v of scale * dy_tj. A row of W that no position looked up gets "
+           "nothing from this layer.",
+           "Repeated ids: a row used at several positions gets the sum of all their contributions, not the last "
+           "one (a shared variable's gradient is the sum over its uses). Padding ids are no exception here: their "
+           "rows get gradient like any other.",
+           "The scale: forward multiplied each looked-up row by scale, so every contribution is scale * dy_t, not "
+           "dy_t alone (scale = sqrt(d_model), or 1 without scaling).",
+           "Tied weights: grad may already hold the gradient of W's other uses (the other embedding, the pre-softmax "
+           "projection), and W's gradient is the sum over all of its uses: add into grad, never assign; and add "
+           "into the very array you were given, since the layer reads weight.grad, not your return value.",
+           "Whole backward: grad[ids_t] += scale * dy_t for every position t, repeated ids summed. In NumPy the "
+           "obvious grad[ids] += scale * dy is wrong with repeated ids: fancy-index += is buffered and writes each "
+           "repeated row once (one contribution survives). Use np.add.at(grad, ids, scale * dy), an unbuffered "
+           "scatter-add that accumulates repeats in place (numformer.backend.scatter_add does the same on NumPy "
+           "and CuPy arrays), then return grad."))

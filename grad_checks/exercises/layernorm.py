@@ -73,4 +73,32 @@ EXERCISE = Exercise(
     mistakes=(dropped_mean_term, dropped_variance_term, unbiased_variance, gamma_forgotten, scale_forgotten,
               gain_gradient_without_xhat),
     notes="The layer flattens the leading axes into rows: dy and xhat are (n, d), r (n, 1), gamma (d,). dgamma "
-          "and dbeta sum over every row.")
+          "and dbeta sum over every row.",
+    forward="""
+        The forward, per row x of d features (the layer flattens the leading axes into n rows):
+
+            mu   = (1/d) sum_j x_j
+            var  = (1/d) sum_j (x_j - mu)^2
+            r    = 1 / sqrt(var + eps)
+            xhat = (x - mu) * r
+            y    = gamma * xhat + beta          (elementwise: gamma and beta hold one entry per feature)
+
+        Your function receives dy = dL/dy (n, d), the forward's xhat (n, d) and r (n, 1), and gamma (d,). It
+        returns (dx, dgamma, dbeta): dL/dx (n, d), dL/dgamma (d,) and dL/dbeta (d,). gamma and beta are shared
+        by every row.""",
+    returns="Return (dx, dgamma, dbeta): dL/dx (n, d), dL/dgamma (d,) and dL/dbeta (d,), from dy (n, d), xhat (n, d), "
+            "r (n, 1) and gamma (d,).",
+    steps=("The parameters first. y = gamma * xhat + beta in every row, and gamma and beta are shared by the n "
+           "rows, so their gradients add up over the rows: dbeta = sum over rows of dy, dgamma = sum over rows of "
+           "dy * xhat.",
+           "Into the normalised input: y depends on xhat through the gain only, so dxhat = dy * gamma (n, d). The "
+           "rest is the backward of xhat = (x - mu) * r, where mu and r depend on the whole row.",
+           "Keep the row fixed and write xhat_j = (x_j - mu) * r. Three paths lead from x_i to xhat_j: directly "
+           "(d(x_j)/d(x_i) = 1 when i = j), through mu (d mu / d x_i = 1/d) and through r. So dx_i = r * dxhat_i "
+           "- (r/d) sum_j dxhat_j + sum_j dxhat_j (x_j - mu) * (d r / d x_i).",
+           "Through the variance: d var / d x_i = (2/d) (x_i - mu) (the mu terms cancel, since sum_j (x_j - mu) = "
+           "0), and r = (var + eps)^(-1/2), so d r / d x_i = -r^3 (x_i - mu) / d = -(r^2 / d) xhat_i. Then "
+           "sum_j dxhat_j (x_j - mu) d r/d x_i = -(r/d) xhat_i sum_j dxhat_j xhat_j.",
+           "Together, with mean over the row's d features: dx = r * (dxhat - mean(dxhat) - xhat * mean(dxhat * "
+           "xhat)). In NumPy, a mean over the last axis that keeps its dimension (keepdims=True) broadcasts back "
+           "along the row."))

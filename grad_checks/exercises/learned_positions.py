@@ -79,4 +79,40 @@ EXERCISE = Exercise(
               input_gradient_none),
     notes="grad is the table's .grad (max_len, d_model): add into it in place and return it, with dx. dy is "
           "(batch, T, d_model) (any number of leading axes); offset is the first row forward used. Padding "
-          "positions are ordinary positions here (their P row was added too).")
+          "positions are ordinary positions here (their P row was added too).",
+    forward="""
+        The forward (Section 3.5, Table 3 row E): the sinusoids of Section 3.5 are replaced by a trained table P
+        (max_len, d_model), one row per position, and row t + offset is added to position t of every sentence
+        of the batch:
+
+            y[b, t] = x[b, t] + P[t + offset]        for every batch index b and t = 0 .. T-1
+            x, y (batch, T, d_model); P (max_len, d_model); offset >= 0 (past 0 in incremental decoding)
+
+        In array terms y = x + P[offset : offset + T]: a slice of T rows of P, broadcast over the batch axes
+        (dy may have any number of leading axes in front of (T, d_model)). Padding positions are ordinary
+        positions here: their row of P was added too.
+
+        Your function receives grad, the table's gradient P.grad (max_len, d_model), which may already hold
+        gradients from other uses of the same table (the source and target stacks may share it, and
+        gradients are accumulated between steps); dy = dL/dy (batch, T, d_model); and offset, the first row
+        the forward used. It adds dL/dP into grad, in place (accumulated, never assigned), and returns
+        (grad, dx): the same grad array, and dx = dL/dx (batch, T, d_model), x's gradient (x is a float input
+        here, not ids, so it has one).""",
+    returns="Return (grad, dx): grad (max_len, d_model), P's gradient with dL/dP added in place, and dx = dL/dx "
+            "(batch, T, d_model), from dy (batch, T, d_model) and the forward's first row offset.",
+    steps=("x first: in y[b, t] = x[b, t] + P[t + offset] the input enters the sum with coefficient 1, so its "
+           "gradient is the upstream gradient itself, with x's shape (not zeros, not None: x is a float input "
+           "with a gradient). Returning dy itself is fine as long as nothing changes it in place.",
+           "Which rows of P get a gradient: position t of the sentence read row t + offset, so that row's "
+           "gradient comes from dy[..., t, :]. The rows before offset and after offset + T - 1 were not used: "
+           "they get nothing (and rows 0 .. T-1 are the wrong rows whenever offset > 0).",
+           "The batch: the same row P[t + offset] was added to every sentence b (a broadcast over the batch "
+           "axes), so by the chain rule its gradient is the sum over b of dy[b, t]: a sum over every leading "
+           "axis, not an average (each sentence contributes its whole gradient), and not dy (batch, T, d_model) "
+           "added to T rows as it is.",
+           "Accumulate: grad may already hold the gradient of another use of the table (a table shared by "
+           "source and target, or an earlier step), so add into it (+=), in place, never assign.",
+           "The whole backward: dP[t + offset] += sum_b dy[b, t] for t = 0 .. T-1, dx = dy. In NumPy: take "
+           "T, d = dy.shape[-2:] (time and d_model, the last two axes), flatten the leading axes with "
+           "dy.reshape(-1, T, d) and .sum(axis=0) it to (T, d), add that into the slice grad[offset : offset + T] "
+           "with +=, and return (grad, dy). No loop over batch or time."))

@@ -51,4 +51,37 @@ EXERCISE = Exercise(
     show=(linear_forward,),
     notes="The layer flattens the leading axes into rows first: x is (n, d_in), dy (n, d_out), W (d_in, d_out). "
           "Return db = None when with_bias is False. numformer's matmul is @ (it only changes in the opt-in "
-          "lower-precision modes): write @.")
+          "lower-precision modes): write @.",
+    forward="""
+        The linear map behind every projection of the model (the W^Q, W^K, W^V and W^O of Section 3.2.2, the
+        two layers of the feed-forward network of Section 3.3, Eq. 2). The layer flattens the leading axes
+        (batch, time) into n rows first, so one matrix product does all of them:
+
+            y = x W + b                         x (n, d_in), W (d_in, d_out), b (d_out,), y (n, d_out)
+            y_ij = sum_k x_ik W_kj + b_j        i = 1 .. n, j = 1 .. d_out, k = 1 .. d_in
+
+        The weight is stored (d_in, d_out), so the forward needs no transpose (PyTorch stores the transpose,
+        (d_out, d_in)). b is added to every row. W and b are shared by all n rows (every batch and time
+        position).
+
+        Your function receives dy = dL/dy (n, d_out), the forward's input x (n, d_in), the weight w (d_in,
+        d_out) and with_bias (bool: whether the layer has a bias). It returns a tuple (dx, dW, db): dL/dx (n,
+        d_in), dL/dW (d_in, d_out) and dL/db (d_out,); db is None when with_bias is False. Write matrix
+        products with @ (numformer's matmul is @; it differs only in the opt-in lower-precision modes).""",
+    returns="Return (dx, dW, db): dL/dx (n, d_in), dL/dW (d_in, d_out) and dL/db (d_out,) or None when with_bias "
+            "is False, from dy (n, d_out), the forward's input x (n, d_in) and the weight w (d_in, d_out).",
+    steps=("The bias first. y_ij = sum_k x_ik W_kj + b_j: b_j appears in column j of every row i, with derivative "
+           "1, and it is shared by the n rows, so their contributions add up: dL/db_j = sum over the rows i of "
+           "dy_ij. A sum, not a mean (each row adds its own term to the loss), and over the rows, not the "
+           "features: db has one entry per output feature, (d_out,). None when with_bias is False.",
+           "The input. x_ik appears in y_ij for every output feature j of its own row i (and in no other row), "
+           "with dy_ij/dx_ik = W_kj. So dL/dx_ik = sum_j dy_ij W_kj: the sum runs over W's second index, so in "
+           "matrix form it is dy times the transpose of W, (n, d_out) x (d_out, d_in) = (n, d_in). Multiplying by "
+           "W itself would not even have the right shape unless W is square.",
+           "The weight. W_kj is shared by every row: it appears in y_ij for every i, with dy_ij/dW_kj = x_ik. So "
+           "dL/dW_kj = sum_i x_ik dy_ij, a sum over the rows, which is the transpose of x times dy: (d_in, n) x "
+           "(n, d_out) = (d_in, d_out), the shape W is stored in. (dy^T x is the transpose of that, (d_out, "
+           "d_in): PyTorch's layout, not numformer's.)",
+           "Whole backward: dx = dy W^T, dW = x^T dy, db = sum over the rows of dy (None without a bias). In NumPy: "
+           "dx = dy @ w.T, dW = x.T @ dy, db = dy.sum(axis=0) if with_bias else None, and return (dx, dW, db). "
+           "Check each shape against its variable: dx like x, dW like w, db like b."))

@@ -1,12 +1,15 @@
 """Mutation testing of the grading (grad_checks/mutants.py): every single-edit mutant of every exercise's
 reference solution (a term dropped, a sign flipped, a factor or a transpose dropped, operands swapped, a sum
-made a mean, a masking or a child's backward skipped, returned values swapped) is reported wrong or failing,
-except the listed equivalent mutants, which compute the same thing; docs/exercises.md states the same figure."""
+made a mean, a reduction over the wrong axis, a masking or a child's backward skipped, returned values swapped)
+is reported wrong or failing, except the listed equivalent mutants, which compute the same thing; and every
+caught mutant is either named by the exercise's catalogue or located to the edited term, in words a student
+reads (grad_checks/locate.py); docs/exercises.md states both figures."""
 import re
 from collections import Counter
 from pathlib import Path
 
 from grad_checks import exercises
+from grad_checks.grading import grade
 from grad_checks.mutants import EQUIVALENT, grade_mutants, mutants
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "exercises.md"
@@ -26,9 +29,41 @@ def test_every_mutant_is_caught_or_a_listed_equivalent():
             f"{page.name} should say {caught} of {len(results)} mutants"
 
 
+def test_every_caught_mutant_is_named_by_the_catalogue_or_located_to_its_term():
+    results = grade_mutants()
+    caught = [r for r in results if r.verdict in ("wrong", "error")]
+    unexplained = [(r.mutant.exercise, r.mutant.edit, r.detail) for r in caught
+                   if r.mistake is None and r.location is None]
+    assert not unexplained
+    located = [r for r in caught if r.mistake is None]
+    # the location names the edit that was made, as the student reads it ("the term `b` enters with a + sign")
+    assert all(r.mutant.said in r.location for r in located), \
+        [(r.mutant.edit, r.location) for r in located if r.mutant.said not in r.location]
+    per_exercise = Counter(r.mutant.exercise for r in located)
+    assert set(per_exercise) <= set(exercises.ORDER) and len(per_exercise) >= 10
+    named = len(caught) - len(located)
+    figure = re.search(r"(\d+) named by their catalogue and (\d+) located to the term", DOC.read_text())
+    assert figure and (int(figure[1]), int(figure[2])) == (named, len(located)), \
+        f"exercises.md should say {named} named by their catalogue and {len(located)} located to the term"
+
+
+def test_a_located_mistake_reads_as_the_student_made_it():
+    def flipped(dy, xhat, r, gamma):  # the mutant "sign of `xhat * ...` flipped", written by hand
+        dxhat = dy * gamma
+        dx = r * (dxhat - dxhat.mean(axis=-1, keepdims=True) + xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+        return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+    result = grade(exercises.get("layernorm"), flipped)
+    assert result.mistake is None
+    assert result.location == ("your dx is right except that the term `xhat * (dxhat * xhat).mean(axis=-1, "
+                               "keepdims=True)` enters with a + sign (it is subtracted) (wrong as a result: input:x; "
+                               "right: weight, bias)")
+    assert "diagnosis: your dx is right except" in str(result) and "mistake located" in result.summary()
+
+
 def test_the_mutation_operators_each_fire():
     edits = [m.edit for name in exercises.ORDER for m in mutants(exercises.get(name))]
     for kind in ("term `", "sign of `", "factor `", "transpose of `", "operands of `", "became a mean",
                  "became a sum", "masking `", "skipped (its gradient passed through)", "swapped", "keepdims of `",
-                 "with its sign flipped", "divisor `"):
+                 "with its sign flipped", "divisor `", "became 0", "became -1"):
         assert any(kind in e for e in edits), kind

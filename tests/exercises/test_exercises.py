@@ -45,9 +45,9 @@ def test_the_unsolved_file_says_not_implemented_in_one_line(name, tmp_path, caps
 
 
 @pytest.mark.parametrize("name", exercises.ORDER)
-def test_the_skeleton_holds_the_equations_not_the_answer(name):
+def test_the_implement_level_holds_the_equations_not_the_answer(name):
     ex = exercises.get(name)
-    text = skeleton(ex, 1, 1, "my.py")
+    text = skeleton(ex, 1, 1, "my.py", "implement")
     compile(text, "my.py", "exec")
     source = textwrap.dedent(inspect.getsource(ex.target))
     body = source.split('"""')[-1] if '"""' in source else source.split(":", 1)[1]

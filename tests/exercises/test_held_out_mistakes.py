@@ -1,0 +1,376 @@
+"""Held-out wrong answers: for every exercise, wrong backward passes written by hand here, graded as a
+student's file is (``lab.check_file``), get a located diagnosis or a precise "these entries" answer, never a
+traceback.
+
+The grading explains a wrong answer with the exercise's catalogue of classic mistakes first; when none
+reproduces it, grad_checks/locate.py locates it (a single edit of numformer's backward, numformer's additive
+terms weighed differently, or which gradients and which of their entries are wrong). The catalogue and the
+single-edit mutants (grad_checks/mutants.py) are both generated from, or written beside, the same reference, so
+grading them proves little about an answer nobody anticipated: a mutant located as itself is a tautology. The
+answers here are *held out*: none is a catalogued mistake (``result.mistake is None`` checks that) and none is a
+single edit the mutant generator makes. They are mistakes students make: two at once, a factor of 2 not
+cancelled, a wrong but plausible formula (leaky ReLU's derivative, a whole-array sum, a division where the
+mask multiplies), a term from the wrong variable (copy-paste), an off-by-one loop, an assignment where the
+gradient accumulates, a composite that feeds a child the wrong gradient.
+
+Each expected diagnosis is derived from the planted mistake (which tensor it breaks, at how many entries and
+where, by what factor), not copied from what the grader prints: the counts come from the exercise's cases
+(shapes, padding, the planted repeated ids) and the factors from the math (the attention scale 1/sqrt(d_k),
+dropout's quantised keep probability).
+"""
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+import lab_files
+from grad_checks import exercises, lab
+from grad_checks.cases import D, PAD, V
+
+ENTRIES = re.compile(r"^(?P<tensor>\S+): wrong at (?P<bad>\d+) of (?P<size>\d+) entries"
+                     r"(?: \(numformer's times (?P<factor>[^)]+)\))?(?P<rest>.*?)(?: \(case \d+: .*\))?$")
+
+
+# ---- the held-out wrong answers, each with the reference's signature and only numpy ---------------------
+
+def relu_leaky_derivative(dy, positive):
+    # leaky ReLU's derivative (slope 0.01 where the unit is off): ReLU's is exactly 0 there
+    return dy * np.where(positive, 1.0, 0.01)
+
+
+def linear_rows_averaged(dy, x, w, with_bias):
+    # two mistakes at once: the weight's and the bias's gradients averaged over the rows (a batch mean)
+    n = x.shape[0]
+    return dy @ w.T, x.T @ dy / n, dy.mean(axis=0) if with_bias else None
+
+
+def softmax_sum_without_axis(dy, y):
+    # the row sum taken over the whole array: .sum() with its axis forgotten
+    return y * (dy - (dy * y).sum())
+
+
+def softmax_jacobian_sign_flipped(dy, y):
+    # the Jacobian written y_i y_j - delta_ij y_i (its sign flipped): both terms enter with the wrong sign
+    return y * ((dy * y).sum(axis=-1, keepdims=True) - dy)
+
+
+def loss_true_class_unsmoothed(p, y, eps, weight):
+    # the smoothed target with eps / V on the wrong classes only: the true class gets 1 - eps, not 1 - eps + eps / V
+    v = p.shape[1]
+    q = np.full_like(p, eps / v)
+    q[np.arange(p.shape[0]), y] = 1.0 - eps
+    return (p - q) * weight[:, None]
+
+
+def layernorm_variance_factor_two(dy, xhat, r, gamma):
+    # d(x - mu)^2 brings a 2 that the 1/2 of the square root should cancel: here it stays
+    dxhat = dy * gamma
+    dx = r * (dxhat - dxhat.mean(axis=-1, keepdims=True) - 2.0 * xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def layernorm_statistics_constant(dy, xhat, r, gamma):
+    # the mean and the variance treated as constants: both of their paths to x missing at once
+    dx = r * dy * gamma
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def dropout_divided_by_the_mask(dy, mask):
+    # "undo the scaling": dy divided by the mask where it was kept, where the chain rule multiplies by it
+    kept = mask != 0
+    return np.where(kept, dy / np.where(kept, mask, 1.0), 0.0)
+
+
+def embedding_padding_row_skipped(grad, ids, dy, scale):
+    # PyTorch's padding_idx habit: the padding id's row left out; numformer's embedding gives it its gradient
+    real = ids != 0
+    np.add.at(grad, ids[real], dy[real] * scale)
+    return grad
+
+
+def embedding_fancy_index_assigned(grad, ids, dy, scale):
+    # two mistakes at once: a fancy-index assignment loses repeated ids and overwrites what grad held
+    grad[ids] = dy * scale
+    return grad
+
+
+def positions_loop_off_by_one(grad, dy, offset):
+    # a loop over the positions that starts at 1: the first position of the slice gets nothing
+    t, d = dy.shape[-2:]
+    rows = dy.reshape(-1, t, d)
+    for b in range(rows.shape[0]):
+        for i in range(1, t):
+            grad[offset + i] += rows[b, i]
+    return grad, dy
+
+
+def attention_scale_on_dq_only(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
+    # the scale put on dQ alone: dK = dS^T Q lacks it
+    dv = p_used.swapaxes(-1, -2) @ dout
+    dp = dout @ v.swapaxes(-1, -2)
+    if dropout_backward is not None:
+        dp = dropout_backward(dp)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    if masked is not None:
+        ds = np.where(masked, 0.0, ds)
+    return ds @ k * scale, ds.swapaxes(-1, -2) @ q, dv
+
+
+def multihead_key_gradient_copy_pasted(self, dy):
+    # copy-paste: the value projection's backward gets dk (the key's gradient) where dv belongs
+    dq, dk, dv = self.attention.backward(self._split(self.w_o.backward(dy)))
+    dx = self.w_q.backward(self._merge(dq))
+    dkv = self.w_k.backward(self._merge(dk)) + self.w_v.backward(self._merge(dk))
+    return (dx, dkv) if self._cross else dx + dkv
+
+
+def multihead_paths_summed_before_projection(self, dy):
+    # self-attention: the three heads' gradients summed before one projection, as if W^Q, W^K, W^V were one map
+    dq, dk, dv = self.attention.backward(self._split(self.w_o.backward(dy)))
+    if self._cross:
+        return self.w_q.backward(self._merge(dq)), self.w_k.backward(self._merge(dk)) + self.w_v.backward(self._merge(dv))
+    return self.w_q.backward(self._merge(dq + dk + dv))
+
+
+def residual_dropout_on_the_skip_path(self, dy, sublayer):
+    # the dropout's backward applied to the skip path's gradient too: only the sub-layer's output was dropped
+    dz = dy if self.pre_norm else self.norm.backward(dy)
+    dd = self.dropout.backward(dz)
+    got = sublayer.backward(dd)
+    d_sub, extra = (got[0], got[1:]) if isinstance(got, tuple) else (got, ())
+    dx = dd + (self.norm.backward(d_sub) if self.pre_norm else d_sub)
+    return (dx, *extra) if extra else dx
+
+
+def encoder_attention_given_dy(self, dy):
+    # the feed-forward's backward is run, but the self-attention's gets dy where its result belongs
+    dx = self.ffn_residual.backward(dy, self.ffn)
+    return self.self_attn_residual.backward(dy, self.self_attn)
+
+
+def decoder_cross_attention_given_dy(self, dy):
+    # the feed-forward's result is kept under a new name and the encoder-decoder attention gets dy instead
+    d_ffn = self.ffn_residual.backward(dy, self.ffn)
+    dy, dmemory = self.cross_attn_residual.backward(dy, self.cross_attn)
+    dy = self.self_attn_residual.backward(dy, self.self_attn)
+    return dy, dmemory
+
+
+HELD_OUT = {
+    "relu": [relu_leaky_derivative],
+    "linear": [linear_rows_averaged],
+    "softmax": [softmax_sum_without_axis, softmax_jacobian_sign_flipped],
+    "loss": [loss_true_class_unsmoothed],
+    "layernorm": [layernorm_variance_factor_two, layernorm_statistics_constant],
+    "dropout": [dropout_divided_by_the_mask],
+    "embedding": [embedding_padding_row_skipped, embedding_fancy_index_assigned],
+    "learned_positions": [positions_loop_off_by_one],
+    "attention": [attention_scale_on_dq_only],
+    "multihead": [multihead_key_gradient_copy_pasted, multihead_paths_summed_before_projection],
+    "residual": [residual_dropout_on_the_skip_path],
+    "encoder_layer": [encoder_attention_given_dy],
+    "decoder_layer": [decoder_cross_attention_given_dy],
+}
+
+
+# ---- reading the grade ------------------------------------------------------------------------------------
+
+def entries(result, tensor):
+    """The "TENSOR: wrong at N of M entries..." hint of ``tensor``: (N, M, the rest of the line)."""
+    for hint in result.hints:
+        m = ENTRIES.match(hint)
+        if m and m["tensor"] == tensor:
+            return int(m["bad"]), int(m["size"]), m["rest"]
+    raise AssertionError(f"no 'wrong at N of M entries' hint for {tensor}: {result.hints}")
+
+
+def right_and_wrong(result):
+    """(wrong, right) tensor names of the "CASE: wrong: ...; right: ..." hint."""
+    hint = next(h for h in result.hints if ": wrong: " in h)
+    listed = hint.split(": wrong: ", 1)[1]
+    wrong, _, right = listed.partition("; right: ")
+    return set(wrong.split(", ")), set(right.split(", ")) if right else set()
+
+
+def factor(result, tensor):
+    """The c of "TENSOR: wrong at ... (numformer's times c)" or "your gradient of TENSOR is numformer's times c"."""
+    for hint in result.hints:
+        m = ENTRIES.match(hint)
+        if m and m["tensor"] == tensor and m["factor"]:
+            return float(m["factor"])
+        m = re.search(rf"your gradient of {re.escape(tensor)} is numformer's times (\S+)", hint)
+        if m:
+            return float(m[1])
+    raise AssertionError(f"no 'numformer's times' hint for {tensor}: {result.hints}")
+
+
+def first_case(name):
+    ex = exercises.get(name)
+    return ex.cases(ex.layer, 0)[0]
+
+
+EVERY = "(every entry)"
+ZERO_ONLY = ", only where numformer's gradient is zero"
+ALL_BUT_ZERO = ": right where numformer's gradient is zero, wrong everywhere else"
+
+
+# ---- what each one must be told, from the mistake ---------------------------------------------------------
+
+def expect_relu_leaky_derivative(result):
+    x = first_case("relu").inputs["x"]
+    bad, size, rest = entries(result, "input:x")
+    # wrong exactly where the unit was off (numformer's gradient 0 there), right where it was on
+    assert (bad, size) == (int((x <= 0).sum()), x.size) and rest.startswith(ZERO_ONLY)
+
+
+def expect_linear_rows_averaged(result):
+    wrong, right = right_and_wrong(result)
+    assert {"weight", "bias"} <= wrong and "input:x" in right and "input:x" not in wrong
+    assert entries(result, "weight") == (7 * 5, 7 * 5, " " + EVERY)
+    assert entries(result, "bias") == (5, 5, " " + EVERY)
+    assert factor(result, "weight") == pytest.approx(1 / 12, rel=1e-5)  # x (3, 4, 7): 12 rows averaged
+
+
+def expect_softmax_sum_without_axis(result):
+    # every row's sum is replaced by the whole array's: every entry of the first case, (3, 4, 5, 6), is off
+    assert entries(result, "input:x") == (360, 360, " " + EVERY)
+
+
+def expect_softmax_jacobian_sign_flipped(result):
+    # both terms flipped alike is one sign on the whole gradient: said as such, not term by term
+    assert result.location is None
+    assert any("your gradient of input:x is numformer's with the sign flipped" in h for h in result.hints)
+    assert factor(result, "input:x") == -1.0 and entries(result, "input:x")[:2] == (360, 360)
+
+
+def expect_loss_true_class_unsmoothed(result):
+    # first case: logits (3, 5, 13), sentences of 5, 3 and 1 tokens: one wrong entry (the true class) per token
+    assert entries(result, "input:logits")[:2] == (5 + 3 + 1, 3 * 5 * 13)
+
+
+def expect_layernorm_variance_factor_two(result):
+    term = "xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)"
+    assert result.location.startswith("your gradients are numformer's except that")
+    assert f"the term `{term}` enters 2 times" in result.location
+    assert "(wrong as a result: input:x; right: weight, bias)" in result.location
+
+
+def expect_layernorm_statistics_constant(result):
+    assert result.location.startswith("your gradients are numformer's except that")
+    assert "the term `dxhat.mean(axis=-1, keepdims=True)` is missing" in result.location
+    assert "the term `xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)` is missing" in result.location
+    assert "the term `dxhat` is right" in result.location
+
+
+def expect_dropout_divided_by_the_mask(result):
+    bad, size, rest = entries(result, "input:x")
+    assert size == 3 * 6 * 8 and 0 < bad < size and rest == ALL_BUT_ZERO  # the kept entries, all of them
+    kept = 1 - round(0.3 * 65536) / 65536  # dropout_mask quantises p to 16 bits
+    assert factor(result, "input:x") == pytest.approx(kept ** 2, rel=1e-5)  # dy (1 - p) against dy / (1 - p)
+
+
+def expect_embedding_padding_row_skipped(result):
+    bad, size, rest = entries(result, "weight")
+    assert (bad, size) == (D, V * D) and rest.startswith(f", all at index {PAD} of axis 0;")
+
+
+def expect_embedding_fancy_index_assigned(result):
+    ids = inspect.getclosurevars(first_case("embedding").forward).nonlocals["ids"]
+    values, counts = np.unique(ids, return_counts=True)
+    repeated = values[counts > 1]  # the planted id 5, the padding id, and any id drawn twice
+    assert {PAD, 5} <= set(repeated.tolist())
+    bad, size, rest = entries(result, "weight")
+    assert (bad, size) == (len(repeated) * D, V * D)
+    assert rest.startswith(f", all at index {', '.join(map(str, repeated))} of axis 0;")
+
+
+def expect_positions_loop_off_by_one(result):
+    # first case: offset 3, a table of 16 rows of 8: row 3 alone is wrong
+    assert entries(result, "weight") == (D, 16 * D, f", all at index 3 of axis 0; first at {', '.join(str((3, j)) for j in range(4))}")
+    wrong, right = right_and_wrong(result)
+    assert "input:x" in right and "input:x" not in wrong
+
+
+def expect_attention_scale_on_dq_only(result):
+    wrong, right = right_and_wrong(result)
+    assert "input:k" in wrong and {"input:q", "input:v"} <= right and not {"input:q", "input:v"} & wrong
+    bad, size, rest = entries(result, "input:k")
+    assert size == 3 * 4 * 6 * 4 and rest == ALL_BUT_ZERO  # masked keys: 0 either way; the rest lacks the scale
+    assert factor(result, "input:k") == pytest.approx(np.sqrt(4.0))  # 1 / scale, scale = 1 / sqrt(d_k = 4)
+
+
+def expect_multihead_key_gradient_copy_pasted(result):
+    wrong, right = right_and_wrong(result)
+    assert {"w_v.weight", "w_v.bias", "input:x"} <= wrong
+    assert {"w_q.weight", "w_q.bias", "w_k.weight", "w_k.bias", "w_o.weight", "w_o.bias"} <= right
+    assert entries(result, "w_v.weight") == (D * D, D * D, " " + EVERY)
+    assert entries(result, "input:x")[1] == 3 * 6 * D
+    # encoder-decoder attention, d_k 3 != d_v 5: dk does not fit W^V there: one error line for that case
+    assert len(result.errors) == 1 and "ValueError" in result.errors[0]
+
+
+def expect_multihead_paths_summed_before_projection(result):
+    wrong, right = right_and_wrong(result)
+    assert {"w_q.weight", "w_k.weight", "w_v.weight", "input:x"} <= wrong
+    assert {"w_o.weight", "w_o.bias", "input:y", "input:memory"} <= right  # before the heads, and cross-attention
+    for tensor in ("w_k.weight", "w_v.weight"):  # never called: zero where numformer's is dense
+        assert entries(result, tensor) == (D * D, D * D, " " + EVERY)
+
+
+def expect_residual_dropout_on_the_skip_path(result):
+    wrong, right = right_and_wrong(result)
+    assert wrong == {"input:x", "input:y"}  # only the inputs: every parameter is right
+    assert {"res.norm.weight", "ffn.w_1.weight", "input:memory"} <= right
+    assert entries(result, "input:x") == (3 * 6 * D, 3 * 6 * D, " " + EVERY)  # m - 1 is never 0
+
+
+def expect_encoder_attention_given_dy(result):
+    wrong, right = right_and_wrong(result)
+    ffn = {"ffn.w_1.weight", "ffn.w_1.bias", "ffn.w_2.weight", "ffn.w_2.bias", "ffn_residual.norm.weight",
+           "ffn_residual.norm.bias"}
+    assert ffn <= right and not ffn & wrong
+    assert {"self_attn.w_q.weight", "self_attn_residual.norm.weight", "input:x"} <= wrong
+    assert entries(result, "input:x") == (3 * 6 * D, 3 * 6 * D, " " + EVERY)
+
+
+def expect_decoder_cross_attention_given_dy(result):
+    wrong, right = right_and_wrong(result)
+    ffn = {"ffn.w_1.weight", "ffn.w_2.weight", "ffn_residual.norm.weight"}
+    assert ffn <= right and not ffn & wrong
+    assert {"cross_attn.w_q.weight", "self_attn.w_q.weight", "input:y", "input:memory"} <= wrong
+    assert entries(result, "input:y") == (3 * 5 * D, 3 * 5 * D, " " + EVERY)
+    bad, size, rest = entries(result, "input:memory")
+    assert size == 3 * 6 * D and rest == ALL_BUT_ZERO  # padded memory rows get 0 either way
+
+
+def test_every_exercise_has_held_out_mistakes():
+    assert set(HELD_OUT) == set(exercises.ORDER)
+    assert all(HELD_OUT[name] for name in exercises.ORDER)
+    for name, fns in HELD_OUT.items():
+        ex = exercises.get(name)
+        for fn in fns:
+            assert f"expect_{fn.__name__}" in globals(), fn.__name__
+            assert inspect.signature(fn).parameters.keys() == inspect.signature(ex.target).parameters.keys()
+            assert fn.__name__ not in ex.mistake_names
+
+
+@pytest.mark.parametrize("name", exercises.ORDER)
+def test_a_held_out_mistake_is_located_or_its_entries_named(name, tmp_path):
+    ex = exercises.get(name)
+    for fn in HELD_OUT[name]:
+        result, status, message = lab.check_file(str(lab_files.write(ex, fn, tmp_path)))
+        assert status == 1 and result is not None, (fn.__name__, message)
+        text = str(result)
+        assert "Traceback" not in text and "Traceback" not in message, fn.__name__
+        assert not result.passed, fn.__name__
+        assert result.mistake is None, (fn.__name__, result.mistake)  # held out: no catalogued mistake explains it
+        if result.location is not None:
+            # located by the terms weighed, not by a single-edit mutant: that one is tried first, and a held-out
+            # answer is no single edit
+            assert result.location.startswith("your gradients are numformer's except that"), result.location
+            assert f"diagnosis: {result.location}" in text
+        else:
+            assert any(ENTRIES.match(h) for h in result.hints), (fn.__name__, result.hints)
+            assert all(f"hint: {h}" in text for h in result.hints)
+        globals()[f"expect_{fn.__name__}"](result)

@@ -1,0 +1,146 @@
+"""A student's folder of exercise files: ``exercise --status DIR`` says which check exact, and ``train.py --swap
+all=DIR`` builds the model from every layer solved in it. With numformer's own solutions written in as student
+files, every layer numformer builds is the student's and the model trains bit for bit like numformer's (plain
+kernels), within float32 round-off with the default kernels; a folder holding a file that does not check exact
+is refused in one line, before any data is read."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lab_files
+from grad_checks import exercises
+from grad_checks.__main__ import main as grad_checks_main
+from grad_checks.swap_grading import grade_swap, solved_specs
+from numformer import loss as loss_module
+from numformer.kernels import kernel_mode
+from numformer.layers.registry import layer_class
+from numformer.model import Transformer
+from numformer.swap import swappable, swapped_from_specs
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import train  # noqa: E402
+from support import assert_one_line_error, copy_args, run_main  # noqa: E402
+from test_swap import CFG, _batches, _train  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def solved(tmp_path_factory):
+    """A folder holding every exercise solved: numformer's reference written into each student file."""
+    folder = tmp_path_factory.mktemp("solved")
+    for ex in exercises.all_exercises():
+        lab_files.write(ex, ex.target, folder)
+    return folder
+
+
+def _copy_of(solved, tmp_path, wrong=None, drop=()):
+    """``solved`` copied, with ``wrong`` = (exercise, function) written in instead, and ``drop`` left out."""
+    for path in solved.glob("my_*.py"):
+        if path.stem[3:] not in drop:
+            (tmp_path / path.name).write_text(path.read_text())
+    if wrong is not None:
+        lab_files.write(exercises.get(wrong[0]), wrong[1], tmp_path)
+    return tmp_path
+
+
+def test_status_lists_every_exercise_exact(solved, capsys):
+    assert grad_checks_main(["exercise", "--status", str(solved)]) == 0
+    out = capsys.readouterr().out
+    for i, name in enumerate(exercises.ORDER, 1):
+        assert f"{i:>2}  {name}" in out and f"my_{name}.py" in out
+    assert out.count("EXACT") == len(exercises.ORDER)
+    assert f"{len(exercises.ORDER)} of {len(exercises.ORDER)} exercises check exact" in out
+    assert f"--swap all={solved}" in out
+
+
+def test_status_says_missing_wrong_and_unwritten(solved, tmp_path, capsys):
+    ln = exercises.get("layernorm")
+    folder = _copy_of(solved, tmp_path, wrong=("layernorm", ln.mistakes[0]), drop=("relu",))
+    (folder / "notes.py").write_text("x = 1\n")  # not an exercise file: ignored
+    from grad_checks.lab import write_exercise
+    (folder / "my_linear.py").unlink()
+    write_exercise("linear", str(folder))
+    assert grad_checks_main(["exercise", "--status", str(folder)]) == 1
+    out = capsys.readouterr().out
+    lines = {line.split()[1]: line for line in out.splitlines() if line[:2].strip().isdigit()}
+    assert "missing" in lines["relu"] and "exercise relu --out" in lines["relu"]
+    assert "wrong" in lines["layernorm"] and ln.mistakes[0].__name__ in lines["layernorm"]
+    assert "not implemented" in lines["linear"]
+    assert f"{len(exercises.ORDER) - 3} of {len(exercises.ORDER)} exercises check exact" in out
+    assert "notes.py" not in out
+
+
+def test_swap_all_builds_every_layer_from_the_folder_and_trains_bit_for_bit(solved):
+    logged = []
+    with kernel_mode("plain"):
+        ref_losses, ref_state = _train(Transformer(CFG, seed=3), loss_module.LabelSmoothedCrossEntropy(0.1, 0),
+                                       _batches())
+        with swapped_from_specs([f"all={solved}"], log=logged.append, grade=grade_swap, expand=solved_specs) as swaps:
+            model = Transformer(CFG, seed=3)
+            crit = layer_class("LabelSmoothedCrossEntropy")(0.1, 0)
+        swapped_layers = {ex.swap for ex in exercises.all_exercises() if ex.swap}
+        assert set(swaps) == swapped_layers and len(swapped_layers) == len(exercises.ORDER) - 1  # softmax: no layer
+        assert logged[0].startswith(f"swap all={solved}: {len(swapped_layers)} layers, every file checks exact")
+        assert "softmax" in logged[0]
+        numformer, exercise_of = swappable(), {ex.swap: ex.name for ex in exercises.all_exercises() if ex.swap}
+        found = set()
+        for m in list(model.modules()) + [crit]:
+            for name in [n for n, c in numformer.items() if isinstance(m, c) and n in swapped_layers]:
+                # every layer the model holds that a student wrote comes from the student's file
+                assert Path(sys.modules[type(m).__module__].__file__) == solved / f"my_{exercise_of[name]}.py"
+                found.add(name)
+        assert found == swapped_layers  # and every one of them is used
+        losses, state = _train(model, crit, _batches())
+    assert losses == ref_losses
+    assert all(np.array_equal(state[k], ref_state[k]) for k in ref_state)
+
+
+def test_swap_all_with_default_kernels_trains_within_float32_noise(solved):
+    ref_losses, _ = _train(Transformer(CFG, seed=3), loss_module.LabelSmoothedCrossEntropy(0.1, 0), _batches())
+    with swapped_from_specs([f"all={solved}"], log=lambda line: None, grade=grade_swap, expand=solved_specs):
+        model = Transformer(CFG, seed=3)
+        crit = layer_class("LabelSmoothedCrossEntropy")(0.1, 0)
+    losses, _ = _train(model, crit, _batches())
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+
+
+def test_train_py_swap_all_trains_like_numformer(solved, tmp_path, capsys):
+    with kernel_mode("plain"):
+        assert train.main(copy_args(tmp_path / "plain", 4)) == 0
+        assert train.main(copy_args(tmp_path / "all", 4, "--swap", f"all={solved}")) == 0
+    out = capsys.readouterr().out
+    assert f"swap all={solved}: " in out and "swap: DecoderLayer <- " in out
+
+    def losses(run):
+        return [json.loads(line)["train_loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+                if "train_loss" in line]
+    assert losses(tmp_path / "all") == losses(tmp_path / "plain") and len(losses(tmp_path / "plain")) == 4
+
+
+@pytest.mark.parametrize("how, needle", [
+    ("wrong", "does not check exact (wrong"),
+    ("unwritten", "does not check exact (not implemented)"),
+    ("empty", "no exercise file in it"),
+    ("absent", "no such folder"),
+])
+def test_swap_all_refuses_a_folder_it_cannot_trust_in_one_line(how, needle, solved, tmp_path, capsys):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    if how == "wrong":
+        _copy_of(solved, folder, wrong=("residual", exercises.get("residual").mistakes[0]))
+    elif how == "unwritten":
+        _copy_of(solved, folder, drop=("dropout",))
+        from grad_checks.lab import write_exercise
+        write_exercise("dropout", str(folder))
+    elif how == "absent":
+        folder.rmdir()
+    out = tmp_path / "run"
+    code, _, err = run_main(train.main, copy_args(out, 2, "--swap", f"all={folder}"), capsys)
+    assert_one_line_error(code, err, "train.py", needle)
+    if how in ("wrong", "unwritten"):
+        assert ("my_residual.py" if how == "wrong" else "my_dropout.py") in err
+    assert not out.exists()  # refused before the run folder or the data were touched
