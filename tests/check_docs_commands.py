@@ -159,8 +159,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ("small", f"python3 train.py --corpus bible-en-es --preset small --out runs/bible-mine "
                   f"--swap LayerNorm=lab/my_layernorm.py:LayerNorm {SMALL_BIBLE}"),
     "python -m grad_checks hint lab/my_layernorm.py": ("run", "python -m grad_checks hint lab/my_layernorm.py"),
-    "python -m grad_checks exercise --status lab": ("run", "python -m grad_checks exercise --status lab"
-                                                           "  # exit 1 until all thirteen are exact"),
+    "python -m grad_checks exercise --status lab":
+        ("small", "python -m grad_checks exercise --status lab; test $? -eq 1  # exit 1 until all thirteen are exact"),
     "python3 train.py --task copy --preset tiny --max-steps 300 --no-test --swap all=lab --out runs/all-mine":
         ("small", "python3 train.py --task copy --preset tiny --max-steps 3 --no-test --swap all=lab --out runs/all-mine"),
     "python3 train.py --corpus bible-en-es --preset small --max-steps 300 --no-test --out runs/bible-numformer":
@@ -168,7 +168,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "python3 train.py --corpus bible-en-es --preset small --max-steps 300 --no-test --out runs/bible-all-mine "
     "--swap all=lab":
         ("small", "python3 -c \"import sys; sys.path.insert(0, 'tests'); from pathlib import Path; import lab_files; "
-                  "from grad_checks import exercises; [lab_files.write(ex, ex.target, Path('lab')) "
+                  "from grad_checks import exercises; Path('lab').mkdir(exist_ok=True); [lab_files.write(ex, ex.target, Path('lab')) "
                   "for ex in exercises.all_exercises()]\" && python3 train.py --corpus bible-en-es --preset small "
                   f"--out runs/bible-all-mine --swap all=lab {SMALL_BIBLE}  # every exercise solved first"),
     # -- studies and TensorBoard -------------------------------------------------------------------------------
