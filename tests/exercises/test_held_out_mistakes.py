@@ -39,6 +39,11 @@ def relu_leaky_derivative(dy, positive):
     return dy * np.where(positive, 1.0, 0.01)
 
 
+def relu_gradient_rectified(dy, positive):
+    # ReLU applied to the gradient as well as masked by the forward: negative dy where the unit was on is lost
+    return np.maximum(dy, 0.0) * positive
+
+
 def linear_rows_averaged(dy, x, w, with_bias):
     # two mistakes at once: the weight's and the bias's gradients averaged over the rows (a batch mean)
     n = x.shape[0]
@@ -143,6 +148,15 @@ def residual_dropout_on_the_skip_path(self, dy, sublayer):
     return (dx, *extra) if extra else dx
 
 
+def residual_always_post_ln(self, dy, sublayer):
+    # the paper's post-LN written out, self.pre_norm ignored: right on the post-LN cases, wrong on the pre-LN ones
+    dz = self.norm.backward(dy)
+    got = sublayer.backward(self.dropout.backward(dz))
+    d_sub, extra = (got[0], got[1:]) if isinstance(got, tuple) else (got, ())
+    dx = dz + d_sub
+    return (dx, *extra) if extra else dx
+
+
 def encoder_attention_given_dy(self, dy):
     # the feed-forward's backward is run, but the self-attention's gets dy where its result belongs
     dx = self.ffn_residual.backward(dy, self.ffn)
@@ -158,7 +172,7 @@ def decoder_cross_attention_given_dy(self, dy):
 
 
 HELD_OUT = {
-    "relu": [relu_leaky_derivative],
+    "relu": [relu_leaky_derivative, relu_gradient_rectified],
     "linear": [linear_rows_averaged],
     "softmax": [softmax_sum_without_axis, softmax_jacobian_sign_flipped],
     "loss": [loss_true_class_unsmoothed],
@@ -168,7 +182,7 @@ HELD_OUT = {
     "learned_positions": [positions_loop_off_by_one],
     "attention": [attention_scale_on_dq_only],
     "multihead": [multihead_key_gradient_copy_pasted, multihead_paths_summed_before_projection],
-    "residual": [residual_dropout_on_the_skip_path],
+    "residual": [residual_dropout_on_the_skip_path, residual_always_post_ln],
     "encoder_layer": [encoder_attention_given_dy],
     "decoder_layer": [decoder_cross_attention_given_dy],
 }
@@ -222,6 +236,14 @@ def expect_relu_leaky_derivative(result):
     bad, size, rest = entries(result, "input:x")
     # wrong exactly where the unit was off (numformer's gradient 0 there), right where it was on
     assert (bad, size) == (int((x <= 0).sum()), x.size) and rest.startswith(ZERO_ONLY)
+
+
+def expect_relu_gradient_rectified(result):
+    # wrong only where the unit was on and dy < 0: some entries of every case, never all; the first case too
+    # (its upstream gradient is drawn apart from its input: were dy == x, this answer would be right there)
+    assert all(t.verdict == "wrong" for c in result.cases for t in c.tensors)
+    bad, size, rest = entries(result, "input:x")
+    assert size == 3 * 6 * 8 and 0 < bad < size and "(case 1:" in next(h for h in result.hints if ENTRIES.match(h))
 
 
 def expect_linear_rows_averaged(result):
@@ -323,6 +345,17 @@ def expect_residual_dropout_on_the_skip_path(result):
     assert wrong == {"input:x", "input:y"}  # only the inputs: every parameter is right
     assert {"res.norm.weight", "ffn.w_1.weight", "input:memory"} <= right
     assert entries(result, "input:x") == (3 * 6 * D, 3 * 6 * D, " " + EVERY)  # m - 1 is never 0
+
+
+def expect_residual_always_post_ln(result):
+    # exact on the post-LN cases (1 and 3), wrong on the pre-LN ones: the entries are told from case 2
+    verdicts = [{t.verdict for t in c.tensors} for c in result.cases]
+    assert verdicts[0] == verdicts[2] == {"exact"} and "wrong" in verdicts[1] and "wrong" in verdicts[3]
+    told = [h for h in result.hints if ENTRIES.match(h)]
+    assert told and all(h.endswith(f"(case 2: {result.cases[1].name})") for h in told)
+    # pre-LN's norm sits on the sub-layer's path: ignoring that breaks the input's, the norm's and (the norm's
+    # backward taken at dy, not at the sub-layer's gradient) everything behind it
+    assert {"input:x", "res.norm.weight", "res.norm.bias", "ffn.w_1.weight"} <= {ENTRIES.match(h)["tensor"] for h in told}
 
 
 def expect_encoder_attention_given_dy(result):
