@@ -21,15 +21,14 @@ from pathlib import Path
 
 from numformer.cli.arguments import OneLineParser
 from numformer.cli.errors import one_line_errors
-from numformer.user_code import UserCodeError, load_file
 
 from . import exercises
 from .exercise import LEVELS, skeleton
 from .hints import HintError, hint
 from .progress import folder_status, status_table
+from .student_file import PROG, check_file
 
 COMMANDS = ("exercise", "check", "hint", "mutants")
-PROG = "python -m grad_checks"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,47 +87,6 @@ def write_exercise(name: str, out: str = ".", force: bool = False, level: str = 
     return path
 
 
-def student_code(module, ex):
-    """What the student wrote, or a UserCodeError: for a composition their class (graded whole, with any
-    helper methods it has), else their function (graded inside numformer's layer)."""
-    if ex.is_method:
-        cls = getattr(module, ex.layer.__name__, None)
-        if not isinstance(cls, type):
-            raise UserCodeError(f"no class {ex.layer.__name__} in the file: it holds your {ex.student_name}")
-        if ex.target.__name__ not in vars(cls):
-            raise UserCodeError(f"class {ex.layer.__name__} defines no {ex.target.__name__} of its own: write "
-                                f"{ex.student_name}")
-        return cls
-    fn = getattr(module, ex.target.__name__, None)
-    if not callable(fn):
-        raise UserCodeError(f"no function {ex.target.__name__} in the file: write it (the exercise file has it)")
-    return fn
-
-
-def check_file(path: str, exercise: str | None = None, seed: int = 0, finite_differences: bool = True):
-    """Load and grade one file -> (Grade or None, exit status, message)."""
-    from .grading import grade  # noqa: PLC0415
-
-    p = Path(path)
-    if not p.is_file():
-        return None, 2, f"{p}: no such file (write one with: {PROG} exercise NAME)"
-    try:
-        module = load_file(p)
-    except UserCodeError as exc:
-        return None, 1, str(exc)
-    name = exercise or getattr(module, "EXERCISE", None)
-    if name is None:
-        return None, 2, f"{p} does not say which exercise it answers (no EXERCISE = '...' line): pass --exercise NAME"
-    ex = exercises.get(str(name))
-    try:
-        fn = student_code(module, ex)
-    except UserCodeError as exc:
-        return None, 1, f"{p}: {exc}"
-    result = grade(ex, fn, who=f"{ex.student_name} in {p}", file=p, seed=seed,
-                   check_command=f"{PROG} check {path}", finite_differences=finite_differences)
-    return result, 0 if result.passed else 1, ""
-
-
 def main(argv) -> int:
     args = _parser().parse_args(argv)
     with one_line_errors(PROG):  # a bug of ours: one line saying so, the traceback in a file
@@ -167,7 +125,7 @@ def _run(args) -> int:
                 print(f"\ntrain with it: python3 train.py --task copy --preset tiny --max-steps 300 "
                       f"--swap {ex.swap}={args.file}:{ex.layer.__name__}")
             return status
-        from .mutants import main as mutants_main  # noqa: PLC0415
+        from .mutation_testing import main as mutants_main  # noqa: PLC0415
 
         return mutants_main(args.exercise, args.verbose)
     except exercises.UnknownExercise as exc:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .candidates import closest, run_function
 from .mutants import mutants
 
 TERM_DROPPED = "term `"  # the mutants.py edit "term `x` dropped": that term's contribution
@@ -37,8 +38,6 @@ _OUTCOMES: dict = {}  # (exercise name, seed) -> [(Mutant, outcomes)]
 
 def mutant_outcomes(ex, seed: int = 0) -> list:
     """[(mutant, its outcomes on the exercise's cases)] for every single-edit mutant of the reference."""
-    from .grading import run_function  # noqa: PLC0415  (grading imports this module)
-
     key = (ex.name, seed)
     if key not in _OUTCOMES:
         _OUTCOMES[key] = [(m, run_function(ex, m.function, seed)[1]) for m in mutants(ex)]
@@ -84,8 +83,6 @@ def same_error_sentence(ex, found: list) -> str:
 def single_edit(ex, mine: list, reference: list, seed: int = 0):
     """The mutant that reproduces ``mine`` on every case (the closest, if several), or None; ``mine`` must have
     an output on some case."""
-    from .grading import closest  # noqa: PLC0415
-
     if not any(_output(o) for o in mine):
         return None
     found = closest(mutant_outcomes(ex, seed), mine, reference)

@@ -1,8 +1,8 @@
-"""Mutation testing of the grading: small edits of each reference solution must be reported wrong.
+"""Single-edit mutants of each exercise's reference solution: the edits a student makes by accident.
 
-A grading that calls every answer right proves nothing. This module edits the source of each
-exercise's reference (numformer's own backward, as it is now) one small change at a time, the
-edits a student makes by accident, and grades each *mutant* as if a student had written it:
+This module edits the source of each exercise's reference (numformer's own backward, as it is now)
+one small change at a time, and compiles each *mutant*; each carries its edit in two wordings, as
+made to numformer's code and as a student reads it about theirs:
 
 * a term dropped: ``a + b`` -> ``a`` or ``b``; ``a - b`` -> ``a`` or ``-b``
 * a sign flipped: ``+`` <-> ``-``, ``+=`` <-> ``-=``, a unary minus removed
@@ -10,15 +10,16 @@ edits a student makes by accident, and grades each *mutant* as if a student had 
 * a transpose dropped: ``x.T`` -> ``x``; ``x.swapaxes(...)`` / ``x.transpose(...)`` -> ``x``
 * operands swapped: ``a @ b`` -> ``b @ a``; ``matmul(a, b)`` -> ``matmul(b, a)``
 * a reduction changed: ``.sum(...)`` <-> ``.mean(...)``
+* a reduction moved: ``axis=0`` <-> ``axis=-1`` (the rows against the features)
 * a masking dropped: ``where(mask, a, b)`` -> ``b``
 * a reduction's ``keepdims=True`` dropped (the result no longer broadcasts along its row)
 * a backward skipped: ``child.backward(g)`` or ``softmax_backward(g, y)`` -> ``g``
 * two returned values swapped: ``return a, b`` -> ``return b, a``
 
-Each mutant is compiled in its reference's module (same globals) and graded on the exercise's
-cases against numformer's backward (no finite differences: a mutant is caught when any tensor of
-any case is *wrong* or the code fails). A mutant the grading calls exact is listed with its edit:
-some edits change nothing mathematically (an equivalent mutant), and the listing says why.
+Each mutant is compiled in its reference's module (same globals). grad_checks/mutation_testing.py
+grades them (``python -m grad_checks mutants``); grad_checks/locate.py uses them to locate a
+student's mistake to the term. Some edits change nothing mathematically (an equivalent mutant):
+:data:`EQUIVALENT` lists them, each with the reason.
 """
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
-from . import exercises
 
 TRANSPOSES = ("swapaxes", "transpose")
 
@@ -258,57 +258,3 @@ EQUIVALENT = {
     ("attention", "minus of `-2` dropped"):
         "swapaxes(-1, 2) is swapaxes(-1, -2): attention's arrays are 4-d (B, h, T, d), whose axis 2 is axis -2",
 }
-
-
-@dataclass
-class MutantResult:
-    mutant: Mutant
-    verdict: str        # "wrong", "error", "approximate" or "exact"
-    mistake: str | None  # the catalogued mistake it was diagnosed as, if any
-    detail: str
-    location: str | None = None  # else the mistake located to a term (grad_checks/locate.py), if it was
-    raised: bool = False  # it raised an exception (not a refused output) on every case
-
-
-def grade_mutants(names=None) -> list:
-    """Grade every mutant of the named exercises (all by default)."""
-    from .grading import grade  # noqa: PLC0415
-
-    results = []
-    for ex in ([exercises.get(n) for n in names] if names else exercises.all_exercises()):
-        for m in mutants(ex):
-            g = grade(ex, m.function, finite_differences=False, diagnose=True)
-            if g.errors or g.not_implemented:
-                verdict = "error"
-            elif any(t.verdict == "wrong" for t in g.tensors):
-                verdict = "wrong"
-            elif g.exact:
-                verdict = "exact"
-            else:
-                verdict = "approximate"
-            results.append(MutantResult(m, verdict, g.mistake, g.summary(), g.location, g.raised))
-    return results
-
-
-def main(names=None, verbose: bool = False) -> int:
-    results = grade_mutants(names)
-    caught = [r for r in results if r.verdict in ("wrong", "error")]
-    survived = [r for r in results if r not in caught]
-    for r in results if verbose else survived:
-        m = r.mutant
-        why = EQUIVALENT.get((m.exercise, m.edit))
-        print(f"{r.verdict:<11} {m.exercise:<14} line {m.line:>4}: {m.edit}"
-              + (f"  [mistake {r.mistake}]" if r.mistake else "")
-              + (f"\n{'':<12}diagnosis: {r.location}" if r.location and verbose else "")
-              + (f"\n{'':<12}equivalent: {why}" if why else ""))
-    named = sum(r.mistake is not None for r in caught)
-    located = sum(r.mistake is None and r.location is not None for r in caught)
-    raised = sum(r.mistake is None and r.location is not None and r.raised for r in caught)
-    print(f"{len(caught)} of {len(results)} mutants caught ({sum(r.verdict == 'wrong' for r in caught)} wrong, "
-          f"{sum(r.verdict == 'error' for r in caught)} failing); of the caught, {named} diagnosed as a catalogued "
-          f"mistake, {located} located to the term ({raised} of them raising an exception, named by the edits "
-          f"that raise the same error), {len(caught) - named - located} neither; {len(survived)} "
-          f"not caught, {sum((r.mutant.exercise, r.mutant.edit) in EQUIVALENT for r in survived)} of them known "
-          "equivalents")
-    unexplained = [r for r in survived if (r.mutant.exercise, r.mutant.edit) not in EQUIVALENT]
-    return 1 if unexplained else 0

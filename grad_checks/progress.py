@@ -15,6 +15,7 @@ from numformer.swap import SwapError
 
 from . import exercises
 from .hints import HintError, exercise_named_in
+from .student_file import check_file
 
 
 @dataclass
@@ -41,8 +42,6 @@ def files_by_exercise(folder: Path) -> dict:
 
 def folder_status(folder) -> list:
     """Every exercise, in the order to learn them, with the file in ``folder`` that answers it and its grade."""
-    from .lab import check_file  # noqa: PLC0415  (lab imports this module for --status)
-
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder (the exercise files are written with "

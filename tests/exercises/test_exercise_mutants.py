@@ -1,5 +1,5 @@
 """Mutation testing of the grading (grad_checks/mutants.py): every single-edit mutant of every exercise's
-reference solution (a term dropped, a sign flipped, a factor or a transpose dropped, operands swapped, a sum
+reference solution (grad_checks/mutants.py, graded by grad_checks/mutation_testing.py: a term dropped, a sign flipped, a factor or a transpose dropped, operands swapped, a sum
 made a mean, a reduction over the wrong axis, a masking or a child's backward skipped, returned values swapped)
 is reported wrong or failing, except the listed equivalent mutants, which compute the same thing; and every
 caught mutant is either named by the exercise's catalogue or located to the edited term, in words a student
@@ -10,7 +10,8 @@ from pathlib import Path
 
 from grad_checks import exercises
 from grad_checks.grading import grade
-from grad_checks.mutants import EQUIVALENT, grade_mutants, mutants
+from grad_checks.mutants import EQUIVALENT, mutants
+from grad_checks.mutation_testing import grade_mutants
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "exercises.md"
 

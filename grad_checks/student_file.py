@@ -1,0 +1,55 @@
+"""A student's exercise file, loaded and graded: what ``python -m grad_checks check FILE`` does, and what
+``exercise --status DIR`` does for each file of a folder.
+
+The file names the exercise it answers (``EXERCISE = "layernorm"``); the student's code is the function
+(or, for a composition, the class) the exercise asks for, graded by :func:`grad_checks.grading.grade`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from numformer.user_code import UserCodeError, load_file
+
+from . import exercises
+from .grading import grade
+
+PROG = "python -m grad_checks"
+
+
+def student_code(module, ex):
+    """What the student wrote, or a UserCodeError: for a composition their class (graded whole, with any
+    helper methods it has), else their function (graded inside numformer's layer)."""
+    if ex.is_method:
+        cls = getattr(module, ex.layer.__name__, None)
+        if not isinstance(cls, type):
+            raise UserCodeError(f"no class {ex.layer.__name__} in the file: it holds your {ex.student_name}")
+        if ex.target.__name__ not in vars(cls):
+            raise UserCodeError(f"class {ex.layer.__name__} defines no {ex.target.__name__} of its own: write "
+                                f"{ex.student_name}")
+        return cls
+    fn = getattr(module, ex.target.__name__, None)
+    if not callable(fn):
+        raise UserCodeError(f"no function {ex.target.__name__} in the file: write it (the exercise file has it)")
+    return fn
+
+
+def check_file(path: str, exercise: str | None = None, seed: int = 0, finite_differences: bool = True):
+    """Load and grade one file -> (Grade or None, exit status, message)."""
+    p = Path(path)
+    if not p.is_file():
+        return None, 2, f"{p}: no such file (write one with: {PROG} exercise NAME)"
+    try:
+        module = load_file(p)
+    except UserCodeError as exc:
+        return None, 1, str(exc)
+    name = exercise or getattr(module, "EXERCISE", None)
+    if name is None:
+        return None, 2, f"{p} does not say which exercise it answers (no EXERCISE = '...' line): pass --exercise NAME"
+    ex = exercises.get(str(name))
+    try:
+        fn = student_code(module, ex)
+    except UserCodeError as exc:
+        return None, 1, f"{p}: {exc}"
+    result = grade(ex, fn, who=f"{ex.student_name} in {p}", file=p, seed=seed,
+                   check_command=f"{PROG} check {path}", finite_differences=finite_differences)
+    return result, 0 if result.passed else 1, ""
