@@ -1,0 +1,279 @@
+"""Per-sentence gradient statistics of every parameter, exact and streaming.
+
+numformer's backward sees every sentence's contribution to a parameter's gradient before the sum over
+the batch (numformer/layers/per_sentence.py: the summands, as math). :class:`PerSentenceGradients` taps
+the layers while one backward runs and reduces those summands as they come, so that per parameter
+tensor it holds, over the sentences of the batch (of every batch, under gradient accumulation):
+
+* ``sq_norms`` (sentences,): the squared L2 norm of each sentence's gradient ``|g_b|^2``;
+* ``sum_sq`` (the parameter's shape): the per-element sum of squares ``sum_b g_b^2``, hence the
+  per-element variance of the per-sentence gradients;
+* ``total``: ``sum_b g_b``, which is the batch gradient: the loss divides by the batch's token count
+  (Section 5.4), so the sentences' gradients add up to it.
+
+Never batch x parameters in memory: dense summands (a Linear's ``x_b^T dy_b``, the projection's
+``dlogits_b^T h_b``) are formed for a chunk of sentences at a time, sized so that a chunk holds at most
+``budget`` numbers (at least one sentence); the tables' summands are their rows.
+
+A parameter used several times (the tied vocabulary matrix: source lookup, target lookup, pre-softmax
+projection, Section 3.4) gets the statistics of its *total* per-sentence gradient, not of each use:
+``|A_b + S_b|^2 = |A_b|^2 + |S_b|^2 + 2 <A_b, S_b>``, with ``A_b`` the projection's dense summand and
+``S_b`` the rows the lookups scatter. The cross term needs ``A_b`` on the rows sentence b looked up only,
+so those rows are kept when the projection's backward runs (it runs first) and the lookups' rows when
+theirs do; everything is reduced when the model's backward returns.
+
+Switched on only when asked for: the taps are instance attributes put on the layers by
+``with PerSentenceGradients(model) as tap:`` and taken off at its end; a model without them runs its
+layers' own backward and nothing else. The taps read what each layer cached for its backward, before
+that backward runs (it frees the cache, and a fast kernel may reuse the buffers).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..backend import get_array_module, scatter_add
+from ..layers import Embedding, LayerNorm, LearnedPositionalEmbedding, Linear, OutputProjection
+from ..layers.per_sentence import (embedding_per_sentence, layernorm_per_sentence, linear_per_sentence,
+                                   positions_per_sentence, projection_per_sentence)
+
+BUDGET = 1 << 22  # numbers in one chunk of dense per-sentence gradients (16 MiB in float32)
+DENSE, ROWS = "dense", "rows"
+
+
+@dataclass
+class SentenceGradients:
+    """One parameter tensor's per-sentence statistics over the sentences seen (see the module docstring)."""
+
+    sq_norms: object
+    sum_sq: object
+    total: object
+
+    @property
+    def sentences(self) -> int:
+        return int(self.sq_norms.shape[0])
+
+
+class _Accumulator:
+    """The running statistics of one parameter, and what its uses left for the current backward."""
+
+    def __init__(self, p, uses):
+        xp = get_array_module(p.data)
+        self.p, self.uses, self.xp = p, uses, xp
+        self.sum_sq = xp.zeros_like(p.data)
+        self.total = xp.zeros_like(p.data)
+        self.done = []            # sq_norms of finished backwards
+        self.sq = None            # (B,) of the current backward
+        self.rows = {}            # use index -> (ids (B, K_u), rows (B, K_u, d)) of a table's use
+        self.dense_at_rows = None  # (B, K, d): the dense summand on the rows the lookups touch
+        self.dense_done = False
+
+    @property
+    def tied(self) -> bool:
+        return len(self.uses) > 1
+
+
+class PerSentenceGradients:
+    """Per-sentence gradient statistics of every parameter of ``model``, over the backwards run inside
+    ``with PerSentenceGradients(model) as tap:`` (:meth:`statistics` after it).
+
+    ``budget``: the most numbers a chunk of dense per-sentence gradients holds.
+    """
+
+    def __init__(self, model, budget: int = BUDGET):
+        self.model, self.budget = model, int(budget)
+        self.names = {id(p): name for name, p in model.named_parameters()}
+        uses = {}
+        self.taps = []
+        for m in model.modules():
+            for kind, attrs in self._layer_parameters(m):
+                self.taps.append((m, kind))
+                for attr in attrs:
+                    p = getattr(m, attr)
+                    if p is not None:
+                        uses.setdefault(id(p), []).append((m, kind, attr))
+        missing = [n for i, n in self.names.items() if i not in uses]
+        if missing:
+            raise ValueError(f"no per-sentence rule for the parameter {missing[0]} (its layer is not a Linear, "
+                             "LayerNorm, OutputProjection, Embedding or LearnedPositionalEmbedding)")
+        self.acc = {}
+        for name, p in model.named_parameters():
+            acc = _Accumulator(p, uses[id(p)])
+            kinds = [kind for _, kind, _ in acc.uses]
+            if "projection" in kinds and (kinds.count("projection") > 1 or "positions" in kinds):
+                raise ValueError(f"{name}: a tied matrix combines one pre-softmax projection with embedding "
+                                 f"lookups, not {', '.join(kinds)}")
+            self.acc[id(p)] = acc
+        self._installed = False
+
+    @staticmethod
+    def _layer_parameters(m):
+        """(kind, parameter attributes) of the layer ``m`` when it holds parameters of its own."""
+        if isinstance(m, Linear):
+            return [("linear", ("weight", "bias"))]
+        if isinstance(m, LayerNorm):
+            return [("layernorm", ("weight", "bias"))]
+        if isinstance(m, OutputProjection):
+            return [("projection", ("weight",))]
+        if isinstance(m, Embedding):
+            return [("embedding", ("weight",))]
+        if isinstance(m, LearnedPositionalEmbedding):
+            return [("positions", ("weight",))]
+        return []
+
+    # -- switching the taps on and off -----------------------------------------------------------------
+    def __enter__(self):
+        for m, kind in self.taps:
+            object.__setattr__(m, "backward", self._tap(m, kind, m.backward))
+        model_backward = self.model.backward
+
+        def backward(*args, **kwargs):
+            self._begin()
+            out = model_backward(*args, **kwargs)
+            self._finish()
+            return out
+        object.__setattr__(self.model, "backward", backward)
+        self._installed = True
+        return self
+
+    def __exit__(self, *exc):
+        for m, _ in self.taps:
+            m.__dict__.pop("backward", None)
+        self.model.__dict__.pop("backward", None)
+        self._installed = False
+        return False
+
+    def _tap(self, m, kind, backward):
+        record = getattr(self, f"_{kind}")
+
+        def tapped(dy, *args, **kwargs):
+            record(m, dy)
+            return backward(dy, *args, **kwargs)
+        return tapped
+
+    # -- one backward ------------------------------------------------------------------------------------
+    def _begin(self) -> None:
+        for acc in self.acc.values():
+            acc.sq, acc.rows, acc.dense_at_rows, acc.dense_done = None, {}, None, False
+
+    def _sq(self, acc, batch: int):
+        if acc.sq is None:
+            acc.sq = acc.xp.zeros(batch, dtype=acc.p.data.dtype)
+        return acc.sq
+
+    def _chunks(self, batch: int, size: int):
+        step = max(1, self.budget // max(1, size))
+        return [slice(i, min(i + step, batch)) for i in range(0, batch, step)]
+
+    def _dense(self, p, summands, sentences, batch: int) -> None:
+        """Reduce the dense summands (c, *p.shape) of the sentences ``sentences`` (a slice of the batch's
+        ``batch``) into p's statistics."""
+        acc = self.acc[id(p)]
+        squares = summands * summands
+        self._sq(acc, batch)[sentences] += squares.sum(axis=tuple(range(1, summands.ndim)))
+        acc.sum_sq += squares.sum(axis=0)
+        acc.total += summands.sum(axis=0)
+
+    def _linear(self, m, dy) -> None:
+        x = m._cache_x.reshape(*dy.shape[:-1], m.d_in)
+        self._need_sentences(dy, "Linear")
+        for ch in self._chunks(dy.shape[0], m.weight.size):
+            dw, db = linear_per_sentence(x[ch], dy[ch])
+            self._dense(m.weight, dw, ch, dy.shape[0])
+            if m.bias is not None:
+                self._dense(m.bias, db, ch, dy.shape[0])
+
+    def _layernorm(self, m, dy) -> None:
+        self._need_sentences(dy, "LayerNorm")
+        xhat = m._cache[0].reshape(dy.shape)
+        dgamma, dbeta = layernorm_per_sentence(xhat, dy)
+        everyone = slice(0, dy.shape[0])
+        self._dense(m.weight, dgamma, everyone, dy.shape[0])
+        self._dense(m.bias, dbeta, everyone, dy.shape[0])
+
+    def _projection(self, m, dlogits) -> None:
+        self._need_sentences(dlogits, "OutputProjection")
+        acc = self.acc[id(m.weight)]
+        batch = dlogits.shape[0]
+        ids = self._looked_up(acc, batch) if acc.tied else None
+        at_rows = []
+        for ch in self._chunks(batch, m.weight.size):
+            dw = projection_per_sentence(m._cache_h[ch], dlogits[ch])
+            self._dense(m.weight, dw, ch, batch)
+            if ids is not None:
+                at_rows.append(acc.xp.take_along_axis(dw, ids[ch][:, :, None], axis=1))
+        if ids is not None:
+            acc.dense_at_rows = acc.xp.concatenate(at_rows, axis=0)
+        acc.dense_done = True
+
+    def _embedding(self, m, dy) -> None:
+        self._need_sentences(dy, "Embedding")
+        self._rows(m, m.weight, *embedding_per_sentence(m._cache_ids.reshape(dy.shape[:-1]), dy, m.scale))
+
+    def _positions(self, m, dy) -> None:
+        self._need_sentences(dy, "LearnedPositionalEmbedding")
+        self._rows(m, m.weight, *positions_per_sentence(m._cache_offset, dy))
+
+    def _rows(self, m, p, ids, rows) -> None:
+        acc = self.acc[id(p)]
+        use = next(i for i, (mm, _, _) in enumerate(acc.uses) if mm is m)
+        if any(kind == "projection" for _, kind, _ in acc.uses) and not acc.dense_done:
+            raise RuntimeError("numformer bug: a lookup of the tied matrix ran its backward before the projection")
+        acc.rows[use] = (ids, rows)
+        if not acc.tied:
+            self._reduce_rows(acc)
+
+    @staticmethod
+    def _looked_up(acc, batch: int):
+        """The ids every lookup of a tied matrix read in its forward, (B, K), in the order of the uses."""
+        xp = acc.xp
+        return xp.concatenate([xp.asarray(m._cache_ids).reshape(batch, -1) for m, kind, _ in acc.uses
+                               if kind == "embedding"], axis=1)
+
+    def _reduce_rows(self, acc) -> None:
+        """The rows every lookup use left (and, for a tied matrix, the dense summand on those rows) reduced
+        into the statistics: per sentence, rows of one id add up before they are squared."""
+        xp = acc.xp
+        order = sorted(acc.rows)
+        ids = xp.concatenate([acc.rows[u][0] for u in order], axis=1)
+        rows = xp.concatenate([acc.rows[u][1] for u in order], axis=1)
+        batch, width, vocab = ids.shape[0], rows.shape[-1], acc.p.shape[0]
+        keys = (xp.arange(batch)[:, None] * vocab + ids).reshape(-1)
+        unique, where = xp.unique(keys, return_inverse=True)
+        where = where.reshape(-1)
+        summed = xp.zeros((unique.shape[0], width), dtype=rows.dtype)
+        scatter_add(summed, where, rows.reshape(-1, width))
+        sentence, row = unique // vocab, unique % vocab
+        squares = summed * summed
+        if acc.dense_at_rows is not None:
+            dense = xp.zeros_like(summed)
+            dense[where] = acc.dense_at_rows.reshape(-1, width)  # one id's rows of one sentence are equal
+            squares = squares + 2.0 * dense * summed
+        sq = self._sq(acc, batch)
+        scatter_add(sq, sentence, squares.sum(axis=-1))
+        scatter_add(acc.sum_sq, row, squares)
+        scatter_add(acc.total, row, summed)
+        acc.rows = {}
+
+    @staticmethod
+    def _need_sentences(dy, layer: str) -> None:
+        if dy.ndim != 3:
+            raise ValueError(f"per-sentence gradients need (batch, time, ...) inputs; {layer} got {dy.shape}")
+
+    def _finish(self) -> None:
+        for acc in self.acc.values():
+            if acc.rows:
+                self._reduce_rows(acc)
+            if acc.sq is not None:
+                acc.done.append(acc.sq)
+                acc.sq = None
+            acc.dense_at_rows = None
+
+    # -- the result ----------------------------------------------------------------------------------------
+    def statistics(self) -> dict:
+        """{parameter name: SentenceGradients} over every sentence of every backward run so far."""
+        out = {}
+        for i, acc in self.acc.items():
+            xp = acc.xp
+            sq = xp.concatenate(acc.done) if acc.done else xp.zeros(0, dtype=acc.p.data.dtype)
+            out[self.names[i]] = SentenceGradients(sq, acc.sum_sq, acc.total)
+        return out
