@@ -133,7 +133,8 @@ def parse_args(argv=None):
     r.add_argument("--eval-sentences", type=nonneg_int, help=f"validation sentences decoded for BLEU (default {TRAIN_DEFAULTS.eval_sentences})")
     r.add_argument("--log-every", type=positive_int, help=f"write a metrics line every N steps (default {TRAIN_DEFAULTS.log_every})")
     r.add_argument("--log-grads", type=nonneg_int, metavar="N",
-                   help="every N steps write per-tensor gradient, weight, update and activation statistics to "
+                   help="every N steps write per-tensor gradient, weight, update and activation statistics and the "
+                        "gradient noise scale (per tensor, layer type and in total, from per-sentence gradients) to "
                         "OUT/grad_stats.jsonl (0: off; default off); draw them with python -m numformer.plot OUT")
     r.add_argument("--tensorboard", action=argparse.BooleanOptionalAction, default=None,
                    help="also write TensorBoard event files into OUT (scalars; with --log-grads N, weight and "

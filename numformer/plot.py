@@ -172,6 +172,34 @@ def plot_activations(stats: list[dict], out: Path, title: str = "") -> Path | No
     return _save(fig, out / "activations.png", title)
 
 
+def plot_noise_scale(stats: list[dict], out: Path, title: str = "") -> Path | None:
+    """The gradient noise scale B_simple (McCandlish et al. 2018) per layer type and in total over steps, and
+    the batch gradient's signal-to-noise ratio (``--log-grads``: grad_stats.jsonl's "noise")."""
+    rows = [s for s in stats if s.get("noise")]
+    if not rows:
+        return None
+    plt = _pyplot()
+    steps = [s["step"] for s in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    groups = list(rows[0]["noise"]["groups"]) + ["total"]
+    for group in groups:
+        def value(s, key):
+            row = s["noise"]["total"] if group == "total" else s["noise"]["groups"].get(group, {})
+            v = row.get(key)
+            return float("nan") if v is None else v
+        style = dict(color="black", linewidth=2) if group == "total" else {}
+        axes[0].plot(steps, [value(s, "b_simple") for s in rows], label=group, **style)
+        axes[1].plot(steps, [value(s, "snr") for s in rows], label=group, **style)
+    axes[0].set_title("gradient noise scale B_simple = tr(Sigma) / |G|^2 (sentences)")
+    axes[1].set_title(f"signal-to-noise ratio of the batch gradient ({rows[0]['noise']['sentences']} sentences)")
+    for a in axes:
+        a.set_xlabel("step")
+        a.set_yscale("log")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    return _save(fig, out / "noise_scale.png", title)
+
+
 def plot_run(run_dir, out=None) -> list[Path]:
     """Every picture this run's files allow; returns the paths written."""
     run = Path(run_dir)
@@ -182,8 +210,8 @@ def plot_run(run_dir, out=None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     stats = read_jsonl(run / run_files.GRAD_STATS)
     paths = [plot_curves(metrics, out, run.name)]
-    paths += [p for p in (plot_grad_flow(stats, out), plot_update_ratio(stats, out), plot_activations(stats, out))
-              if p is not None]
+    paths += [p for p in (plot_grad_flow(stats, out), plot_update_ratio(stats, out), plot_activations(stats, out),
+                          plot_noise_scale(stats, out)) if p is not None]
     return paths
 
 

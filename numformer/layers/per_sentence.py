@@ -14,7 +14,9 @@ sentences apart) and the loss is a sum over tokens divided by the batch's token 
   Table 3 row E): each row of sentence b scatters into the table, ``dW_b[ids_b,t] += scale * dy_b,t``.
 
 The functions below compute the summands, one per sentence, for a chunk of c sentences: the batch
-gradient is their sum. Their inputs are what the layers cache for their backward, with the sentence
+gradient is their sum. When only their squared norms are wanted, a product's summand need not be
+formed: ``|x_b^T dy_b|^2 = sum_{t,t'} (x_b x_b^T)_{tt'} (dy_b dy_b^T)_{tt'}``, two (T, T) Gram matrices per
+sentence instead of a (d_in, d_out) matrix (the ``*_sq_norms`` functions). Their inputs are what the layers cache for their backward, with the sentence
 axis first: ``(c, T, ...)``. Dense ones return ``(c, *parameter shape)``; the two tables return the
 rows to scatter, ``(c, K)`` ids and ``(c, K, d_model)`` rows, because a sentence touches K of the
 table's rows only. numformer/training/per_sentence.py reduces them (squared norms, sums of squares)
@@ -29,6 +31,26 @@ def linear_per_sentence(x, dy):
     """Linear: ``dW_b = x_b^T dy_b`` (c, d_in, d_out) and ``db_b = sum_t dy_b,t`` (c, d_out),
     from x (c, T, d_in) and dy (c, T, d_out)."""
     return x.swapaxes(-1, -2) @ dy, dy.sum(axis=1)
+
+
+def product_sq_norms(a, b):
+    """``|a_b^T b_b|^2`` for every sentence b without forming ``a_b^T b_b``: the sum over t, t' of the
+    elementwise product of the Gram matrices ``a_b a_b^T`` and ``b_b b_b^T``; a (c, T, m), b (c, T, n) -> (c,)."""
+    return ((a @ a.swapaxes(-1, -2)) * (b @ b.swapaxes(-1, -2))).sum(axis=(1, 2))
+
+
+def linear_sq_norms(x, dy):
+    """Linear: ``|dW_b|^2 = |x_b^T dy_b|^2`` and ``|db_b|^2``, each (c,), from x (c, T, d_in) and dy (c, T, d_out)."""
+    db = dy.sum(axis=1)
+    return product_sq_norms(x, dy), (db * db).sum(axis=-1)
+
+
+def projection_on_rows(h, dlogits, ids):
+    """The projection's summand on the rows ``ids`` (c, K) only: ``dW_b[ids_b,k] = dlogits_b[:, ids_b,k]^T h_b``,
+    (c, K, d_model), without forming the (vocab, d_model) matrix."""
+    xp = get_array_module(h)
+    columns = xp.take_along_axis(dlogits, xp.broadcast_to(ids[:, None, :], (*dlogits.shape[:2], ids.shape[1])), axis=2)
+    return columns.swapaxes(-1, -2) @ h
 
 
 def layernorm_per_sentence(xhat, dy):

@@ -15,6 +15,13 @@ Never batch x parameters in memory: dense summands (a Linear's ``x_b^T dy_b``, t
 ``dlogits_b^T h_b``) are formed for a chunk of sentences at a time, sized so that a chunk holds at most
 ``budget`` numbers (at least one sentence); the tables' summands are their rows.
 
+``elementwise=False`` keeps the squared norms only, which is what the noise scale needs
+(numformer/training/noise_scale.py), at a fraction of the cost: a product's summand is never formed, its
+norm comes from two (T, T) Gram matrices per sentence (numformer/layers/per_sentence.py). ``sum_sq`` and
+``total`` are then None, and ``grad_sq`` holds ``|sum_b g_b|^2`` instead, read from the parameters'
+gradients when the last backward returns; the gradients must be zero when the block starts, so that
+they hold the tapped sentences' sum (the trainer zeroes them in every update).
+
 A parameter used several times (the tied vocabulary matrix: source lookup, target lookup, pre-softmax
 projection, Section 3.4) gets the statistics of its *total* per-sentence gradient, not of each use:
 ``|A_b + S_b|^2 = |A_b|^2 + |S_b|^2 + 2 <A_b, S_b>``, with ``A_b`` the projection's dense summand and
@@ -31,10 +38,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backend import get_array_module, scatter_add
+from ..backend import get_array_module, read_scalars, scatter_add
 from ..layers import Embedding, LayerNorm, LearnedPositionalEmbedding, Linear, OutputProjection
 from ..layers.per_sentence import (embedding_per_sentence, layernorm_per_sentence, linear_per_sentence,
-                                   positions_per_sentence, projection_per_sentence)
+                                   linear_sq_norms, positions_per_sentence, product_sq_norms, projection_on_rows,
+                                   projection_per_sentence)
 
 BUDGET = 1 << 22  # numbers in one chunk of dense per-sentence gradients (16 MiB in float32)
 DENSE, ROWS = "dense", "rows"
@@ -45,8 +53,9 @@ class SentenceGradients:
     """One parameter tensor's per-sentence statistics over the sentences seen (see the module docstring)."""
 
     sq_norms: object
-    sum_sq: object
-    total: object
+    sum_sq: object = None
+    total: object = None
+    grad_sq: object = None  # |sum_b g_b|^2 (a 0-d array), in the norms-only mode
 
     @property
     def sentences(self) -> int:
@@ -56,11 +65,12 @@ class SentenceGradients:
 class _Accumulator:
     """The running statistics of one parameter, and what its uses left for the current backward."""
 
-    def __init__(self, p, uses):
+    def __init__(self, p, uses, elementwise: bool):
         xp = get_array_module(p.data)
         self.p, self.uses, self.xp = p, uses, xp
-        self.sum_sq = xp.zeros_like(p.data)
-        self.total = xp.zeros_like(p.data)
+        self.sum_sq = xp.zeros_like(p.data) if elementwise else None
+        self.total = xp.zeros_like(p.data) if elementwise else None
+        self.grad_sq = None
         self.done = []            # sq_norms of finished backwards
         self.sq = None            # (B,) of the current backward
         self.rows = {}            # use index -> (ids (B, K_u), rows (B, K_u, d)) of a table's use
@@ -76,11 +86,12 @@ class PerSentenceGradients:
     """Per-sentence gradient statistics of every parameter of ``model``, over the backwards run inside
     ``with PerSentenceGradients(model) as tap:`` (:meth:`statistics` after it).
 
-    ``budget``: the most numbers a chunk of dense per-sentence gradients holds.
+    ``budget``: the most numbers a chunk of dense per-sentence gradients holds; ``elementwise``: also the
+    per-element sums of squares and the sum (else the squared norms only, see the module docstring).
     """
 
-    def __init__(self, model, budget: int = BUDGET):
-        self.model, self.budget = model, int(budget)
+    def __init__(self, model, budget: int = BUDGET, elementwise: bool = True):
+        self.model, self.budget, self.elementwise = model, int(budget), bool(elementwise)
         self.names = {id(p): name for name, p in model.named_parameters()}
         uses = {}
         self.taps = []
@@ -97,7 +108,7 @@ class PerSentenceGradients:
                              "LayerNorm, OutputProjection, Embedding or LearnedPositionalEmbedding)")
         self.acc = {}
         for name, p in model.named_parameters():
-            acc = _Accumulator(p, uses[id(p)])
+            acc = _Accumulator(p, uses[id(p)], self.elementwise)
             kinds = [kind for _, kind, _ in acc.uses]
             if "projection" in kinds and (kinds.count("projection") > 1 or "positions" in kinds):
                 raise ValueError(f"{name}: a tied matrix combines one pre-softmax projection with embedding "
@@ -122,6 +133,12 @@ class PerSentenceGradients:
 
     # -- switching the taps on and off -----------------------------------------------------------------
     def __enter__(self):
+        if not self.elementwise:
+            params = [acc.p for acc in self.acc.values()]
+            xp = get_array_module(params[0].grad)
+            if any(read_scalars(xp, *[xp.abs(p.grad).max() for p in params])):
+                raise ValueError("per-sentence norms read the batch gradient from the parameters' gradients: "
+                                 "zero them before the block (model.zero_grad())")
         for m, kind in self.taps:
             object.__setattr__(m, "backward", self._tap(m, kind, m.backward))
         model_backward = self.model.backward
@@ -170,12 +187,23 @@ class PerSentenceGradients:
         acc = self.acc[id(p)]
         squares = summands * summands
         self._sq(acc, batch)[sentences] += squares.sum(axis=tuple(range(1, summands.ndim)))
-        acc.sum_sq += squares.sum(axis=0)
-        acc.total += summands.sum(axis=0)
+        if self.elementwise:
+            acc.sum_sq += squares.sum(axis=0)
+            acc.total += summands.sum(axis=0)
+
+    def _norms(self, p, sq_norms, batch: int) -> None:
+        """Add squared norms (B,) of p's summands (the norms-only mode)."""
+        self._sq(self.acc[id(p)], batch)[...] += sq_norms
 
     def _linear(self, m, dy) -> None:
         x = m._cache_x.reshape(*dy.shape[:-1], m.d_in)
         self._need_sentences(dy, "Linear")
+        if not self.elementwise:
+            dw, db = linear_sq_norms(x, dy)
+            self._norms(m.weight, dw, dy.shape[0])
+            if m.bias is not None:
+                self._norms(m.bias, db, dy.shape[0])
+            return
         for ch in self._chunks(dy.shape[0], m.weight.size):
             dw, db = linear_per_sentence(x[ch], dy[ch])
             self._dense(m.weight, dw, ch, dy.shape[0])
@@ -195,6 +223,12 @@ class PerSentenceGradients:
         acc = self.acc[id(m.weight)]
         batch = dlogits.shape[0]
         ids = self._looked_up(acc, batch) if acc.tied else None
+        if not self.elementwise:
+            self._norms(m.weight, product_sq_norms(m._cache_h, dlogits), batch)
+            if ids is not None:
+                acc.dense_at_rows = projection_on_rows(m._cache_h, dlogits, ids)
+            acc.dense_done = True
+            return
         at_rows = []
         for ch in self._chunks(batch, m.weight.size):
             dw = projection_per_sentence(m._cache_h[ch], dlogits[ch])
@@ -250,8 +284,9 @@ class PerSentenceGradients:
             squares = squares + 2.0 * dense * summed
         sq = self._sq(acc, batch)
         scatter_add(sq, sentence, squares.sum(axis=-1))
-        scatter_add(acc.sum_sq, row, squares)
-        scatter_add(acc.total, row, summed)
+        if self.elementwise:
+            scatter_add(acc.sum_sq, row, squares)
+            scatter_add(acc.total, row, summed)
         acc.rows = {}
 
     @staticmethod
@@ -267,6 +302,9 @@ class PerSentenceGradients:
                 acc.done.append(acc.sq)
                 acc.sq = None
             acc.dense_at_rows = None
+            if not self.elementwise:  # the gradient so far: the sum of every tapped sentence's (zero at the start)
+                g = acc.p.grad.reshape(-1)
+                acc.grad_sq = (g * g).sum()
 
     # -- the result ----------------------------------------------------------------------------------------
     def statistics(self) -> dict:
@@ -275,5 +313,5 @@ class PerSentenceGradients:
         for i, acc in self.acc.items():
             xp = acc.xp
             sq = xp.concatenate(acc.done) if acc.done else xp.zeros(0, dtype=acc.p.data.dtype)
-            out[self.names[i]] = SentenceGradients(sq, acc.sum_sq, acc.total)
+            out[self.names[i]] = SentenceGradients(sq, acc.sum_sq, acc.total, acc.grad_sq)
         return out

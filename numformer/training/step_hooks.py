@@ -201,12 +201,15 @@ class GradientStatistics(StepHook):
 
     def __init__(self, every: int, stats, tensorboard=None):
         self.every, self.stats, self.tensorboard = every, stats, tensorboard
-        self.on = False
+        self.on = self.tapped = False
 
     def begin(self, step, keys):
-        self.on = step % self.every == 0
+        self.on, self.tapped = step % self.every == 0, False
 
     def before_forward(self, index, last):
+        if self.on and not self.tapped:  # the step's first batch: every sentence of the step is tapped
+            self.stats.tap()
+            self.tapped = True
         if self.on and last:
             self.stats.start()
 
@@ -222,4 +225,6 @@ class GradientStatistics(StepHook):
 
     def after_update(self, step):
         if self.on:
-            self.stats.after_step(step)  # uses the gradient norms before_update took
+            record = self.stats.after_step(step)  # uses the gradient norms before_update took
+            if self.tensorboard is not None and "noise" in record:
+                self.tensorboard.noise(step, record["noise"])

@@ -142,6 +142,16 @@ class TensorBoardLog:
             self.writer.add_histogram(tensor_tag(name, "param"), np.asarray(to_host(p.data), dtype=np.float32), step)
             self.writer.add_histogram(tensor_tag(name, "grad"), np.asarray(to_host(p.grad), dtype=np.float32), step)
 
+    def noise(self, step: int, record: dict) -> None:
+        """The gradient noise scale (``noise_scale/<layer type>``, ``noise_scale/total``) and the signal-to-noise
+        ratio of a ``--log-grads`` step (grad_stats.jsonl's "noise")."""
+        rows = dict(record.get("groups", {}), total=record.get("total", {}))
+        for group, row in rows.items():
+            for key, tag in (("b_simple", "noise_scale"), ("snr", "gradient_snr")):
+                if row.get(key) is not None:
+                    self.writer.add_scalar(f"{tag}/{group}", float(row[key]), step)
+        self.writer.flush()
+
     def attention(self, step: int) -> None:
         """The fixed pair's attention maps at ``step``, one image per layer and kind."""
         if self.sentence is None:

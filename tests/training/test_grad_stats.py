@@ -77,8 +77,11 @@ def test_train_with_log_grads_writes_stats_and_pictures(tmp_path):
         # each tensor (numformer.optim.grad_norm), summed in float64, so they differ by float64 rounding only
         total = np.sqrt(sum(p["grad_norm"] ** 2 for p in r["params"].values()))
         assert np.isclose(total, metrics[r["step"]]["grad_norm"], rtol=1e-12, atol=0)
+    for r in lines:  # the noise scale of every sentence of the step (tests/training/test_noise_scale.py: its values)
+        assert r["noise"]["sentences"] >= 2 and r["noise"]["total"]["trace"] is not None
+        assert set(r["noise"]["tensors"]) == set(r["params"])
     names = sorted(p.name for p in plot_run(out, tmp_path / "plots"))
-    assert names == ["activations.png", "curves.png", "grad_flow.png", "update_ratio.png"]
+    assert names == ["activations.png", "curves.png", "grad_flow.png", "noise_scale.png", "update_ratio.png"]
     assert plot_main(["--compare", str(out), str(out), "--out", str(tmp_path / "cmp.png")]) == 0
     assert (tmp_path / "cmp.png").stat().st_size > 10_000
     assert plot_main(["--compare", str(out), str(tmp_path / "plots"), "--out", str(tmp_path / "x.png")]) == 2

@@ -220,3 +220,29 @@ def test_against_torch_func_per_sample_gradients():
             assert relative(st.sq_norms, sq[n], scale_of(sq.values())) <= 1e-12, (name, n)
             assert relative(st.sum_sq, ss[n], scale_of(ss.values())) <= 1e-12, (name, n)
             assert relative(st.total, tot[n], scale_of(tot.values())) <= 1e-12, (name, n)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_norms_only_mode_gives_the_same_norms_without_forming_a_summand(name):
+    model, src, tgt, stats = plain_statistics(name)
+    model.zero_grad()
+    with kernel_mode("plain"):
+        with PerSentenceGradients(model, elementwise=False) as tap:
+            run(model, src, tgt)
+    norms = tap.statistics()
+    sq_scale = scale_of(st.sq_norms for st in stats.values())
+    g2 = {n: float((st.total * st.total).sum()) for n, st in stats.items()}
+    for n, st in norms.items():
+        assert st.sum_sq is None and st.total is None
+        assert relative(st.sq_norms, stats[n].sq_norms, sq_scale) <= 1e-12, n
+        assert relative(np.asarray(st.grad_sq), np.asarray(g2[n]), max(g2.values())) <= 1e-12, n
+
+
+def test_the_norms_only_mode_needs_zero_gradients_to_start():
+    model, _ = model_of("tied post-LN")
+    src, tgt = batch()
+    run(model, src, tgt)  # gradients left in .grad
+    with pytest.raises(ValueError, match="zero them before the block"):
+        with PerSentenceGradients(model, elementwise=False):
+            pass
+    assert not [m for m in model.modules() if "backward" in vars(m)]

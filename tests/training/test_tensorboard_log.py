@@ -69,6 +69,13 @@ def test_scalars_are_the_numbers_of_metrics_jsonl(runs, events):
     for tag in ("train/loss", "train/learning_rate", "train/grad_norm", "train/tokens_per_s", "valid/loss",
                 "valid/bleu"):
         assert tag in expected, tag
+    for record in _jsonl(runs[0] / "grad_stats.jsonl"):  # --log-grads steps: the noise scale of grad_stats.jsonl
+        noise = record["noise"]
+        for group, row in dict(noise["groups"], total=noise["total"]).items():
+            for key, tag in (("b_simple", "noise_scale"), ("snr", "gradient_snr")):
+                if row[key] is not None:
+                    expected.setdefault(f"{tag}/{group}", {})[record["step"]] = row[key]
+    assert "noise_scale/total" in expected and "gradient_snr/layernorm" in expected
     assert set(ea.Tags()["scalars"]) == set(expected)
     for tag, by_step in expected.items():
         got = {e.step: e.value for e in ea.Scalars(tag)}
