@@ -132,6 +132,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ("small", "NUMFORMER_KERNELS=plain python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-torch"),
     "python3 bench/train_step.py --preset tiny,small --steps 6 --repeat 2 --threads 1":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --threads 1 --no-compile"),
+    "python3 bench/per_sentence_cost.py --preset small --steps 10 --warmup 2 --repeat 3":
+        ("small", "python3 bench/per_sentence_cost.py --preset tiny --steps 2 --warmup 1"),
     "python3 bench/train_step.py --preset base --steps 4 --warmup 2 --threads 1":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --threads 1 --no-torch"
                   "  # base: the same code at another size"),
