@@ -25,6 +25,7 @@ STUDIES = {
     "warmup": "warmup",
     "output-change": "output_change",
     "table3": "table3",
+    "noise-scale": "noise_scale",
 }
 
 
