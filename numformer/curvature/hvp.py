@@ -1,0 +1,147 @@
+"""Hessian-vector products of the training loss with respect to a block of parameters, by central differences
+of numformer's own gradients, in float64.
+
+``H v ~ (g(theta + h v) - g(theta - h v)) / (2 h)``, with ``g`` the gradient of the block (the other
+parameters held) from numformer's hand-written backward. The loss is the label-smoothed cross-entropy, the
+mean over the batch's target tokens (Section 5.4), of one fixed batch.
+
+What makes the difference quotient a Hessian: the loss must be smooth along the probe. Dropout is off (the
+model must be built without it: refused otherwise), and every ReLU keeps the active set it had at the point
+(``[x > 0]`` at theta, recorded once): within that piece the network is smooth, ReLU's second derivative is
+zero, so the piece's Hessian at theta is the Hessian at theta (which exists wherever no ReLU input is
+exactly 0), and no probe crosses a kink whatever its size.
+
+The step and its error: the truncation error of the central difference is ``h^2 / 6 |g'''[v, v, v]|`` and the
+rounding error about ``u |g| / h`` (u = 2^-53); their sum is smallest near ``h = u^(1/3) ~ 5e-6`` in units of
+the block's scale, so ``h = 5e-6 * max(1, |theta|) / |v|``. :meth:`BlockHessian.error` estimates the error of
+one product the Richardson way, from the same product at ``h`` and ``h / 2`` (the truncation term shrinks
+four-fold): ``|Hv(h) - Hv(h / 2)| * 4 / 3`` bounds it as long as truncation dominates.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import get_array_module
+from ..layers import Dropout, ReLU
+from ..loss import LabelSmoothedCrossEntropy
+
+STEP = 5e-6  # u^(1/3) for float64, in units of the block's scale
+
+
+class BlockHessian:
+    """``H v`` for the parameters ``names`` of ``model`` (float64, no dropout) at its current weights, on
+    ``batch`` = (src, tgt_in, tgt_out). ``v`` and ``H v`` are flat float64 vectors over the block, in the order
+    of ``names``. The weights are restored exactly after every product."""
+
+    def __init__(self, model, batch, names, label_smoothing: float | None = None):
+        params = dict(model.named_parameters())
+        unknown = [n for n in names if n not in params]
+        if unknown:
+            raise KeyError(f"no parameter {unknown[0]!r} in the model")
+        if any(p.data.dtype != np.float64 for p in params.values()):
+            raise ValueError("Hessian-vector products by differences need a float64 model (dtype=np.float64)")
+        if any(isinstance(m, Dropout) and m.p > 0 for m in model.modules()):
+            raise ValueError("Hessian-vector products need the loss smooth along the probe: build the model "
+                             "with dropout 0")
+        self.model, self.batch, self.names = model, batch, list(names)
+        self.params = [params[n] for n in self.names]
+        self.sizes = [p.size for p in self.params]
+        eps = model.cfg.label_smoothing if label_smoothing is None else label_smoothing
+        self.crit = LabelSmoothedCrossEntropy(eps, model.cfg.pad_id)
+        self.xp = get_array_module(self.params[0].data)
+        self.scale = max(1.0, float(np.sqrt(sum(float((p.data * p.data).sum()) for p in self.params))))
+        self.evaluations = 0  # forward and backward passes run (two per product)
+        self._sets = self._record_relu_sets()
+
+    @property
+    def dim(self) -> int:
+        return int(sum(self.sizes))
+
+    # -- the point's ReLU active sets, held ---------------------------------------------------------------
+    def _record_relu_sets(self) -> dict:
+        sets = {}
+        relus = [m for m in self.model.modules() if isinstance(m, ReLU)]
+        for m in relus:
+            def recording(x, _m=m, _forward=m.forward):
+                sets[id(_m)] = x > 0
+                return _forward(x)
+            object.__setattr__(m, "forward", recording)
+        try:
+            self._loss_and_backward()
+        finally:
+            for m in relus:
+                m.__dict__.pop("forward", None)
+        return sets
+
+    def _held(self):
+        """Put every ReLU on its recorded active set (instance attributes); returns a function undoing it."""
+        relus = [m for m in self.model.modules() if isinstance(m, ReLU)]
+        for m in relus:
+            def forced(x, _m=m):
+                positive = self._sets[id(_m)]
+                if _m.training:
+                    _m._cache_positive = positive
+                return x * positive
+            object.__setattr__(m, "forward", forced)
+        return lambda: [m.__dict__.pop("forward", None) for m in relus]
+
+    # -- the gradient of the block -----------------------------------------------------------------------
+    def _loss_and_backward(self):
+        src, tgt_in, tgt_out = self.batch
+        xp, model = self.xp, self.model
+        model.train()
+        model.zero_grad()
+        loss = self.crit.forward(model(xp.asarray(src), xp.asarray(tgt_in)), xp.asarray(tgt_out))
+        model.backward(self.crit.backward())
+        self.evaluations += 1
+        return loss
+
+    def gradient(self, shift=None):
+        """The block's gradient (flat) at the point, or at the point + ``shift`` (flat); ReLU sets held."""
+        saved = [p.data.copy() for p in self.params] if shift is not None else None
+        undo = self._held()
+        try:
+            if shift is not None:
+                for p, part in zip(self.params, self._split(shift)):
+                    p.data += part
+            self._loss_and_backward()
+            return self.xp.concatenate([p.grad.reshape(-1) for p in self.params]).astype(np.float64)
+        finally:
+            undo()
+            if saved is not None:
+                for p, s in zip(self.params, saved):
+                    p.data[...] = s
+
+    def _split(self, flat):
+        out, start = [], 0
+        for p, n in zip(self.params, self.sizes):
+            out.append(flat[start:start + n].reshape(p.shape))
+            start += n
+        return out
+
+    def step(self, v) -> float:
+        """The difference step h for the direction ``v``: STEP in units of the block's scale."""
+        norm = float(self.xp.sqrt((v * v).sum()))
+        return STEP * self.scale / max(norm, 1e-300)
+
+    def __call__(self, v, h: float | None = None):
+        """``H v`` by the central difference with step ``h`` (default :meth:`step`)."""
+        h = self.step(v) if h is None else h
+        return (self.gradient(h * v) - self.gradient(-h * v)) / (2.0 * h)
+
+    def error(self, v) -> float:
+        """Richardson's estimate of the error of ``H v`` (an absolute norm): ``|Hv(h) - Hv(h/2)| * 4/3``."""
+        h = self.step(v)
+        full, half = self(v, h), self(v, h / 2)
+        return float(self.xp.sqrt(((full - half) ** 2).sum())) * 4.0 / 3.0
+
+    def dense(self):
+        """The block's whole Hessian, ``dim`` products with the unit vectors (for tiny blocks; symmetrised)."""
+        xp = self.xp
+        cols = []
+        for i in range(self.dim):
+            e = xp.zeros(self.dim)
+            e[i] = 1.0
+            cols.append(self(e))
+        h = xp.stack(cols, axis=1)
+        return (h + h.T) / 2.0
