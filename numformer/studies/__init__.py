@@ -26,6 +26,7 @@ STUDIES = {
     "output-change": "output_change",
     "table3": "table3",
     "noise-scale": "noise_scale",
+    "hessian-blocks": "hessian_blocks",
 }
 
 
