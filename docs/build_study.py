@@ -32,7 +32,9 @@ This notebook follows the order a student learns backpropagation in, on numforme
 3. the same check for the whole model and its loss;
 4. a short training run, and pictures of how gradients flow through it;
 5. attention maps of the trained model;
-6. checking a backward pass of your own, and the exercises that grade it and name the mistake.
+6. checking a backward pass of your own, and the exercises that grade it and name the mistake;
+7. a study from the literature, rerun;
+8. beyond the mean gradient: every sentence's gradient, the noise scale, the curvature of a block.
 
 It runs top to bottom in a few minutes on a laptop CPU (CI runs it on every change)."""),
     ("code", """\
@@ -300,6 +302,81 @@ translator with it: docs/exercises.md walks through all of it."""),
 
 _STUDY = CELLS.index(LN_PLACEMENT_CELLS[0])
 CELLS = CELLS[:_STUDY] + exercise_cells() + CELLS[_STUDY:]  # section 6 before section 7 (the study)
+
+
+def beyond_the_mean_cells() -> list:
+    """Section 8: every sentence's gradient, the noise scale, and the curvature of one block
+    (numformer/training/per_sentence.py, noise_scale.py, numformer/curvature/). Seconds: a tiny float64 model."""
+    return [
+        ("markdown", """\
+## 8. Beyond the mean gradient: every sentence's gradient, the noise scale, the curvature of a block
+
+numformer's backward sees each sentence's contribution to every parameter's gradient before the sum over the
+batch, so `PerSentenceGradients` taps the layers and keeps, per tensor, every sentence's squared gradient norm
+(and, if asked, the per-element sum of squares): exact, for every parameter, LayerNorm, the tied vocabulary matrix
+(over its three uses) and cross-attention included. Sentence 0's gradient must then equal the gradient of a batch
+holding sentence 0 alone (divided by the whole batch's token count):"""),
+        ("code", """\
+from numformer.kernels import kernel_mode
+from numformer.loss import LabelSmoothedCrossEntropy
+from numformer.model import Transformer
+from numformer.presets import ModelConfig
+from numformer.training.noise_scale import noise_scales
+from numformer.training.per_sentence import PerSentenceGradients
+
+cfg = ModelConfig(vocab_size=13, d_model=8, d_ff=16, heads=2, layers=2, dropout=0.0, max_len=32)
+model = Transformer(cfg, seed=1, dtype=np.float64)
+rng = np.random.default_rng(0)
+src, tgt = rng.integers(1, 13, (32, 6)), rng.integers(1, 13, (32, 6))
+src[1, 4:], tgt[2, 3:] = 0, 0                         # padding
+crit = LabelSmoothedCrossEntropy(0.1, 0)
+with kernel_mode("plain"), PerSentenceGradients(model) as tap:
+    crit.forward(model(src, tgt[:, :-1]), tgt[:, 1:])
+    model.backward(crit.backward())
+stats = tap.statistics()
+
+n_tokens = int((tgt[:, 1:] != 0).sum())
+model.zero_grad()
+with kernel_mode("plain"):
+    crit.forward(model(src[:1], tgt[:1, :-1]), tgt[:1, 1:], normalizer=n_tokens)   # sentence 0 alone
+    model.backward(crit.backward())
+tied = model.src_embed.weight
+print("tied matrix, sentence 0: |g|^2 tapped", stats["src_embed.weight"].sq_norms[0], " alone", (tied.grad ** 2).sum())"""),
+        ("markdown", """\
+From those norms, McCandlish et al.'s gradient noise scale `B_simple = tr(Sigma) / |G|^2` (the batch size
+beyond which larger batches stop paying) per layer type: `train.py --log-grads N` logs it during training, and
+the study `noise-scale` follows it over a whole run (docs/studies.md)."""),
+        ("code", """\
+noise = noise_scales(stats)
+for group, est in list(noise["groups"].items()) + [("total", noise["total"])]:
+    print(f"{group:<13} B_simple {est.b_simple:8.2f} sentences   signal-to-noise {est.snr:6.2f}")"""),
+        ("markdown", """\
+(An estimate of `|G|^2` from one batch can come out negative where the noise dominates the signal; `B_simple` is
+then undefined, `nan`. Training runs smooth both terms over the logged steps before dividing.)"""),
+        ("markdown", """\
+Curvature: `BlockHessian` gives `H v` for any block of parameters by central differences of numformer's own
+gradients (float64, the ReLU active sets held so that no kink is crossed, with an estimate of its error), and
+Lanczos gives the block's extreme eigenvalues; on a block this small they equal those of its whole Hessian."""),
+        ("code", """\
+from numformer.curvature.hvp import BlockHessian
+from numformer.curvature.lanczos import extreme_eigenvalues
+
+with kernel_mode("plain"):
+    block = BlockHessian(model, (src, tgt[:, :-1], tgt[:, 1:]), ["encoder.layers.1.ffn_residual.norm.weight"])
+    v = np.random.default_rng(1).standard_normal(block.dim)
+    print("|H v|", np.linalg.norm(block(v)), " stated error", block.error(v))
+    exact = np.linalg.eigvalsh(block.dense())
+    top, low, _ = extreme_eigenvalues(block, block.dim, block.dim, np.random.default_rng(2))
+print("eigh:    smallest", exact[0], " largest", exact[-1])
+print("Lanczos: smallest", low, " largest", top[0])"""),
+        ("markdown", """\
+The study `hessian-blocks` uses the same tools for Zhang et al. 2024's blockwise spectra (stochastic Lanczos
+quadrature of the query, key, value, output, feed-forward, LayerNorm and embedding blocks, at initialisation and
+after training): `python -m numformer.studies hessian-blocks`, docs/studies.md."""),
+    ]
+
+
+CELLS[-1:-1] = beyond_the_mean_cells()
 
 
 def build():
