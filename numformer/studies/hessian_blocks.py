@@ -294,29 +294,51 @@ def table(results: dict) -> str:
 
 
 def picture(results: dict, path) -> Path:
-    """Per state: each block's density of eigenvalue / lambda_10 (log frequency), as Zhang et al.'s Figure 3."""
+    """Per state, as Zhang et al.'s Figure 3 (spectra in units of each block's lambda_10, log frequency): the kinds'
+    densities, the controls beside their kinds, and the Jensen-Shannon distance of every pair of blocks."""
     plt = pyplot()
     sigma = results["config"]["sigma"]
     states = results["states"]
-    fig, axes = plt.subplots(len(states), 2, figsize=(13, 4.3 * len(states)), squeeze=False)
+    fig, axes = plt.subplots(len(states), 3, figsize=(18, 4.4 * len(states)), squeeze=False)
+    colours = {name: plt.get_cmap("tab10")(i) for i, name in enumerate(BLOCKS)}
     for r, (state, blocks) in enumerate(states.items()):
-        grid = grid_of(blocks, sigma)
-        h = heterogeneity(blocks, sigma)
-        for c, names in enumerate((list(BLOCKS), [n for n in blocks if n not in BLOCKS] + ["query", "FFN", "LayerNorm"])):
+        grid = grid_of(blocks, sigma, "lambda10")
+        h = heterogeneity(blocks, sigma, "lambda10")
+        groups = (list(BLOCKS), [kind for kind, _ in CONTROLS.values()] + list(CONTROLS))
+        for c, names in enumerate(groups):
             ax = axes[r, c]
             for name in names:
-                d = normalised_density(blocks[name], grid, sigma) / (grid[1] - grid[0])
-                ax.plot(grid, np.maximum(d, 1e-12), label=name, linestyle="--" if "layer 2" in name else "-")
+                kind = CONTROLS[name][0] if name in CONTROLS else name
+                d = normalised_density(blocks[name], grid, sigma, "lambda10") / (grid[1] - grid[0])
+                ax.plot(grid, np.maximum(d, 1e-12), label=name, color=colours[kind],
+                        linestyle="--" if name in CONTROLS else "-")
             ax.set_yscale("log")
             ax.set_ylim(1e-6, None)
-            ax.set_xlabel("eigenvalue / largest eigenvalue magnitude")
+            ax.set_xlabel("eigenvalue / 10th largest eigenvalue")
             ax.set_ylabel("density")
             within = np.mean([v["within"] for v in h["controls"].values()])
             ax.set_title(f"{state}: " + (f"blocks of different kinds (mean JS {h['across']:.2f})" if c == 0 else
                                          f"one kind, two layers (mean JS {within:.2f})"), fontsize=10)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.suptitle("Zhang et al. 2024, Fig. 3: blockwise Hessian spectra (numformer encoder-decoder, SLQ)", fontsize=10)
+        names = list(BLOCKS)
+        matrix = np.zeros((len(names), len(names)))
+        for key, d in h["pairs"].items():
+            a, b = key.split(" / ")
+            i, j = names.index(a), names.index(b)
+            matrix[i, j] = matrix[j, i] = d
+        ax = axes[r, 2]
+        im = ax.imshow(matrix, cmap="viridis", vmin=0, vmax=1)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        for i in range(len(names)):
+            for j in range(len(names)):
+                ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                        color="white" if matrix[i, j] < 0.5 else "black")
+        ax.set_title(f"{state}: JS distance between blocks (JS^0-style mean {h['across']:.2f})", fontsize=10)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle("Zhang et al. 2024, Fig. 3: blockwise Hessian spectra in units of lambda_10 (numformer "
+                 "encoder-decoder, SLQ)", fontsize=10)
     return save_figure(fig, path)
 
 
