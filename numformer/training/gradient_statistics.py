@@ -47,6 +47,7 @@ class GradStats:
         self._before = None
         self._tap = None
         self._noise = None
+        self._last_noise = (None, None)  # (step, the total's row) of the last logged step
 
     def tap(self) -> None:
         """Tap the layers for the norms of every sentence's gradient in this step's backwards (the gradients
@@ -58,6 +59,12 @@ class GradStats:
         """Ask every residual block to keep its output statistics during the next forward."""
         for _, m in self.residuals:
             m.record_stats = True
+
+    def noise_at(self, step: int):
+        """The whole model's noise-scale row (``b_simple``, ``snr``, ...) when ``step`` was the last logged step
+        and had one, else None (the trainer adds it to that step's metrics line)."""
+        logged, row = self._last_noise
+        return row if logged == step and row is not None and row.get("b_simple") is not None else None
 
     def _untap(self):
         if self._tap is None:
@@ -115,6 +122,7 @@ class GradStats:
             record["dead_relu"] = {n: float(to_host(v)) for n, v in dead.items()}
         if self._noise is not None:
             record["noise"] = noise_record(self._noise)
+            self._last_noise = (int(step), record["noise"]["total"])
         self._acts = self._grads = self._before = self._noise = None
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")

@@ -98,6 +98,7 @@ class Trainer:
         self.tensorboard = (TensorBoardLog(self.folder.path, model, data)  # cfg.tensorboard: event files too
                             if cfg.tensorboard and world.is_main else None)
         stats = GradStats(model, self.folder.path / run_files.GRAD_STATS) if cfg.log_grads and world.is_main else None
+        self.grad_stats = stats
         # several processes: masks must not depend on which rank computes a batch
         self._batch_seeded = cfg.dropout_rng == "batch" or world.parallel
         self.hooks = StepHooks(  # in this order: the sum over processes is unscaled, not the other way round
@@ -246,6 +247,9 @@ class Trainer:
                 record["overflow_steps"] = self.scaler.skipped_steps
             if self.skipped_steps:
                 record["skipped_steps"] = self.skipped_steps
+            noise = self.grad_stats.noise_at(step) if self.grad_stats is not None else None
+            if noise is not None:  # a --log-grads step: the whole model's noise scale and SNR (grad_stats.jsonl: all)
+                record["noise_scale"], record["gradient_snr"] = noise["b_simple"], noise["snr"]
             if bar is not None:
                 bar.update(step, self.elapsed, loss=f"{record['train_loss']:.3f}", lr=f"{record['lr']:.2e}",
                            tok_s=f"{record['tokens_per_s']:.0f}")

@@ -80,6 +80,10 @@ def test_train_with_log_grads_writes_stats_and_pictures(tmp_path):
     for r in lines:  # the noise scale of every sentence of the step (tests/training/test_noise_scale.py: its values)
         assert r["noise"]["sentences"] >= 2 and r["noise"]["total"]["trace"] is not None
         assert set(r["noise"]["tensors"]) == set(r["params"])
+        if r["noise"]["total"]["b_simple"] is not None:  # and the total in that step's metrics line
+            assert metrics[r["step"]]["noise_scale"] == r["noise"]["total"]["b_simple"]
+            assert metrics[r["step"]]["gradient_snr"] == r["noise"]["total"]["snr"]
+    assert any("noise_scale" in m for m in metrics.values())
     names = sorted(p.name for p in plot_run(out, tmp_path / "plots"))
     assert names == ["activations.png", "curves.png", "grad_flow.png", "noise_scale.png", "update_ratio.png"]
     assert plot_main(["--compare", str(out), str(out), "--out", str(tmp_path / "cmp.png")]) == 0
