@@ -34,6 +34,16 @@ class Outcome:
     raw: tuple | None = None        # what a function returned when its outputs were refused
     not_implemented: bool = False
 
+    @property
+    def output(self) -> bool:
+        """Whether there is something to compare: gradients, or the arrays a refused function returned."""
+        return self.grads is not None or self.raw is not None
+
+    @property
+    def raised(self) -> bool:
+        """An exception and nothing else: the error line is all there is to compare."""
+        return self.error is not None and not self.output
+
 
 def run_class(ex: Exercise, cls: type, seed: int = 0, file=None) -> tuple:
     """(cases, outcomes) of the layer class ``cls`` on the exercise's cases."""
@@ -74,11 +84,25 @@ def floor(grads: dict) -> float:
     return max(FLOOR_RATIO * max([float(np.abs(g).max()) for g in grads.values() if g.size] + [0.0]), TINY)
 
 
+def relative_errors(got, ref, tiny: float):
+    """Entrywise ``|a - b| / max(|a| + |b|, tiny)`` of ``got`` against ``ref``."""
+    return np.abs(got - ref) / np.maximum(np.abs(got) + np.abs(ref), tiny)
+
+
+def constant_factor(got, ref):
+    """c when ``got`` is ``c`` times ``ref`` (to 1e-8 of its norm), else None."""
+    rr = float((ref * ref).sum())
+    if rr == 0:
+        return None
+    c = float((got * ref).sum()) / rr
+    return c if np.linalg.norm(got - c * ref) <= 1e-8 * max(np.linalg.norm(got), 1e-300) else None
+
+
 def compare(got, ref, tiny: float) -> tuple:
     """(worst relative error, index of the worst entry) of ``got`` against ``ref``."""
     if got.size == 0:
         return 0.0, ()
-    diff = np.abs(got - ref) / np.maximum(np.abs(got) + np.abs(ref), tiny)
+    diff = relative_errors(got, ref, tiny)
     i = int(np.argmax(diff))
     return float(diff.flat[i]), tuple(int(j) for j in np.unravel_index(i, ref.shape))
 

@@ -35,7 +35,8 @@ import numpy as np
 from numformer.gradcheck import run_case
 from numformer.kernels import kernel_mode
 
-from .candidates import APPROX, EXACT, Outcome, closest, compare, floor, run_class, run_function, verdict
+from .candidates import (APPROX, EXACT, Outcome, closest, compare, constant_factor, floor, relative_errors,
+                         run_class, run_function, verdict)
 from .exercise import Exercise
 from .locate import (located_sentence, same_error, same_error_sentence, single_edit, weighed_sentence, weighed_terms,
                      wrong_entries)
@@ -146,23 +147,21 @@ def closest_mistake(ex: Exercise, mine: list, reference: list, seed: int = 0):
     return closest(((m.__name__, run_function(ex, m, seed)[1]) for m in ex.mistakes), mine, reference)
 
 
-def _describe_wrong(name: str, got, ref, tiny: float) -> str:
-    """A hint for a wrong gradient no catalogued mistake explains."""
-    diff = np.abs(got - ref) / np.maximum(np.abs(got) + np.abs(ref), tiny)
-    n_wrong = int((diff > APPROX).sum())
+def _describe_wrong(name: str, got, ref, tiny: float) -> str | None:
+    """What a wrong gradient no catalogued mistake explains looks like, when it has a recognisable form (float32
+    precision, all zeros, a constant factor); None otherwise (its wrong entries are said apart)."""
+    diff = relative_errors(got, ref, tiny)
     if diff.max() <= 1e-3:
         return (f"your gradient of {name} is close to numformer's (worst {diff.max():.1e}) but not within {APPROX:.0e}: "
                 "is a step computed in float32 (an array or a constant)? The check runs in float64")
     if not np.any(got):
         return f"your gradient of {name} is all zeros (was it added into .grad, in place?)"
-    rr = float((ref * ref).sum())
-    if rr > 0:
-        c = float((got * ref).sum()) / rr
-        if np.linalg.norm(got - c * ref) <= 1e-8 * np.linalg.norm(got):
-            if abs(c + 1) < 1e-6:
-                return f"your gradient of {name} is numformer's with the sign flipped"
-            return f"your gradient of {name} is numformer's times {c:.6g} (a factor missing or extra?)"
-    return f"your gradient of {name} is wrong at {n_wrong} of {got.size} entries"
+    c = constant_factor(got, ref)
+    if c is None:
+        return None
+    if abs(c + 1) < 1e-6:
+        return f"your gradient of {name} is numformer's with the sign flipped"
+    return f"your gradient of {name} is numformer's times {c:.6g} (a factor missing or extra?)"
 
 
 def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0, finite_differences: bool = True,
@@ -178,7 +177,7 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
         if stopped is not None:
             result.not_implemented = stopped.error
             return result
-        result.raised = all(o.error is not None and o.grads is None and o.raw is None for o in mine)
+        result.raised = all(o.raised for o in mine)
         for case, me, ref in zip(cases or [None] * len(mine), mine, reference):
             cg = CaseGrade(case.case if case is not None else "building the layer")
             result.cases.append(cg)
@@ -217,7 +216,7 @@ def _locate(result: Grade, ex: Exercise, mine: list, reference: list, seed: int)
     if weighed is not None:
         result.location = weighed_sentence(weighed) + _right_and_wrong(result)
         return
-    result.hints += [h for h in _hints(result, mine, reference) if " is wrong at " not in h]  # said below
+    result.hints += _hints(result, mine, reference)
     if any(t.verdict == "wrong" for t in result.tensors):
         result.hints.append("over every case: " + _right_and_wrong(result)[2:-1].replace("wrong as a result", "wrong"))
     for k, (case, me, ref) in enumerate(zip(result.cases, mine, reference), 1):  # the first case with a wrong one
@@ -245,13 +244,15 @@ def _right_and_wrong(result: Grade, cases=None) -> str:
 
 
 def _hints(result: Grade, mine: list, reference: list) -> list:
-    """The first case's worst wrong tensor, described (no catalogued mistake explains the answer)."""
+    """The first case's worst wrong tensor, described when its form is recognisable (no catalogued mistake
+    explains the answer)."""
     for case, me, ref in zip(result.cases, mine, reference):
         if me.error is None and case.tensors:
             worst = max(case.tensors, key=lambda t: t.error)
             if worst.verdict == "wrong" and worst.tensor in me.grads:
-                return [f"{case.name}: " + _describe_wrong(worst.tensor, me.grads[worst.tensor],
-                                                           ref.grads[worst.tensor], floor(ref.grads))]
+                said = _describe_wrong(worst.tensor, me.grads[worst.tensor], ref.grads[worst.tensor],
+                                       floor(ref.grads))
+                return [f"{case.name}: {said}"] if said else []
     return []
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .candidates import closest, run_function
+from .candidates import closest, constant_factor, relative_errors, run_function
 from .mutants import mutants
 
 TERM_DROPPED = "term `"  # the mutants.py edit "term `x` dropped": that term's contribution
@@ -56,20 +56,13 @@ def located_sentence(ex, mutant) -> str:
     return text
 
 
-def _output(outcome) -> bool:
-    """Whether an outcome holds something to compare: gradients, or the arrays a refused function returned.
-    An exception is not an output: two edits raising the same error say nothing of which it was (the error
-    line already says where the student's code raised)."""
-    return outcome.grads is not None or outcome.raw is not None
-
-
 def same_error(ex, mine: list, seed: int = 0, most: int = 3) -> list:
     """The mutants that raise exactly the student's exceptions (type and message) on every case: at most
     ``most`` of them, else none (an error that many edits raise says nothing of which it was)."""
-    if not mine or any(o.error is None or o.grads is not None or o.raw is not None for o in mine):
+    if not mine or not all(o.raised for o in mine):
         return []
     found = [m for m, theirs in mutant_outcomes(ex, seed)
-             if all(t.error is not None and t.raw is None and t.signature == o.signature for o, t in zip(mine, theirs))]
+             if all(t.raised and t.signature == o.signature for o, t in zip(mine, theirs))]
     return found if len(found) <= most else []
 
 
@@ -82,8 +75,9 @@ def same_error_sentence(ex, found: list) -> str:
 
 def single_edit(ex, mine: list, reference: list, seed: int = 0):
     """The mutant that reproduces ``mine`` on every case (the closest, if several), or None; ``mine`` must have
-    an output on some case."""
-    if not any(_output(o) for o in mine):
+    an output on some case (an exception is not one: two edits raising the same error say nothing of which it
+    was; :func:`same_error` names those)."""
+    if not any(o.output for o in mine):
         return None
     found = closest(mutant_outcomes(ex, seed), mine, reference)
     return found[0] if found is not None else None
@@ -157,15 +151,12 @@ def weighed_sentence(weighed) -> str:
 
 def wrong_entries(name: str, got, ref, tiny: float, tolerance: float = 1e-6) -> str:
     """Which entries of one gradient are wrong, as precisely as can be said."""
-    diff = np.abs(got - ref) / np.maximum(np.abs(got) + np.abs(ref), tiny)
-    bad = diff > tolerance
+    bad = relative_errors(got, ref, tiny) > tolerance
     n_bad, size = int(bad.sum()), bad.size
     text = f"{name}: wrong at {n_bad} of {size} entries"
-    rr = float((ref * ref).sum())
-    if rr > 0:
-        c = float((got * ref).sum()) / rr
-        if np.linalg.norm(got - c * ref) <= 1e-8 * max(np.linalg.norm(got), 1e-300):
-            text += f" (numformer's times {c:.6g})"
+    c = constant_factor(got, ref)
+    if c is not None:
+        text += f" (numformer's times {c:.6g})"
     if n_bad == size:
         return text + " (every entry)"
     zero = np.abs(ref) <= tiny * 1e-6
