@@ -135,7 +135,7 @@ def _batch(cfg: Config, data, rng, sentences: int):
 
 
 def train(model, cfg: Config, data, rng) -> list:
-    """``train_steps`` Adam steps (float32 copy of the weights is not needed: the float64 model trains)."""
+    """``train_steps`` Adam steps of the float64 model on fresh batches; the training losses."""
     opt = Adam(model.parameters(), schedule=NoamSchedule(model.cfg.d_model, cfg.warmup, cfg.lr_factor))
     crit = LabelSmoothedCrossEntropy(model.cfg.label_smoothing, model.cfg.pad_id)
     losses = []
@@ -153,7 +153,7 @@ def train(model, cfg: Config, data, rng) -> list:
 def spectrum(model, batch, names, cfg: Config, rng) -> dict:
     """One block's top (Lanczos) and density quadrature (SLQ), at the model's current weights."""
     hessian = BlockHessian(model, batch, names)
-    top, low, ritz_values = extreme_eigenvalues(hessian, hessian.dim, cfg.top_steps, rng, top=10)
+    top, low, _ = extreme_eigenvalues(hessian, hessian.dim, cfg.top_steps, rng, top=10)
     nodes, weights = slq(hessian, hessian.dim, cfg.slq_steps, cfg.probes, rng)
     lam10 = float(top[min(9, len(top) - 1)])
     return {"dim": hessian.dim, "top": [float(t) for t in top], "min": low, "lambda10": lam10,

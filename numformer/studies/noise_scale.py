@@ -63,7 +63,7 @@ from ..loss import LabelSmoothedCrossEntropy
 from ..model import Transformer
 from ..optim import Adam, NoamSchedule
 from ..presets import get_preset
-from ..training.noise_scale import GROUPS, NoiseEstimate, noise_scales
+from ..training.noise_scale import GROUPS, NoiseEstimate, noise_scales, summed_by
 from ..training.per_sentence import PerSentenceGradients
 from .common import Budget, bible_data, markdown_table, pyplot, random_batch, save_figure, sentence_batch, write_outputs
 
@@ -133,12 +133,7 @@ def grouped(noise: dict) -> dict:
     """{group: (|G|^2, tr(Sigma))}: the layer types, the total and the stack-aware groups of one step."""
     out = {g: (e.grad_sq, e.trace) for g, e in noise["groups"].items()}
     out["total"] = (noise["total"].grad_sq, noise["total"].trace)
-    sub = {}
-    for name, est in noise["tensors"].items():
-        key = subgroup_of(name)
-        if key is not None:
-            sub[key] = sub[key] + est if key in sub else est
-    out.update({k: (e.grad_sq, e.trace) for k, e in sub.items()})
+    out.update({k: (e.grad_sq, e.trace) for k, e in summed_by(noise["tensors"], subgroup_of).items()})
     return out
 
 

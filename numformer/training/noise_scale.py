@@ -54,9 +54,6 @@ class NoiseEstimate:
     def __add__(self, other: "NoiseEstimate") -> "NoiseEstimate":
         return NoiseEstimate(self.grad_sq + other.grad_sq, self.trace + other.trace, self.sentences)
 
-    def __radd__(self, other):  # sum() starts from 0
-        return self if other == 0 else NotImplemented
-
 
 def estimate(sum_sq_norms: float, total_sq: float, sentences: int) -> NoiseEstimate:
     """The estimate from ``s = sum_b |g_b|^2`` and ``|G|^2 = |sum_b g_b|^2`` over ``sentences`` >= 2."""
@@ -85,7 +82,7 @@ def noise_scales(statistics: dict) -> dict:
     names = list(statistics)
     if not names:
         raise ValueError("no per-sentence statistics to estimate the noise scale from")
-    xp = get_array_module(statistics[names[0]].total)
+    xp = get_array_module(statistics[names[0]].sq_norms)  # total is None in the norms-only mode
     sums = []
     for name in names:
         st = statistics[name]
@@ -96,9 +93,17 @@ def noise_scales(statistics: dict) -> dict:
             sums += [st.sq_norms.sum(), st.grad_sq]
     values = read_scalars(xp, *sums)
     tensors = {n: estimate(values[2 * i], values[2 * i + 1], statistics[n].sentences) for i, n in enumerate(names)}
-    groups = {}
-    for name, est in tensors.items():
-        kind = group_of(name)
-        groups[kind] = groups[kind] + est if kind in groups else est
-    total = sum(tensors.values(), NoiseEstimate(0.0, 0.0, tensors[names[0]].sentences))
+    groups = summed_by(tensors, group_of)
+    total = summed_by(tensors, lambda name: "total")["total"]
     return {"tensors": tensors, "groups": {g: groups[g] for g in GROUPS if g in groups}, "total": total}
+
+
+def summed_by(tensors: dict, key) -> dict:
+    """{key(name): the sum of the estimates of the tensors with that key} (both terms add over tensors);
+    tensors whose key is None are left out."""
+    out = {}
+    for name, est in tensors.items():
+        k = key(name)
+        if k is not None:
+            out[k] = out[k] + est if k in out else est
+    return out

@@ -45,7 +45,6 @@ from ..layers.per_sentence import (embedding_per_sentence, layernorm_per_sentenc
                                    projection_per_sentence)
 
 BUDGET = 1 << 22  # numbers in one chunk of dense per-sentence gradients (16 MiB in float32)
-DENSE, ROWS = "dense", "rows"
 
 
 @dataclass
@@ -114,7 +113,6 @@ class PerSentenceGradients:
                 raise ValueError(f"{name}: a tied matrix combines one pre-softmax projection with embedding "
                                  f"lookups, not {', '.join(kinds)}")
             self.acc[id(p)] = acc
-        self._installed = False
 
     @staticmethod
     def _layer_parameters(m):
@@ -149,14 +147,12 @@ class PerSentenceGradients:
             self._finish()
             return out
         object.__setattr__(self.model, "backward", backward)
-        self._installed = True
         return self
 
     def __exit__(self, *exc):
         for m, _ in self.taps:
             m.__dict__.pop("backward", None)
         self.model.__dict__.pop("backward", None)
-        self._installed = False
         return False
 
     def _tap(self, m, kind, backward):
@@ -258,10 +254,10 @@ class PerSentenceGradients:
 
     @staticmethod
     def _looked_up(acc, batch: int):
-        """The ids every lookup of a tied matrix read in its forward, (B, K), in the order of the uses."""
-        xp = acc.xp
-        return xp.concatenate([xp.asarray(m._cache_ids).reshape(batch, -1) for m, kind, _ in acc.uses
-                               if kind == "embedding"], axis=1)
+        """The ids every lookup of a tied matrix read in its forward, (B, K), in the order of the uses (the
+        embedding keeps them on the weight's device)."""
+        return acc.xp.concatenate([m._cache_ids.reshape(batch, -1) for m, kind, _ in acc.uses if kind == "embedding"],
+                                  axis=1)
 
     def _reduce_rows(self, acc) -> None:
         """The rows every lookup use left (and, for a tied matrix, the dense summand on those rows) reduced

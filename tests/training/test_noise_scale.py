@@ -86,10 +86,10 @@ def test_groups_and_total_add_their_tensors():
     assert noise["total"].grad_sq == pytest.approx(sum(e.grad_sq for e in noise["tensors"].values()), rel=1e-9)
 
 
-def test_log_grads_records_the_noise_scale_of_the_last_batch(tmp_path):
-    model, src, tgt = _model_and_batch()
+def logged_step(model, src, tgt, path):
+    """One --log-grads step of GradStats on the batch, as the trainer's hooks call it: (record, loss)."""
     crit = LabelSmoothedCrossEntropy(0.1, 0)
-    stats = GradStats(model, tmp_path / "grad_stats.jsonl")
+    stats = GradStats(model, path)
     model.zero_grad()
     stats.tap()
     stats.start()
@@ -97,7 +97,13 @@ def test_log_grads_records_the_noise_scale_of_the_last_batch(tmp_path):
     stats.after_forward()
     model.backward(crit.backward())
     stats.before_step()
-    record = stats.after_step(1)
+    return stats.after_step(1), loss
+
+
+def test_log_grads_records_the_noise_scale_of_the_last_batch(tmp_path):
+    model, src, tgt = _model_and_batch()
+    crit = LabelSmoothedCrossEntropy(0.1, 0)
+    record, loss = logged_step(model, src, tgt, tmp_path / "grad_stats.jsonl")
     assert not [m for m in model.modules() if "backward" in vars(m)]  # the taps are off again
     # the same batch, tapped directly
     model.zero_grad()
@@ -116,15 +122,8 @@ def test_log_grads_records_the_noise_scale_of_the_last_batch(tmp_path):
 
 def test_a_batch_of_one_sentence_logs_no_noise_scale(tmp_path):
     model, src, tgt = _model_and_batch()
-    crit = LabelSmoothedCrossEntropy(0.1, 0)
-    stats = GradStats(model, tmp_path / "grad_stats.jsonl")
-    stats.tap()
-    stats.start()
-    crit.forward(model(src[:1], tgt[:1, :-1]), tgt[:1, 1:])
-    stats.after_forward()
-    model.backward(crit.backward())
-    stats.before_step()
-    assert "noise" not in stats.after_step(1)
+    record, _ = logged_step(model, src[:1], tgt[:1], tmp_path / "grad_stats.jsonl")
+    assert "noise" not in record
 
 
 def test_sentence_gradients_count_their_sentences():
