@@ -5,6 +5,8 @@ Examples:
     python train.py --task reverse --preset tiny --max-steps 600   # a first run: a few minutes on a CPU
     python train.py --corpus bible-en-es                     # the main job: small preset, 25 min on a CPU
     python train.py --corpus bible-en-es --device cuda       # the paper's base model on a GPU
+    python train.py --corpus wmt14-en-de --device cuda       # the paper's experiment: WMT 2014, base, two BLEUs
+    python train.py --corpus wmt14-en-de --wmt-dir ~/wmt14   # ... from WMT files you have (docs/paper.md)
     python train.py --data my_corpus/ --preset small --max-minutes 60 --out runs/mine
     python train.py --out runs/mine --resume                 # continue where it stopped
     python train.py --task copy --preset tiny --swap LayerNorm=my_layernorm.py:LayerNorm   # your own backward
@@ -42,6 +44,7 @@ from numformer.checkpoint import load_checkpoint
 from numformer.cli.arguments import (OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int,
                                      probability)
 from numformer.cli.processes import parse_on_rank0, processes, wait_for_every_rank
+from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
 from numformer.errors import INTERRUPTED_EXIT
 from numformer.files import atomic_write_text, write_json
@@ -51,6 +54,7 @@ from numformer.precision import MODES as PRECISIONS
 from numformer.precision import check_precision
 from numformer.data.prepared import prepare
 from numformer.data.sources import CORPORA
+from numformer.data.wmt14 import WMT14
 from numformer.data.vocab_sample import DEFAULT_VOCAB_SAMPLE
 from numformer.presets import ModelConfig, get_preset
 from numformer.presets import POSITIONAL, PRESETS
@@ -71,6 +75,10 @@ def parse_args(argv=None):
     src.add_argument("--corpus", help=f"a corpus the project builds itself: {', '.join(CORPORA)}")
     src.add_argument("--data", metavar="DIR", help="a folder with train/valid/test .src/.tgt files")
     src.add_argument("--task", choices=["copy", "reverse"], help="a synthetic task")
+    src.add_argument("--wmt-dir", metavar="DIR",
+                     help="with --corpus wmt14-en-de or wmt14-en-fr: your WMT 2014 files (train.en/.de, "
+                          "newstest2013.*, newstest2014.*, or a datasets save_to_disk folder) instead of the "
+                          "datasets library's download; see docs/paper.md")
     src.add_argument("--vocab-size", type=positive_int,
                      help="shared subword vocabulary size (default: from corpus size)")
     src.add_argument("--vocab-sample", type=positive_int, default=DEFAULT_VOCAB_SAMPLE,
@@ -101,7 +109,11 @@ def parse_args(argv=None):
     t.add_argument("--max-steps", type=positive_int)
     t.add_argument("--max-minutes", type=positive_float, help="training time budget (evaluation not counted)")
     t.add_argument("--max-tokens", type=positive_int, help="tokens per batch, source + target, padding included")
-    t.add_argument("--accum", type=positive_int, help="batches accumulated per optimizer step")
+    t.add_argument("--accum", type=positive_int, help="batches accumulated per optimizer step (default: the "
+                                                       "recipe's; base and big: as many as --step-tokens needs)")
+    t.add_argument("--step-tokens", type=nonneg_int,
+                   help="tokens per optimizer step, source + target: the batches accumulated follow --max-tokens "
+                        "(base and big: 50000, the paper's ~25k source + 25k target; 0: --accum as given)")
     t.add_argument("--warmup", type=positive_int, help="warmup steps of Eq. 3")
     t.add_argument("--lr-factor", type=positive_float, help="multiplies the learning rate of Eq. 3")
     t.add_argument("--clip-norm", type=nonneg_float, help=f"clip the global gradient norm (default {TRAIN_DEFAULTS.clip_norm:g}: off)")
@@ -150,6 +162,8 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.corpus is not None and args.corpus not in CORPORA:
         ap.error(f"unknown corpus {args.corpus!r}: choose one of {', '.join(CORPORA)}, or pass --data DIR")
+    if args.wmt_dir is not None and args.corpus not in WMT14:
+        ap.error(f"--wmt-dir gives the files of a WMT 2014 corpus: add --corpus {' or --corpus '.join(WMT14)}")
     given = [x for x in (args.corpus, args.data, args.task) if x is not None]
     if len(given) > 1 or (not given and not args.resume):
         ap.error("give exactly one of --corpus NAME, --data DIR or --task copy|reverse")
@@ -168,7 +182,8 @@ def main(argv=None) -> int:
                                                                                expand=solved_specs):
         world, device = procs.world, procs.device
         xp = xp_for(world.device if world.size > 1 else device)  # cuda asked for but missing: one line, now
-        out = Path(args.out) if args.out else default_out(vars(args), args.preset or default_preset(device))
+        preset = args.preset or default_preset(device, args.corpus)
+        out = Path(args.out) if args.out else default_out(vars(args), preset)
         opened = world.on_main(open_run, args, device, out, world.size, procs.report)  # rank 0: locked, prepared
         try:
             run, mcfg, data = share_run(world, opened[1:] if opened is not None else None)
@@ -180,7 +195,7 @@ def main(argv=None) -> int:
             model = build_model(mcfg, tcfg.seed, args.swap).to(xp)
             print_plan(model, run, tcfg, args, device, world)
             trainer = Trainer(model, data, tcfg, opened[0] if opened is not None else out,
-                              progress=not args.no_progress, world=world)
+                              progress=not args.no_progress, world=world, name=run.preset)
             if args.resume and not trainer.resume():
                 print("no checkpoint to resume from: starting fresh")
             if world.is_main:
@@ -221,7 +236,8 @@ def open_run(args, device: str, out: Path, processes: int, report):
         print(f"note: {out} was trained with {saved.get('processes', 1)} process(es), now {processes}: "
               "each step now takes a different number of batches")
     data = prepare(out, run.source["corpus"], run.source["data"], run.source["task"], args.vocab_size,
-                   seed=run.train.seed, vocab_sample=args.vocab_sample, log=lambda line: print(f"data: {line}"))
+                   seed=run.train.seed, vocab_sample=args.vocab_sample, log=lambda line: print(f"data: {line}"),
+                   wmt_dir=args.wmt_dir)
     how = f"memory-mapped from {data.folder}, prepared before" if data.reused else f"prepared into {data.folder}"
     print(f"data: {data.source}: {len(data.ids['train'])} training pairs, vocabulary {data.vocab.size} ({how}; "
           f"{data.seconds:.1f} s)")
@@ -250,7 +266,9 @@ def print_plan(model, run, tcfg, args, device: str, world) -> None:
     """The first lines of a run: the model, the training budget, the GPU recipe, the processes."""
     print(f"model: preset {run.preset}, {model.num_parameters() / 1e6:.1f}M parameters, device "
           f"{world.device if world.size > 1 else device}; "
-          f"training: {tcfg.max_tokens} tokens x {tcfg.accum} per step, warmup {tcfg.warmup}, lr factor "
+          f"training: {tcfg.max_tokens} tokens x {tcfg.accum} per step" + (
+              f" (the recipe's ~{tcfg.step_tokens:,} source + target tokens a step)" if tcfg.step_tokens else "")
+          + f", warmup {tcfg.warmup}, lr factor "
           f"{tcfg.lr_factor}, " + (f"{tcfg.max_minutes} min" if tcfg.max_minutes else f"{tcfg.max_steps} steps")
           + (", precision " + tcfg.precision if tcfg.precision != "fp32" else ""))
     if device != "cpu" and run.preset in GPU_RECIPES and not args.resume:
@@ -290,11 +308,19 @@ def finish(args, trainer, model, data, out) -> None:
         secs = time.perf_counter() - t1
         atomic_write_text(out / run_files.TEST_HYPOTHESES, "".join(h + "\n" for h in hyps))
         scores = score_translations(hyps, ref)
+        corpus = data.source.partition(":")[2] if data.source.startswith("corpus:") else None
+        paper = paper_bleu(hyps, ref, WMT14[corpus].target) if corpus in WMT14 else None
+        if paper is not None:  # the paper's corpora: its own BLEU beside sacreBLEU's, each labelled
+            scores.update(bleu_paper=paper["bleu"], bleu_paper_method=paper["method"],
+                          bleu_paper_counts=paper["counts"], bleu_paper_totals=paper["totals"])
         scores.update(sentences=len(src), decode_seconds=round(secs, 1), beam=args.beam, alpha=args.alpha,
                       steps=trainer.optimizer.step_count, train_minutes=round(trainer.elapsed / 60, 2))
         write_json(out / run_files.TEST_SCORES, scores)
         print(f"test: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(src)} sentences, beam "
               f"{args.beam}, {secs:.0f} s)\n{scores['bleu_signature']}")
+        if paper is not None:
+            print(f"test: BLEU {paper['bleu']:.2f} paper-comparable ({paper['method']}); the one above is "
+                  f"sacreBLEU on detokenised text\n{WHICH_FIGURE}")
 
 
 if __name__ == "__main__":

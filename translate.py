@@ -9,6 +9,9 @@ Examples:
     python translate.py --model runs/x --nbest 4 --input test.en     # 4 tab-separated candidates per line
     python translate.py --model runs/x                               # at a terminal: each line as it is typed
     python translate.py --model model.safetensors --input test.en    # one exported file (see numformer.checkpoint)
+    python translate.py --model runs/wmt14-en-de-base --input newstest2014.en --reference newstest2014.de \
+        --bleu paper --target-lang de                                # also the paper's tokenised, compound-split BLEU
+    python translate.py --hypotheses hyp.de --reference newstest2014.de --bleu paper --target-lang de  # score a file
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from numformer.data import read_lines
 from numformer.errors import UsageError
 from numformer.files import atomic_write_bytes
 from numformer.data.text_files import split_lines
+from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
 
 DEFAULTS = DecodeOptions()  # Section 6.1's search settings: the flags' defaults
@@ -58,7 +62,7 @@ def parse_args(argv=None):
     ap = OneLineParser(prog="translate.py", description=__doc__.splitlines()[0],
                        epilog=__doc__.split("Examples:")[1] + CONTRACT,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, metavar="PATH",
+    ap.add_argument("--model", metavar="PATH",
                     help=f"a run folder (its {run_files.AVERAGED} unless newer checkpoints exist, else the newest "
                          "checkpoint), a checkpoint .npz or an exported model (.npz or .safetensors): one file is a "
                          "whole model")
@@ -67,6 +71,13 @@ def parse_args(argv=None):
     ap.add_argument("--input", metavar="FILE", help="source sentences, one per line (default: standard input)")
     ap.add_argument("--output", metavar="FILE", help="write translations here (default: standard output)")
     ap.add_argument("--reference", metavar="FILE", help="print sacreBLEU BLEU and chrF against this reference")
+    ap.add_argument("--hypotheses", metavar="FILE",
+                    help="score this file of translations against --reference instead of translating (no --model)")
+    ap.add_argument("--bleu", choices=["sacrebleu", "paper"], default="sacrebleu",
+                    help="with --reference: sacrebleu (detokenised, the default) or paper: sacreBLEU and the paper's "
+                         "tokenised BLEU with compound splitting (Moses tokens, ##AT##; needs --target-lang and "
+                         "pip install sacremoses), each labelled")
+    ap.add_argument("--target-lang", metavar="LANG", help="the reference's language for --bleu paper (de, fr, ...)")
     ap.add_argument("--beam", type=positive_int, help=f"beam size (default {DEFAULTS.beam}, Section 6.1)")
     ap.add_argument("--greedy", action="store_true", help="greedy search (same as --beam 1)")
     ap.add_argument("--alpha", type=nonneg_float, default=DEFAULTS.alpha,
@@ -80,6 +91,14 @@ def parse_args(argv=None):
                     help=f"source tokens per decoding batch (default {DEFAULTS.max_tokens})")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
     args = ap.parse_args(argv)
+    if args.hypotheses is not None:
+        if args.reference is None or args.model is not None or args.input is not None:
+            ap.error("--hypotheses scores a file of translations: give it with --reference, without --model or --input")
+    elif args.model is None:
+        ap.error("give --model PATH to translate (or --hypotheses FILE --reference FILE to score translations)")
+    if args.bleu == "paper" and (args.reference is None or args.target_lang is None):
+        ap.error("--bleu paper scores against --reference with the Moses rules of its language: give --reference "
+                 "FILE and --target-lang LANG (de, fr, ...)")
     if args.greedy and args.beam not in (None, 1):
         ap.error(f"--greedy and --beam {args.beam} contradict each other: give one of them")
     args.beam = 1 if args.greedy else (args.beam or DEFAULTS.beam)
@@ -150,6 +169,13 @@ def _translate_as_typed(model, vocab, opts: DecodeOptions, nbest: int) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     with one_line_errors("translate.py"):
+        if args.hypotheses is not None:  # scoring translations made before: no model, no input
+            hyps, references = read_lines(args.hypotheses), read_lines(args.reference)
+            if len(references) != len(hyps):
+                raise UsageError(f"{args.reference} has {len(references)} lines but {args.hypotheses} has "
+                                 f"{len(hyps)}: they must match line for line")
+            _print_scores(hyps, references, args)
+            return 0
         xp_for(resolve_device(args.device))  # cuda without cupy or a GPU fails now, in one line
         output = _Output(args.output)
         interactive = _interactive(args)
@@ -178,11 +204,18 @@ def main(argv=None) -> int:
         print(f"translated {len(lines)} lines in {secs:.1f} s with {path} "
               f"({'greedy' if args.beam == 1 else f'beam {args.beam}, alpha {args.alpha}'})", file=sys.stderr)
         if references is not None:
-            best = [h[0] if args.nbest > 1 else h for h in hyps]
-            s = score_translations(best, references)
-            print(f"BLEU {s['bleu']:.2f}  chrF {s['chrf']:.2f}\n{s['bleu_detail']}\n{s['bleu_signature']}\n"
-                  f"{s['chrf_signature']}", file=sys.stderr)
+            _print_scores([h[0] if args.nbest > 1 else h for h in hyps], references, args)
     return 0
+
+
+def _print_scores(hyps: list[str], references: list[str], args) -> None:
+    """sacreBLEU's BLEU and chrF (with signatures) on stderr; with --bleu paper also the paper-comparable BLEU."""
+    s = score_translations(hyps, references)
+    print(f"BLEU {s['bleu']:.2f}  chrF {s['chrf']:.2f}  (sacreBLEU, detokenised)\n{s['bleu_detail']}\n"
+          f"{s['bleu_signature']}\n{s['chrf_signature']}", file=sys.stderr)
+    if args.bleu == "paper":
+        p = paper_bleu(hyps, references, args.target_lang)
+        print(f"BLEU {p['bleu']:.2f}  (paper-comparable: {p['method']})\n{WHICH_FIGURE}", file=sys.stderr)
 
 
 if __name__ == "__main__":

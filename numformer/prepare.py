@@ -25,6 +25,8 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", help=f"a corpus the project builds itself: {', '.join(CORPORA)}")
     ap.add_argument("--data", metavar="DIR", help="a folder with train/valid/test .src/.tgt files")
     ap.add_argument("--task", choices=["copy", "reverse"], help="a synthetic task")
+    ap.add_argument("--wmt-dir", metavar="DIR", help="with --corpus wmt14-en-de or wmt14-en-fr: your WMT 2014 files "
+                                                    "(see numformer/data/wmt14.py)")
     ap.add_argument("--out", required=True, help="the run folder train.py will use (--out)")
     ap.add_argument("--vocab-size", type=positive_int, help="shared subword vocabulary size (default: from corpus size)")
     ap.add_argument("--vocab-sample", type=positive_int, default=DEFAULT_VOCAB_SAMPLE,
@@ -38,7 +40,7 @@ def main(argv=None) -> int:
 
         lock = lock_run_folder(args.out)  # the run folder is this process's while it prepares (train.py's lock)
         data = prepare(args.out, args.corpus, args.data, args.task, args.vocab_size, args.seed,
-                       args.vocab_sample, args.threads, log=print)
+                       args.vocab_sample, args.threads, log=print, wmt_dir=args.wmt_dir)
         n = len(data.ids["train"])
         print(f"{'already prepared' if data.reused else 'prepared'}: {data.source}: {n:,} training pairs, "
               f"vocabulary {data.vocab.size} in {data.folder} ({data.seconds:.1f} s)")

@@ -36,7 +36,7 @@ from ..run_files import PREPARED, VOCAB, run_checkpoints
 from .binary import SIDES, TokenPairs, ids_dtype
 from .encoding import CachedEncoder, encode_file
 from .errors import DataError
-from .sources import resolve_source, task_texts
+from .sources import paper_vocab_size, resolve_source, task_texts
 from .text_files import SPLITS, count_pairs, iter_line_blocks, read_lines
 from .vocab import SubwordVocab, default_vocab_size
 from .vocab_sample import DEFAULT_VOCAB_SAMPLE, sample_training_text
@@ -118,17 +118,20 @@ def open_shared_train(prep, digest: str | None) -> TokenPairs | None:
 
 
 def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, seed: int = 0,
-            vocab_sample: int = DEFAULT_VOCAB_SAMPLE, threads: int | None = None, log=None) -> PreparedData:
+            vocab_sample: int = DEFAULT_VOCAB_SAMPLE, threads: int | None = None, log=None,
+            wmt_dir=None) -> PreparedData:
     """Prepare (or reuse) ``out_dir/spm.model`` and ``out_dir/prepared/``, and open them.
 
     Args:
         out_dir: the run folder.
         corpus, data_dir, task: exactly one, as train.py's --corpus, --data, --task.
-        vocab_size: shared vocabulary size (None: :func:`default_vocab_size` of the training pairs).
+        vocab_size: shared vocabulary size (None: the paper's for a WMT corpus, else
+            :func:`default_vocab_size` of the training pairs).
         seed: draws the vocabulary's sample (and a task's sentences); seeds sentencepiece.
         vocab_sample: sentences (both sides) the vocabulary is trained on, at most.
         threads: sentencepiece threads while encoding (default: every core).
         log: called with progress lines (None: quiet).
+        wmt_dir: the user's WMT 2014 files for a ``wmt14-*`` corpus (:mod:`numformer.data.wmt14`).
     Returns:
         A :class:`PreparedData` whose ``ids`` are memory-mapped :class:`TokenPairs`.
     Raises:
@@ -139,7 +142,7 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
     if vocab_sample < 2:
         raise DataError(f"--vocab-sample must be at least 2 sentences, got {vocab_sample}")
     out = Path(out_dir)
-    folder, source = resolve_source(corpus, data_dir, task)
+    folder, source = resolve_source(corpus, data_dir, task, wmt_dir, log=say)
     prep = out / PREPARED
     vocab_path = out / VOCAB
     texts = task_texts(task, seed) if folder is None else None
@@ -180,7 +183,8 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
         raise DataError(f"the training data ({source}) has no pair with both sides non-empty: "
                         "fill train.src and train.tgt with sentence pairs")
     requested = int(vocab_size) if vocab_size is not None else (
-        manifest.get("vocab", {}).get("requested") if keep_vocab and manifest else default_vocab_size(n_train))
+        manifest.get("vocab", {}).get("requested") if keep_vocab and manifest
+        else paper_vocab_size(corpus) or default_vocab_size(n_train))
     if keep_vocab:
         vocab = SubwordVocab.load(vocab_path)
         if manifest is None and vocab_size is None:

@@ -25,6 +25,7 @@ class TrainConfig:
 
     max_tokens: int = 25000        # tokens per batch, source + target, padding included
     accum: int = 2                 # batches per optimizer step (2 x 25k ~ 25k source + 25k target)
+    step_tokens: int = 0           # > 0: accum follows max_tokens, about this many tokens a step (settle())
     warmup: int = 4000
     lr_factor: float = 1.0         # multiplies Eq. 3
     clip_norm: float = 0.0         # 0: no clipping (the paper does not clip)
@@ -60,7 +61,8 @@ class TrainConfig:
             raise UsageError(f"--max-steps must be at least 1, got {self.max_steps}")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise UsageError(f"--max-minutes must be positive, got {self.max_minutes}")
-        for name in ("save_every", "save_every_minutes", "eval_every", "eval_sentences", "clip_norm", "log_grads"):
+        for name in ("save_every", "save_every_minutes", "eval_every", "eval_sentences", "clip_norm", "log_grads",
+                     "step_tokens"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 0, got {getattr(self, name)}")
         if self.precision not in PRECISIONS:
@@ -80,9 +82,15 @@ class TrainConfig:
         return self
 
 
+#: Section 5.1: "Each training batch contained a set of sentence pairs containing approximately 25000 source
+#: tokens and 25000 target tokens": one optimizer step's tokens, source + target (max_tokens counts both).
+PAPER_STEP_TOKENS = 50000
+
 # The recipe of each preset: TrainConfig's defaults (the paper's) changed where they are wrong for it.
-#  * base, big: the paper (Section 5): 2 x 25k-token steps, warmup 4000, 100k / 300k steps, checkpoints
-#    every 10 minutes; big averages the last 20 checkpoints (Section 6.1), so it keeps 20.
+#  * base, big: the paper (Section 5): steps of about 25k source + 25k target tokens (step_tokens 50,000:
+#    2 x 25k-token batches, or as many accumulated batches as --max-tokens makes it on a smaller device),
+#    warmup 4000, 100k / 300k steps, checkpoints every 10 minutes; big averages the last 20 checkpoints
+#    (Section 6.1), so it keeps 20.
 #  * small (the CPU main job): 4000 warmup steps would be most of a 25-minute run (~2,500 steps), and on
 #    a CPU more, smaller updates beat fewer large ones (a PyTorch run of the same model on this CPU:
 #    warmup >= 1000 or 8k-token batches trained visibly worse in 5 minutes), so batches of 3,000 padded
@@ -92,8 +100,9 @@ class TrainConfig:
 #    (a peak of 6.3e-3 for d_model 128) the reverse task's loss jumped around and its exact-match rate
 #    after 3,000 steps spread over 0.87-1.0 across seeds 1-3; at 0.5x it was 0.98 / 0.99 / 0.98.
 RECIPES: dict[str, dict] = {
-    "base": dict(max_steps=100000, save_every=0, save_every_minutes=10),
-    "big": dict(max_steps=300000, save_every=0, save_every_minutes=10, keep_last=20, average_last=20),
+    "base": dict(step_tokens=PAPER_STEP_TOKENS, max_steps=100000, save_every=0, save_every_minutes=10),
+    "big": dict(step_tokens=PAPER_STEP_TOKENS, max_steps=300000, save_every=0, save_every_minutes=10, keep_last=20,
+                average_last=20),
     "small": dict(max_tokens=3000, accum=1, warmup=500, lr_factor=0.7, max_minutes=25, save_every=0,
                   save_every_minutes=1.5, eval_every=500),
     "tiny": dict(max_tokens=2000, accum=1, warmup=200, lr_factor=0.5, max_minutes=10, save_every=200,
@@ -110,26 +119,38 @@ RECIPES.update({name: RECIPES["base"] for name in TABLE3 if name not in RECIPES}
 # stated budget of 30 minutes with a checkpoint every 5 and validation every 500 steps. Chosen by this
 # arithmetic, not by a measurement: no GPU has run it yet (docs/gpu.md).
 GPU_RECIPES: dict[str, dict] = {
-    "base": dict(max_tokens=12500, accum=1, warmup=1000, max_minutes=30, max_steps=None, save_every=0,
+    "base": dict(max_tokens=12500, accum=1, step_tokens=0, warmup=1000, max_minutes=30, max_steps=None, save_every=0,
                  save_every_minutes=5, eval_every=500),
 }
 GPU_RECIPES.update({name: GPU_RECIPES["base"] for name in TABLE3 if name not in ("base", "big")})  # base's variants
 
 SOURCE_FLAGS = ("corpus", "data", "task")   # the data flags, exactly one per run
+#: The paper's own corpora (numformer/data/wmt14.py): trained with the paper's recipe on any device, base by default.
+PAPER_CORPORA = ("wmt14-en-de", "wmt14-en-fr")
+#: Dropout of a preset on one language pair where the paper changed it. Section 6.1: "The Transformer (big)
+#: model trained for English-to-French used dropout rate P_drop = 0.1, instead of 0.3."
+PAIR_DROPOUT = {("big", "wmt14-en-fr"): 0.1}
 MODEL_FLAGS = ("pre_norm", "untied", "dropout", "label_smoothing", "init", "positional")
 
 
-def default_preset(device: str) -> str:
-    """The preset of a run that names none: ``small`` on a CPU (the main job), ``base`` on a GPU."""
-    return "small" if device == "cpu" else "base"
+def default_preset(device: str, corpus: str | None = None) -> str:
+    """The preset of a run that names none: ``small`` on a CPU (the main job), ``base`` on a GPU and,
+    on any device, on the paper's own corpora (the experiment of Table 2)."""
+    return "small" if device == "cpu" and corpus not in PAPER_CORPORA else "base"
 
 
-def recipe(preset: str, device: str = "cpu") -> TrainConfig:
-    """The preset's recipe as a TrainConfig (GPU_RECIPES on a GPU, where the preset has one)."""
+def recipe(preset: str, device: str = "cpu", corpus: str | None = None) -> TrainConfig:
+    """The preset's recipe as a TrainConfig: GPU_RECIPES on a GPU, where the preset has one, except on
+    the paper's own corpora, which get the paper's recipe whatever the device."""
     changes = dict(RECIPES[preset])
-    if device != "cpu":
+    if device != "cpu" and corpus not in PAPER_CORPORA:
         changes.update(GPU_RECIPES.get(preset, {}))
     return TrainConfig(**changes)
+
+
+def accumulation(step_tokens: int, max_tokens: int) -> int:
+    """Batches of up to ``max_tokens`` accumulated into a step of about ``step_tokens`` tokens (at least one)."""
+    return max(1, round(step_tokens / max_tokens))
 
 
 def default_out(flags: dict, preset: str) -> Path:
@@ -208,15 +229,18 @@ def settle(flags: dict, device: str, saved: dict | None, out) -> RunSettings:
     elif flags.get("resume") and all(v is None for v in source.values()):
         raise UsageError(f"{out} holds no run.json to resume: give the data flag (--corpus, --data or --task) "
                          "and the run's --preset")
-    preset = preset or default_preset(device)
+    preset = preset or default_preset(device, source.get("corpus"))
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
-    train = _settle_training(flags, preset, device, saved)
+    train = _settle_training(flags, preset, device, saved, source.get("corpus"))
     asked = flags.get("vocab_size") or (saved or {}).get("vocab_size_requested")
-    return RunSettings(source, preset, train, _settle_model(flags, saved), asked)
+    model = _settle_model(flags, saved)
+    if saved is None and flags.get("dropout") is None and (preset, source.get("corpus")) in PAIR_DROPOUT:
+        model["dropout"] = PAIR_DROPOUT[preset, source["corpus"]]
+    return RunSettings(source, preset, train, model, asked)
 
 
-def _settle_training(flags: dict, preset: str, device: str, saved: dict | None) -> TrainConfig:
+def _settle_training(flags: dict, preset: str, device: str, saved: dict | None, corpus: str | None) -> TrainConfig:
     names = [f.name for f in fields(TrainConfig)]
     if saved is not None and isinstance(saved.get("train_config"), dict):
         base = {k: v for k, v in saved["train_config"].items() if k in names}
@@ -224,7 +248,7 @@ def _settle_training(flags: dict, preset: str, device: str, saved: dict | None) 
             raise UsageError(f"--seed {flags['seed']} differs from the run's seed {base['seed']}: a resumed run keeps "
                              "its seed (leave --seed out) or start a new run with another --out")
     else:
-        base = vars(recipe(preset, device))
+        base = vars(recipe(preset, device, corpus))
     for name in names:  # every TrainConfig field is a flag of the same name
         if flags.get(name) is not None:
             base[name] = flags[name]
@@ -232,6 +256,10 @@ def _settle_training(flags: dict, preset: str, device: str, saved: dict | None) 
         base["max_minutes"] = None  # a step budget given alone replaces a time budget, and the other way round
     if flags.get("max_minutes") is not None and flags.get("max_steps") is None:
         base["max_steps"] = None
+    if flags.get("accum") is not None:  # a given --accum is taken as it is: the step's size follows from it
+        base["step_tokens"] = 0
+    elif base.get("step_tokens"):  # the paper's step size whatever a batch the device holds (--max-tokens)
+        base["accum"] = accumulation(base["step_tokens"], base["max_tokens"])
     return TrainConfig(**base).checked(positional_table=PRESETS[preset].max_len)
 
 

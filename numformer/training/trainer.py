@@ -54,6 +54,7 @@ from .config import TrainConfig
 from .data_parallel import GradientBucket, shard_batches
 from .distributed import SINGLE
 from .epochs import EpochWalk
+from .forecast import StepTimeForecast
 from .gradient_statistics import GradStats
 from .loss_scaling import DynamicLossScaler
 from .metrics import LogWindow, train_record
@@ -75,8 +76,10 @@ class Trainer:
     run folder, the validation and test data.
     """
 
-    def __init__(self, model, data, cfg: TrainConfig, out, progress: bool = True, log=print, world=None):
+    def __init__(self, model, data, cfg: TrainConfig, out, progress: bool = True, log=print, world=None,
+                 name: str = "this model"):
         self.world = world = SINGLE if world is None else world
+        self.name = name            # what the expected-time line calls the model (train.py: the preset)
         self.model, self.data, self.cfg = model, data, cfg.checked(positional_table=model.cfg.max_len)
         self.folder = out if isinstance(out, RunFolder) else RunFolder(out, lock=world.is_main)
         self.log = log if world.is_main else _quiet
@@ -178,6 +181,8 @@ class Trainer:
         bar = BudgetBar(cfg.max_steps, cfg.max_minutes, self.optimizer.step_count, self.elapsed) \
             if self.progress else None
         last_save, record = self.elapsed, {}
+        forecast = StepTimeForecast(self.name, "cpu" if self.xp is np else "cuda", self.optimizer.step_count,
+                                    cfg.max_steps, cfg.max_minutes, cfg.accum * world.size)
         with self._numerics(), StopRequests(world) as stop, _closing(bar), _closing(self.tensorboard):
             while not self.done() and not stop.requested:
                 t0 = time.perf_counter()
@@ -193,6 +198,9 @@ class Trainer:
                     continue
                 step = self.optimizer.step_count
                 self.nonfinite_in_a_row = 0
+                expected = forecast.add(step, dt, sum(b.n_src_tokens for b in batches), result.tokens)
+                if expected is not None:  # once, after the first steps: the whole budget's wall time here
+                    self.log(expected)
                 self.window.add_loss(result.loss)
                 record = self._log(step, result.grad_norm, bar) or record
                 saving = (cfg.save_every and step % cfg.save_every == 0) or (
