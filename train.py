@@ -41,6 +41,7 @@ from grad_checks.swap_grading import grade_swap, solved_specs  # --swap: the stu
 from numformer import run_files
 from numformer.backend import xp_for
 from numformer.checkpoint import load_checkpoint
+from numformer.checkpoint.trained_model import load_model
 from numformer.cli.arguments import (OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int,
                                      probability)
 from numformer.cli.processes import parse_on_rank0, processes, wait_for_every_rank
@@ -90,6 +91,10 @@ def parse_args(argv=None):
     m = ap.add_argument_group("model")
     m.add_argument("--preset", choices=list(PRESETS),
                    help="model size (default: the run's with --resume, else small on cpu, base on cuda)")
+    m.add_argument("--init-from", metavar="MODEL",
+                   help="fine-tune this model (a numformer model file or run folder, or one imported from Hugging "
+                        "Face with python -m numformer.checkpoint import): its architecture, weights and vocabulary "
+                        "(no new one is trained); the preset gives the training recipe only; see docs/interop.md")
     m.add_argument("--pre-norm", action="store_true", help="pre-LN residual blocks instead of the paper's post-LN")
     m.add_argument("--untied", action="store_true", help="separate source, target and output embeddings")
     m.add_argument("--dropout", type=probability, help="dropout probability (default: the preset's)")
@@ -162,6 +167,14 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.corpus is not None and args.corpus not in CORPORA:
         ap.error(f"unknown corpus {args.corpus!r}: choose one of {', '.join(CORPORA)}, or pass --data DIR")
+    if args.init_from is not None:
+        clash = [flag for flag, given in (("--resume", args.resume), ("--vocab-size", args.vocab_size),
+                                          ("--pre-norm", args.pre_norm), ("--untied", args.untied),
+                                          ("--positional", args.positional), ("--init", args.init)) if given]
+        if clash:
+            ap.error(f"--init-from takes the model's architecture and vocabulary as they are: leave out "
+                     f"{', '.join(clash)}" + (" (a resumed run continues from its own checkpoint)"
+                                              if args.resume else ""))
     if args.wmt_dir is not None and args.corpus not in WMT14:
         ap.error(f"--wmt-dir gives the files of a WMT 2014 corpus: add --corpus {' or --corpus '.join(WMT14)}")
     given = [x for x in (args.corpus, args.data, args.task) if x is not None]
@@ -192,7 +205,10 @@ def main(argv=None) -> int:
             tcfg = run.train
             if world.size > 1:
                 tcfg.dropout_rng = "batch"  # what the trainer does with several processes; run.json says so
-            model = build_model(mcfg, tcfg.seed, args.swap).to(xp)
+            model = build_model(mcfg, tcfg.seed, args.swap)
+            if run.init_from and world.is_main:  # --init-from: its weights (the other ranks get rank 0's)
+                model.load_state_dict(load_checkpoint(run.init_from, with_optimizer=False).model)
+            model = model.to(xp)
             print_plan(model, run, tcfg, args, device, world)
             trainer = Trainer(model, data, tcfg, opened[0] if opened is not None else out,
                               progress=not args.no_progress, world=world, name=run.preset)
@@ -225,7 +241,7 @@ def open_run(args, device: str, out: Path, processes: int, report):
     if args.resume:  # the run.json to resume is read under the lock
         folder, report.crash_folder = RunFolder(out), out  # a bug from here on: its traceback in RUN/crash.log
         saved = folder.read_settings()
-    run = settle(vars(args), device, saved, out)
+    run = settle(vars(args), device, saved, out, processes)
     check_runnable(run.train, device)
     if folder is None:  # the lock: another process holding the folder is refused here, in one line
         folder, report.crash_folder = RunFolder(out), out
@@ -235,13 +251,26 @@ def open_run(args, device: str, out: Path, processes: int, report):
     if saved is not None and saved.get("processes", 1) != processes:
         print(f"note: {out} was trained with {saved.get('processes', 1)} process(es), now {processes}: "
               "each step now takes a different number of batches")
+    init = load_model(run.init_from) if run.init_from and saved is None else None  # to fine-tune: config, vocab
+    if init is not None:
+        print(f"init: {init[2]} ({init[0].num_parameters() / 1e6:.1f}M parameters, vocabulary "
+              f"{init[1].size} {'Marian' if getattr(init[1], 'kind', 'spm') == 'marian' else 'sentencepiece'})")
     data = prepare(out, run.source["corpus"], run.source["data"], run.source["task"], args.vocab_size,
                    seed=run.train.seed, vocab_sample=args.vocab_sample, log=lambda line: print(f"data: {line}"),
-                   wmt_dir=args.wmt_dir)
+                   wmt_dir=args.wmt_dir, given_vocab=init[1] if init is not None else None)
     how = f"memory-mapped from {data.folder}, prepared before" if data.reused else f"prepared into {data.folder}"
     print(f"data: {data.source}: {len(data.ids['train'])} training pairs, vocabulary {data.vocab.size} ({how}; "
           f"{data.seconds:.1f} s)")
-    mcfg = get_preset(run.preset, vocab_size=data.vocab.size, pad_id=data.vocab.pad_id, **run.model)
+    if init is not None:  # the model file's architecture; dropout and label smoothing may be set for training
+        run.init_from = str(init[2].resolve())
+        if args.max_len is None and run.train.max_len > init[0].cfg.max_len:  # the model's table bounds the pairs
+            run.train.max_len = init[0].cfg.max_len
+            print(f"init: training pairs of up to {run.train.max_len} subwords a side (the model's positional table)")
+        mcfg = init[0].cfg.replace(**{k: v for k, v in run.model.items() if k in ("dropout", "label_smoothing")})
+    elif run.init_from:  # a resumed fine-tuning run: the architecture its run.json recorded
+        mcfg = ModelConfig.from_dict(saved["model_config"])
+    else:
+        mcfg = get_preset(run.preset, vocab_size=data.vocab.size, pad_id=data.vocab.pad_id, **run.model)
     return folder, run, mcfg, data
 
 

@@ -13,6 +13,21 @@ and the cost of one step by position.
    and the share of sentences where both found the same best hypothesis (with ``--dtype
    float64`` at least 99% is expected: a check of the search; in float32 rounding may
    tip near-ties).
+   CTranslate2 (when the ``ctranslate2`` package is installed; ``--no-ctranslate2`` skips it): the same
+   weights exported by numformer's converter (:mod:`numformer.interop.ctranslate2`) into a temporary
+   folder, decoded by ``ctranslate2.Translator`` once per ``--ct2-compute-types`` (default float32 and
+   int8: weights and activations in 8 bits, quantized on load) right after numformer's run: the same
+   length-sorted batches (one ``translate_batch`` call per numformer batch), the same beam, numformer's
+   rule that pad and BOS are never generated (``suppress_sequences``), ``intra_threads`` = ``--threads``
+   (one translation at a time). Two rules cannot be made equal: the length limit is per batch in
+   CTranslate2, so each batch gets numformer's limit of its longest sentence (``a * (n + 1) + b`` tokens
+   counting EOS -> ``max_decoding_length`` = that - 1, EOS not counted), looser for its shorter
+   sentences; and CTranslate2 divides a beam's log-probability by ``length ** length_penalty`` where
+   numformer divides by GNMT's ``((5 + length) / 6) ** alpha``: ``length_penalty`` is set to ``--alpha``,
+   the same exponent in another form (greedy search has no penalty and should agree but for float32
+   near-ties). Reported like PyTorch's: sentences/s, tokens/s, numformer/CTranslate2 ratio, and the share
+   of lines with the same best hypothesis as numformer's, also counted up to numformer's own limit (an
+   output numformer cut at its sentence's limit is equal when the engine's longer one starts with it).
 2. Cost of one decoder step by position: a batch of ``--step-batch`` sentences is encoded,
    then :meth:`Transformer.decode_step` is fed 101 steps (the greedy token each time);
    ms/step at position 1 and at position 100 (median over ``--step-repeat`` runs) and their
@@ -23,9 +38,11 @@ and the cost of one step by position.
     python bench/decode.py --model runs/bible-en-es-small/averaged.npz --sentences 500 --json
     python bench/decode.py --model /tmp/run --input my.src --beam 5 --max-tokens 2000
     python bench/decode.py --model /tmp/run --dtype float64 --sentences 200 --no-uncached
+    python bench/decode.py --model runs/reverse-tiny --input my.src --quick     # a small end-to-end check
 
 Threads: ``--threads N`` (default 2) sets OMP/OPENBLAS/MKL_NUM_THREADS and numformer's host
-threads before numpy is imported, and ``torch.set_num_threads(N)``; 0 leaves the environment.
+threads before numpy is imported, ``torch.set_num_threads(N)`` and CTranslate2's ``intra_threads``; 0
+leaves the environment (and CTranslate2's default).
 """
 from __future__ import annotations
 
@@ -34,6 +51,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,10 +78,20 @@ def parse_args(argv=None):
     ap.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
     ap.add_argument("--threads", type=int, default=2, help="BLAS/OpenMP, numformer and torch threads (default 2)")
     ap.add_argument("--no-torch", dest="torch", action="store_false", help="skip the PyTorch side")
+    ap.add_argument("--no-ctranslate2", dest="ctranslate2", action="store_false",
+                    help="skip the CTranslate2 side (it runs when the ctranslate2 package is installed)")
+    ap.add_argument("--ct2-compute-types", default="float32,int8", metavar="TYPES",
+                    help="CTranslate2 compute types, comma-separated (default float32,int8)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a small end-to-end check, not a timing: 32 sentences, per-position timing of a batch "
+                         "of 8 over 10 positions, once")
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                     help="both sides compute in this dtype (default float32; float64 checks the search)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.sentences, args.step_batch, args.step_positions, args.step_repeat = 32, 8, 10, 1
+    return args
 
 
 def default_input() -> Path:
@@ -109,6 +137,62 @@ def time_torch_search(dec, vocab, ids, opts):
     seconds = time.perf_counter() - t0
     best = [h.tokens for h in found]
     return _speed(best, ids, seconds, opts.beam), best
+
+
+def ctranslate2_translators(model, vocab, folder: Path, compute_types, threads: int, device: str):
+    """The model exported by numformer's converter into ``folder`` (float32 weights) and one
+    ``ctranslate2.Translator`` per compute type (int8 quantizes the float32 weights on load); {} when
+    ctranslate2 is not installed."""
+    try:
+        import ctranslate2  # noqa: PLC0415
+    except ImportError:
+        return {}
+    from numformer.interop.ctranslate2 import export_model  # noqa: PLC0415
+
+    out = export_model(model, vocab, folder / "ct2")
+    return {ct: ctranslate2.Translator(str(out), device=device, compute_type=ct, intra_threads=threads,
+                                       inter_threads=1)
+            for ct in compute_types}
+
+
+def time_ct2_search(translator, vocab, ids, opts, max_len: int):
+    """The search in CTranslate2, batch for batch as numformer's (see the module docstring for the length
+    limit and the length penalty) -> (speed dict, best token lists)."""
+    from numformer.decoding.translation import _batches_by_length  # noqa: PLC0415  (the same batches)
+    from numformer.interop.ctranslate2 import ct2_tokens, suppressed  # noqa: PLC0415
+
+    if any(len(s) > max_len - 1 for s in ids):
+        raise ValueError("a sentence is longer than the positional table: the bench does not split lines")
+    tokens = ct2_tokens(vocab)
+    index = {t: i for i, t in enumerate(tokens)}
+    banned = suppressed(vocab)
+    pieces = [[tokens[i] for i in s] for s in ids]
+    lengths = [len(s) + 1 for s in ids]  # + EOS, as numformer counts the source
+    best = [None] * len(ids)
+    t0 = time.perf_counter()
+    for idx in _batches_by_length(lengths, max(1, opts.max_tokens)):
+        longest = max(lengths[i] for i in idx)
+        limit = max(1, min(int(opts.max_len_a * longest + opts.max_len_b), max_len))  # numformer's, EOS counted
+        found = translator.translate_batch([pieces[i] for i in idx], beam_size=max(1, opts.beam),
+                                           length_penalty=opts.alpha if opts.beam > 1 else 0.0,
+                                           max_decoding_length=max(1, limit - 1), max_input_length=0,
+                                           suppress_sequences=banned)
+        for i, r in zip(idx, found):
+            best[i] = [index[t] for t in r.hypotheses[0]]
+    seconds = time.perf_counter() - t0
+    return _speed(best, ids, seconds, opts.beam), best
+
+
+def same_within_limit(best, their_best, ids, opts, max_len: int) -> float:
+    """Share of lines whose CTranslate2 hypothesis equals numformer's, up to numformer's own limit: where
+    numformer's output was cut by its per-sentence limit (L - 1 tokens, EOS forced at the L-th), the engine's
+    (whose per-batch limit may be longer) counts as equal when it starts with it. The difference between
+    this share and ``same_hypotheses`` is the per-batch limit's, not the model's."""
+    same = 0
+    for ours, theirs, src in zip(best, their_best, ids):
+        limit = max(1, min(int(opts.max_len_a * (len(src) + 1) + opts.max_len_b), max_len))
+        same += ours == (theirs[: limit - 1] if len(ours) == limit - 1 else theirs)
+    return same / max(len(ids), 1)
 
 
 def step_times(model, src, bos_id: int, positions: int, cached: bool, sync):
@@ -163,6 +247,14 @@ def main(argv=None):
 
     model, vocab, path = load_model(args.model, args.vocab, args.device)
     xp = model.xp
+    ct2_dir = tempfile.TemporaryDirectory(prefix="bench_decode_ct2_")
+    ct2 = {}
+    if args.ctranslate2:  # exported before a float64 cast: the weights as trained, float32
+        import numpy as np  # noqa: PLC0415
+
+        ct2_device = "cpu" if xp is np else "cuda"
+        compute_types = [c for c in args.ct2_compute_types.split(",") if c]
+        ct2 = ctranslate2_translators(model, vocab, Path(ct2_dir.name), compute_types, args.threads, ct2_device)
     if args.dtype == "float64":
         model.to(xp, xp.float64)
     dec = None
@@ -191,6 +283,14 @@ def main(argv=None):
     if dec is not None:
         time_torch_search(dec, vocab, ids[:8], warm)
         result["torch_backend"] = f"torch {torch.__version__}, {torch.get_num_threads()} threads, eager"
+    for translator in ct2.values():
+        time_ct2_search(translator, vocab, ids[:8], warm, cfg.max_len)
+    if ct2:
+        import ctranslate2  # noqa: PLC0415
+
+        result["ctranslate2_backend"] = (f"ctranslate2 {ctranslate2.__version__}, {ct2_device}, intra_threads "
+                                         f"{args.threads or 'default'}, compute types "
+                                         + ", ".join(f"{k} ({t.compute_type})" for k, t in ct2.items()))
     searches = [warm] + ([DecodeOptions(beam=1, max_tokens=args.max_tokens)] if args.greedy else [])
     for opts in searches:
         ours, best = time_search(model, vocab, ids, opts, sync)
@@ -199,6 +299,12 @@ def main(argv=None):
             ours["torch"] = theirs
             ours["ratio_sentences_per_s"] = ours["sentences_per_s"] / theirs["sentences_per_s"]
             ours["same_hypotheses"] = sum(a == b for a, b in zip(best, their_best)) / max(len(ids), 1)
+        for ct, translator in ct2.items():  # right after numformer's run too, the same batches
+            theirs, their_best = time_ct2_search(translator, vocab, ids, opts, cfg.max_len)
+            theirs["ratio_sentences_per_s"] = ours["sentences_per_s"] / theirs["sentences_per_s"]
+            theirs["same_hypotheses"] = sum(a == b for a, b in zip(best, their_best)) / max(len(ids), 1)
+            theirs["same_within_limit"] = same_within_limit(best, their_best, ids, opts, cfg.max_len)
+            ours.setdefault("ctranslate2", {})[ct] = theirs
         result["search"].append(ours)
 
     limit = cfg.max_len - 1
@@ -219,15 +325,23 @@ def main(argv=None):
           f"V={cfg.vocab_size}), {result['backend']}, threads {result['threads'] or 'default'}")
     print(f"input {src_path}: {len(ids)} sentences, batches of {args.max_tokens} source tokens, {args.dtype}"
           + (f"; PyTorch: {result['torch_backend']}" if dec is not None else ""))
+    if ct2:
+        print(f"CTranslate2: {result['ctranslate2_backend']}; the batches' limit is their longest sentence's, "
+              f"length_penalty {args.alpha} divides by length^alpha (numformer: ((5 + length) / 6)^alpha)")
     for r in result["search"]:
         name = f"beam {r['beam']}" if r["beam"] > 1 else "greedy"
         rows = [("numformer", r)] + ([("pytorch", r["torch"])] if "torch" in r else [])
+        rows += [(f"ct2 {ct}", x) for ct, x in r.get("ctranslate2", {}).items()]
         for side, x in rows:
-            print(f"  {name:8s} {side:9s} {x['seconds']:7.2f} s  {x['sentences_per_s']:7.1f} sentences/s  "
+            print(f"  {name:8s} {side:13s} {x['seconds']:7.2f} s  {x['sentences_per_s']:7.1f} sentences/s  "
                   f"{x['output_tokens_per_s']:8.0f} target tokens/s  ({x['output_tokens']} tokens)")
         if "torch" in r:
             print(f"  {name:8s} ratio numformer/pytorch {r['ratio_sentences_per_s']:.2f}x sentences/s; "
                   f"same best hypothesis on {100 * r['same_hypotheses']:.1f}% of the lines")
+        for ct, x in r.get("ctranslate2", {}).items():
+            print(f"  {name:8s} ratio numformer/ct2 {ct} {x['ratio_sentences_per_s']:.2f}x sentences/s; "
+                  f"same best hypothesis on {100 * x['same_hypotheses']:.1f}% of the lines "
+                  f"({100 * x['same_within_limit']:.1f}% up to numformer's own length limit)")
     print(f"decode_step, batch {step['batch']}, median of {step['repeat']} runs:")
     for kind in ("cached", "uncached"):
         if kind in step:

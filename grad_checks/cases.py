@@ -5,6 +5,11 @@ different lengths, a source row that is all padding under a target row of real
 tokens (fully masked attention rows, whose scores must get no gradient),
 four heads, and random inputs; dropout is either off or replayed with a fixed mask
 (the model's RandomState is restored before every forward).
+
+The last two builders check what a Marian (opus-mt) model computes besides: SiLU, alone and in the
+feed-forward network, and ``Marian``: the pad row's gradient rule (``Embedding(padding_idx=...)``), alone and
+tied with the pre-softmax projection, and the whole model with SiLU, a frozen logits bias, that rule and a
+decoder input starting with pad. They come last so that every earlier case keeps its seed and probes.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import numpy as np
 from numformer.backend import RandomState
 from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, LearnedPositionalEmbedding, Linear,
                               MultiHeadAttention, OutputProjection, PositionalEncoding, ReLU, Residual,
-                              ScaledDotProductAttention)
+                              ScaledDotProductAttention, SiLU)
 from numformer.layers.softmax import softmax as softmax_fn, softmax_backward
 from numformer.gradcheck import GradCase
 from numformer.loss import LabelSmoothedCrossEntropy
@@ -295,6 +300,95 @@ def transformer(rng):
     return out
 
 
+def silu(rng):
+    """SiLU alone (no kink: nothing is kept away from 0; |x| up to 30, where the sigmoid saturates), and the
+    feed-forward network with it (Marian's swish)."""
+    m = SiLU()
+    x = 3.0 * rng.standard_normal((B, S, D))
+    x[0, 0, :5] = [-30.0, -8.0, 0.0, 8.0, 30.0]
+    f = FeedForward(D, DFF, rng=rng, dtype=F64, activation="silu")
+    for lin in (f.w_1, f.w_2):
+        lin.bias.data[:] = 0.1 * rng.standard_normal(lin.bias.shape)
+    return [GradCase("SiLU", "random, |x| up to 30", m, {"x": x},
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}),
+            GradCase("FeedForward", "d_ff 16, SiLU", f, {"x": rng.standard_normal((B, S, D))},
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+
+
+def hold_pad_lookups(embedding) -> None:
+    """Make the lookups of ``embedding.padding_idx`` read that row as it is now, whatever a probe does to the
+    weight (an instance attribute; the layer's own backward runs unchanged).
+
+    The pad row's gradient rule (no gradient from its lookups) is the gradient of a forward whose pad lookups
+    read a constant; where such a lookup reaches the loss (a decoder input starting with pad) the plain
+    forward's derivative differs from the rule, by design (PyTorch's ``padding_idx``). Held like this, finite
+    differences measure the rule: the row's lookups contribute nothing, its other uses (the tied projection)
+    everything. As the curvature checks hold ReLU's active sets at the point."""
+    held = embedding.weight.data[embedding.padding_idx].copy()
+    forward = embedding.forward
+
+    def held_forward(ids):
+        out = forward(ids)
+        out[np.asarray(ids) == embedding.padding_idx] = held * embedding.scale
+        return out
+    embedding.forward = held_forward
+
+
+MARIAN_PAD = V - 1  # Marian keeps pad in the last row (eos 0): nothing may assume pad 0
+
+
+def as_marian_ids(ids):
+    """ids of the checks' vocabulary (PAD 0) with pad moved to the last row: 0 and V - 1 swap places."""
+    return np.where(ids == PAD, MARIAN_PAD, np.where(ids == MARIAN_PAD, PAD, ids))
+
+
+def marian(rng):
+    """The pad row's gradient rule alone (repeated ids, pad at position 0 and at the end) and tied with the
+    pre-softmax projection (the pad row's gradient then comes from the logits alone); the whole model + loss
+    as a Marian model computes it: SiLU, a frozen non-zero logits bias, the rule, pad id V - 1, and a decoder
+    input that starts with pad (the start position causal-only), a source row all padding, dropout replayed."""
+    out = []
+    ids = as_marian_ids(padded_ids(rng, B, S, [S, 4, 2]))
+    ids[:, 0] = MARIAN_PAD  # a pad lookup that reaches the output of every row
+    ids[0, 1:4] = 5
+    m = Embedding(V, D, rng=rng, dtype=F64, padding_idx=MARIAN_PAD)
+    hold_pad_lookups(m)
+    out.append(GradCase("Embedding (Marian pad row)", "padding_idx V-1, repeated ids", m, {},
+                        lambda m, i: m(ids), lambda m, g: (m.backward(g[0]), {})[1]))
+    src = Embedding(V, D, rng=rng, dtype=F64, padding_idx=MARIAN_PAD)
+    tied = Holder(src=src, tgt=Embedding(V, D, weight=src.weight, dtype=F64, padding_idx=MARIAN_PAD),
+                  proj=OutputProjection(D, V, weight=src.weight, dtype=F64))
+    hold_pad_lookups(tied.src)
+    hold_pad_lookups(tied.tgt)
+    tgt_ids = ids[:, :T]
+    ins = {"h": rng.standard_normal((B, T, D))}
+    out.append(GradCase("Embedding (Marian pad row)", "tied with the projection: the pad row's gradient from the "
+                        "logits alone", tied, ins, lambda m, i: (m.src(ids), m.tgt(tgt_ids), m.proj(i["h"])),
+                        lambda m, g: (m.tgt.backward(g[1]), m.src.backward(g[0]), {"h": m.proj.backward(g[2])})[2]))
+
+    src_ids, tgt, _, _ = padded_batch(rng)
+    src_ids, tgt = as_marian_ids(src_ids), as_marian_ids(tgt)
+    tgt_out = tgt
+    tgt_in = np.concatenate([np.full((B, 1), MARIAN_PAD), tgt[:, :-1]], axis=1)  # decoder_start_token_id = pad
+    cfg = small_config(dropout=0.1, activation="silu", logits_bias=True, pad_row_gradient=False, pad_id=MARIAN_PAD)
+    model = Transformer(cfg, seed=int(rng.integers(1 << 30)), dtype=F64)
+    model.final_logits_bias[...] = rng.standard_normal(V)
+    hold_pad_lookups(model.src_embed)
+    hold_pad_lookups(model.tgt_embed)
+    crit = LabelSmoothedCrossEntropy(0.1, MARIAN_PAD)
+
+    def fwd(m, i):
+        return crit.forward(m(src_ids, tgt_in), tgt_out) * 1.0
+
+    def bwd(m, g):
+        m.backward(crit.backward() * g[0])
+        return {}
+
+    out.append(GradCase("Transformer+loss (Marian)", "SiLU, logits bias, pad row rule, pad V-1, start from pad, "
+                        "dropout 0.1 fixed mask", model, {}, fwd, bwd, before_forward=_replay(model.rng)))
+    return out
+
+
 BUILDERS = {
     "Linear": linear, "Embedding": embedding, "OutputProjection": projection, "PositionalEncoding": positional,
     "LearnedPositionalEmbedding": learned_positions,
@@ -303,6 +397,7 @@ BUILDERS = {
     "FeedForward": feedforward, "Residual": residual, "EncoderLayer": encoder_decoder_layers,
     "DecoderLayer": encoder_decoder_layers, "Encoder": stacks, "Decoder": stacks,
     "LabelSmoothedCrossEntropy": loss, "Transformer": transformer,
+    "SiLU": silu, "Marian": marian,  # appended: the cases above keep their seeds
 }
 
 
@@ -347,6 +442,9 @@ def checkpoint_cases(layers, checkpoint, seed: int = 0) -> list[GradCase]:
     cfg = ModelConfig.from_dict(ck.meta["model_config"]).replace(dropout=0.0, attn_dropout=0.0, relu_dropout=0.0)
     model = Transformer(cfg, seed=0, dtype=F64)
     model.load_state_dict(ck.model)
+    if not cfg.pad_row_gradient:  # an imported Marian model: its pad row's rule is what is checked
+        hold_pad_lookups(model.src_embed)
+        hold_pad_lookups(model.tgt_embed)
     rng = np.random.default_rng(seed)
     d, b, s, t = cfg.d_model, 2, 6, 5
     src = rng.integers(4, cfg.vocab_size, size=(b, s))

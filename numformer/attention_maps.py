@@ -87,7 +87,7 @@ def draw(maps: list, row_labels: list, col_labels: list, title: str, path: Path)
 def attention_pictures(model, vocab, sentence: str, out, opts: DecodeOptions | None = None) -> list[Path]:
     """Translate ``sentence``, record its attention and write the three PNGs; returns their paths."""
     out = Path(out)
-    src_ids = vocab.encode([sentence])[0]
+    src_ids = vocab.encode_source([sentence])[0]
     if not src_ids:
         raise UsageError("the sentence is empty: give some text to translate")
     model.eval()

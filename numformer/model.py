@@ -5,7 +5,8 @@ Each class has ``forward`` and a ``backward`` that calls its children's backward
 reverse order, so the code reads like Figure 1 run backwards.
 
 Masks are boolean, True where attention is allowed:
-source padding mask (B, 1, 1, S); target mask = causal (1, 1, T, T) AND target padding (B, 1, 1, T).
+source padding mask (B, 1, 1, S); target mask = causal (1, 1, T, T) AND target padding (B, 1, 1, T), where
+position 0 of the decoder input, the start token, is never padding (:func:`decoder_self_mask`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,21 @@ def causal_mask(t: int, xp=np):
     return xp.tril(xp.ones((t, t), dtype=bool))[None, None]
 
 
+def decoder_self_mask(tgt_in, pad_id: int):
+    """(B, T) decoder input ids -> (B, 1, T, T) bool: the causal mask AND the keys that are not padding, where
+    position 0 always counts as a key.
+
+    Position 0 holds the start token: BOS in numformer's vocabularies, which is never pad, and pad itself in
+    Marian's (``decoder_start_token_id = pad_id``). Masking it as padding there would leave query 0 with no
+    key at all (a fully masked row); so the start position is causal-only, and for a start token other than
+    pad this is the plain ``causal_mask & padding_mask``. The cached decoder (:meth:`Transformer.decode_step`)
+    masks nothing: every cached position is a real one, the start included."""
+    xp = get_array_module(tgt_in)
+    keys = tgt_in != pad_id
+    keys[:, 0] = True
+    return causal_mask(tgt_in.shape[1], xp) & keys[:, None, None, :]
+
+
 class EncoderLayer(Module):
     """Self-attention and feed-forward, each in a residual sub-layer (Section 3.1, Figure 1 left)."""
 
@@ -37,7 +53,8 @@ class EncoderLayer(Module):
         self.self_attn = layer_class("MultiHeadAttention")(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng,
                                                            dropout_rng, dtype, cfg.init)
         self.self_attn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
-        self.ffn = layer_class("FeedForward")(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init)
+        self.ffn = layer_class("FeedForward")(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init,
+                                              activation=cfg.activation)
         self.ffn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
 
     def forward(self, x, mask):
@@ -62,7 +79,8 @@ class DecoderLayer(Module):
         self.cross_attn = layer_class("MultiHeadAttention")(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng,
                                                             dropout_rng, dtype, cfg.init)
         self.cross_attn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
-        self.ffn = layer_class("FeedForward")(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init)
+        self.ffn = layer_class("FeedForward")(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init,
+                                              activation=cfg.activation)
         self.ffn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
 
     def forward(self, y, memory, self_mask, cross_mask, cache: DecoderLayerCache | None = None):
@@ -161,6 +179,12 @@ class Transformer(Module):
     Positions (Section 3.5): the sinusoids, or (``cfg.positional == "learned"``, Table 3 row E) one
     trained table per stack, ``src_pos.weight`` and ``tgt_pos.weight`` (max_len, d_model).
 
+    What a Marian (opus-mt) model computes besides (numformer.presets.ModelConfig): the feed-forward
+    activation (``cfg.activation``); ``cfg.logits_bias``: ``logits = h W^T + b`` with ``b`` the frozen
+    ``final_logits_bias`` (vocab,), a persistent buffer (saved with the weights, never trained, zero until
+    a model file sets it; :meth:`logits`); ``cfg.pad_row_gradient`` False: both embeddings give the pad row
+    no gradient from their lookups (``Embedding(padding_idx=pad_id)``).
+
     Construction is deterministic in ``seed``: weights are drawn on the host with
     ``numpy.random.default_rng(seed)`` then cast to ``dtype``; dropout masks come
     from one :class:`RandomState` per model (``self.rng``), seeded from ``seed`` too.
@@ -172,9 +196,11 @@ class Transformer(Module):
         init_rng = np.random.default_rng(seed)
         self.rng = RandomState(seed + 1)
         d, v = cfg.d_model, cfg.vocab_size
-        self.src_embed = layer_class("Embedding")(v, d, rng=init_rng, dtype=dtype)
+        padding_idx = None if cfg.pad_row_gradient else cfg.pad_id  # the pad row's gradient rule (Marian's)
+        self.src_embed = layer_class("Embedding")(v, d, rng=init_rng, dtype=dtype, padding_idx=padding_idx)
         shared = self.src_embed.weight if cfg.tie_embeddings else None
-        self.tgt_embed = layer_class("Embedding")(v, d, weight=shared, rng=init_rng, dtype=dtype)
+        self.tgt_embed = layer_class("Embedding")(v, d, weight=shared, rng=init_rng, dtype=dtype,
+                                                  padding_idx=padding_idx)
         positions_rng = np.random.default_rng([seed, 1])  # the learned tables' own stream: see _positions
         self.src_pos = self._positions(cfg, positions_rng, dtype)
         self.tgt_pos = self._positions(cfg, positions_rng, dtype)  # one table per stack when learned
@@ -183,6 +209,9 @@ class Transformer(Module):
         self.encoder = layer_class("Encoder")(cfg, init_rng, self.rng, dtype)
         self.decoder = layer_class("Decoder")(cfg, init_rng, self.rng, dtype)
         self.generator = layer_class("OutputProjection")(d, v, weight=shared, rng=init_rng, dtype=dtype)
+        self.final_logits_bias = None
+        if cfg.logits_bias:  # not trained, but part of the model file: a persistent buffer (numformer.module)
+            self.register_buffer("final_logits_bias", np.zeros(v, dtype=dtype), persistent=True)
         self._cache_masks = None
 
     @staticmethod
@@ -210,18 +239,29 @@ class Transformer(Module):
         x = self.src_dropout(self.src_pos(self.src_embed(src)))
         return self.encoder(x, src_mask), src_mask
 
+    def logits(self, h):
+        """h (..., d_model) -> logits (..., vocab): the pre-softmax projection ``h W^T`` (Section 3.4), plus
+        ``final_logits_bias`` when the model has one: ``logits = h W^T + b``. Training, validation and both
+        searches (cached or not) get their logits here. b is frozen: backward passes dlogits to ``h W^T``
+        unchanged and gives b nothing."""
+        logits = self.generator(h)
+        if self.final_logits_bias is not None:
+            logits += self.final_logits_bias  # in place: the projection's fresh (..., vocab) array
+        return logits
+
     def forward(self, src, tgt_in):
         """src (B, S), tgt_in (B, T) ids -> logits (B, T, vocab) (before the softmax)."""
         xp = get_array_module(self.src_embed.weight.data)
         tgt_in = xp.asarray(tgt_in)
         memory, src_mask = self.encode(src)
-        tgt_mask = causal_mask(tgt_in.shape[1], xp) & padding_mask(tgt_in, self.cfg.pad_id)
+        tgt_mask = decoder_self_mask(tgt_in, self.cfg.pad_id)
         y = self.tgt_dropout(self.tgt_pos(self.tgt_embed(tgt_in)))
         h = self.decoder(y, memory, tgt_mask, src_mask)
-        return self.generator(h)
+        return self.logits(h)
 
     def backward(self, dlogits) -> None:
-        """dlogits (B, T, vocab) -> None; fills every Parameter.grad (token ids have no gradient)."""
+        """dlogits (B, T, vocab) -> None; fills every Parameter.grad (token ids have no gradient; the frozen
+        logits bias gets none either)."""
         dh = self.generator.backward(dlogits)
         dy, dmemory = self.decoder.backward(dh)
         self.tgt_embed.backward(self.tgt_pos.backward(self.tgt_dropout.backward(dy)))
@@ -237,8 +277,9 @@ class Transformer(Module):
     def decode_step(self, tokens, memory, src_mask, cache: DecoderCache, position: int):
         """Logits for the next token given the newest input token (Section 6.1).
 
-        tokens (B*beam,) ids at ``position`` (0 for BOS); memory (B, S, d_model), src_mask (B, 1, 1, S);
-        ``cache`` from :meth:`new_decoder_caches`, updated in place -> logits (B*beam, vocab).
+        tokens (B*beam,) ids at ``position`` (0 for the start token: BOS, or pad in Marian's vocabulary);
+        memory (B, S, d_model), src_mask (B, 1, 1, S); ``cache`` from :meth:`new_decoder_caches`, updated
+        in place -> logits (B*beam, vocab).
         Costs one position per call: earlier keys and values come from the cache. The decoder runs as in
         training (:meth:`Decoder.forward`, each layer's :meth:`DecoderLayer.forward` with its cache).
 
@@ -254,4 +295,4 @@ class Transformer(Module):
         src_mask = None if src_mask is None else xp.asarray(src_mask)
         memory = xp.asarray(memory)
         y = self.tgt_pos(self.tgt_embed(tokens[:, None]), offset=position)
-        return self.generator(self.decoder(y, memory, None, src_mask, cache))[:, 0, :]
+        return self.logits(self.decoder(y, memory, None, src_mask, cache))[:, 0, :]

@@ -56,16 +56,32 @@ class Module:
     training mode) and ``backward(dy)`` (returning input gradients and adding
     parameter gradients into ``Parameter.grad``). Arrays that are not trained
     but must move with the model (the positional table) are registered with
-    :meth:`register_buffer`.
+    :meth:`register_buffer`; a *persistent* buffer (Marian's frozen logits bias,
+    ``final_logits_bias``) is also saved and loaded with the weights.
     """
 
     def __init__(self):
         object.__setattr__(self, "training", True)
         object.__setattr__(self, "_buffers", [])
+        object.__setattr__(self, "_persistent", [])
 
-    def register_buffer(self, name: str, array) -> None:
+    def register_buffer(self, name: str, array, persistent: bool = False) -> None:
+        """``self.name = array``, an array that is not trained: it has no gradient and is not among
+        :meth:`parameters`, so the optimizer, gradient clipping and norms, the gradient statistics, the
+        per-sentence gradients and the data-parallel gradient sum never see it; :meth:`to` moves it with the
+        parameters.
+
+        ``persistent``: also part of :meth:`state_dict` and :meth:`load_state_dict` under its dotted name,
+        so a model file carries it (a frozen value that is not a function of the config, such as a logits
+        bias learned elsewhere). Why a buffer and not a Parameter marked frozen: every consumer of
+        ``parameters()`` would then have to skip it, and one that forgot would train it; the state dict is
+        the one place that must see it. Not persistent (the default): rebuilt from the config, never
+        saved (the sinusoid table).
+        """
         setattr(self, name, array)
         self._buffers.append(name)
+        if persistent:
+            self._persistent.append(name)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -125,6 +141,20 @@ class Module:
     def parameters(self):
         return [p for _, p in self.named_parameters()]
 
+    def named_buffers(self, persistent_only: bool = False):
+        """(dotted name, array) of every buffer (only the persistent ones with ``persistent_only``), in
+        definition order."""
+        out = []
+        for prefix, m in self.named_modules():
+            names = getattr(m, "_persistent", ()) if persistent_only else getattr(m, "_buffers", ())
+            out += [(f"{prefix}.{name}" if prefix else name, getattr(m, name)) for name in names]
+        return out
+
+    def named_state(self):
+        """(dotted name, array) of everything a model file holds, on the model's device, not copied: every
+        parameter's data, then every persistent buffer (what :meth:`state_dict` copies to the host)."""
+        return [(n, p.data) for n, p in self.named_parameters()] + self.named_buffers(persistent_only=True)
+
     def num_parameters(self) -> int:
         """Number of trainable scalars, each tied matrix counted once."""
         return sum(p.size for p in self.parameters())
@@ -179,16 +209,16 @@ class Module:
 
     # -- state dicts ---------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
-        """Parameter name -> host numpy array copy (portable: loads without cupy)."""
-        return OrderedDict((n, np.array(to_host(p.data))) for n, p in self.named_parameters())
+        """Parameter (then persistent buffer) name -> host numpy array copy (portable: loads without cupy)."""
+        return OrderedDict((n, np.array(to_host(a))) for n, a in self.named_state())
 
     def load_state_dict(self, state, strict: bool = True) -> None:
-        """Copy arrays into the parameters, keeping each parameter's device and dtype.
+        """Copy arrays into the parameters and persistent buffers, keeping each one's device and dtype.
 
         With ``strict`` every name must be present and no extra names allowed;
         shapes must always match. Errors are ValueError with one line naming the tensor.
         """
-        params = dict(self.named_parameters())
+        params = dict(self.named_state())
         if strict:
             missing = [n for n in params if n not in state]
             extra = [n for n in state if n not in params]
@@ -197,11 +227,10 @@ class Module:
                     f"state dict does not match the model: missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
                     f"unexpected {extra[:3]}{'...' if len(extra) > 3 else ''}"
                 )
-        for name, p in params.items():
+        for name, target in params.items():
             if name not in state:
                 continue
             value = state[name]
-            if tuple(value.shape) != tuple(p.data.shape):
-                raise ValueError(f"shape mismatch for {name}: checkpoint {tuple(value.shape)}, model {tuple(p.data.shape)}")
-            xp = get_array_module(p.data)
-            p.data[...] = to_xp(value, xp, p.data.dtype)
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"shape mismatch for {name}: checkpoint {tuple(value.shape)}, model {tuple(target.shape)}")
+            target[...] = to_xp(value, get_array_module(target), target.dtype)  # in place: the array the layer holds

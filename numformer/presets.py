@@ -11,6 +11,9 @@ LayerNorm gain and bias counted:
   ``3*V*d`` untied (source and target vocabularies equal); pre-LN adds 2 final LayerNorms (4d);
   learned positions (row E) add one ``max_len*d`` table per stack.
 
+Not counted: the frozen logits bias of ``logits_bias=True`` (``final_logits_bias``, V numbers), a buffer that
+is saved with the model but never trained (numformer.module), as PyTorch's ``num_parameters`` leaves it out.
+
 For base with V = 37,000 (Section 5.1's "about 37000 tokens") this gives 63.1M against the paper's 65M.
 Table 3's parameter column fits V = 41,000: with it every row the paper counts is within the paper's
 rounding to 1M (base 65.1, B 58.0 / 60.4, C 35.7 / 50.4 / 79.8 / 27.9 / 168.0 / 52.5 / 90.3) except big,
@@ -23,6 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from .errors import UsageError
+from .layers.feedforward import ACTIVATIONS
 from .layers.init import DEFAULT_SCHEME, SCHEMES
 
 
@@ -36,6 +40,22 @@ class ModelConfig:
 
     vocab_size: shared source/target vocabulary (Section 5.1's shared BPE);
     d_k / d_v default to d_model // heads; pad_id is the padding token id.
+
+    Three fields represent what a Hugging Face ``MarianMTModel`` (opus-mt) computes differently; their defaults
+    are the paper's, and a model file written before they existed loads with them:
+
+    * ``activation``: the feed-forward network's, ``"relu"`` (Eq. 2) or ``"silu"`` (``x * sigmoid(x)``,
+      Marian's ``swish``);
+    * ``logits_bias``: the model holds a frozen vector ``final_logits_bias`` (vocab,) added to the logits,
+      ``logits = h W^T + b``: saved and loaded with the weights, never trained (no gradient, not in
+      ``parameters()``);
+    * ``pad_row_gradient``: False gives the ``pad_id`` row of the embedding matrix no gradient from the
+      lookups (PyTorch's ``nn.Embedding(padding_idx=pad)``); the tied pre-softmax projection still gives it
+      its gradient through the logits.
+
+    The decoder input starts with a start token, BOS in numformer's vocabularies and pad in Marian's
+    (``decoder_start_token_id = pad``): position 0 is never padding-masked (numformer.model.decoder_self_mask),
+    so either works without a field.
     """
 
     vocab_size: int = 37000
@@ -57,6 +77,9 @@ class ModelConfig:
     ln_eps: float = 1e-5
     pad_id: int = 0
     init: str = DEFAULT_SCHEME  # weight initialisation of the linear maps: one of layers/init.py's SCHEMES
+    activation: str = "relu"  # the feed-forward network's: "relu" (Eq. 2) or "silu" (Marian's swish)
+    logits_bias: bool = False  # a frozen (vocab,) final_logits_bias added to the logits (Marian's), never trained
+    pad_row_gradient: bool = True  # False: embedding lookups give the pad_id row no gradient (padding_idx)
 
     @property
     def n_decoder_layers(self) -> int:
@@ -100,6 +123,10 @@ class ModelConfig:
              f"positional must be one of {', '.join(POSITIONAL)}, got {self.positional!r}")
         need(isinstance(self.ln_eps, (int, float)) and self.ln_eps > 0, f"ln_eps must be positive, got {self.ln_eps!r}")
         need(self.init in SCHEMES, f"init must be one of {', '.join(SCHEMES)}, got {self.init!r}")
+        need(self.activation in ACTIVATIONS,
+             f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        for name in ("logits_bias", "pad_row_gradient"):
+            need(isinstance(getattr(self, name), bool), f"{name} must be true or false, got {getattr(self, name)!r}")
         return self
 
     def to_dict(self) -> dict:

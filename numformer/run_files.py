@@ -5,6 +5,7 @@
     RUN/run.json              the run's settings (train.py writes them; --resume reads them back)
     RUN/run.lock              the lock that keeps the folder to one process
     RUN/spm.model             the shared sentencepiece vocabulary
+    RUN/marian.vocab          instead, a Marian vocabulary (train.py --init-from an imported opus-mt model)
     RUN/prepared/             the encoded corpus, memory-mapped (numformer.prepare)
     RUN/checkpoints/step_0001234.npz   a training checkpoint (weights, Adam, data position)
     RUN/averaged.npz          the average of the last checkpoints (Section 6.1)
@@ -20,6 +21,7 @@ from pathlib import Path
 SETTINGS = "run.json"
 LOCK = "run.lock"
 VOCAB = "spm.model"
+MARIAN_VOCAB = "marian.vocab"
 PREPARED = "prepared"
 CHECKPOINTS = "checkpoints"
 AVERAGED = "averaged.npz"
@@ -28,6 +30,12 @@ GRAD_STATS = "grad_stats.jsonl"
 TEST_HYPOTHESES = "test.hyp"
 TEST_SCORES = "test_scores.json"
 CRASH_LOG = "crash.log"
+
+
+def run_vocab(run_dir) -> Path:
+    """The run's vocabulary file: ``marian.vocab`` where a fine-tuned Marian model left one, else ``spm.model``."""
+    marian = Path(run_dir) / MARIAN_VOCAB
+    return marian if marian.is_file() else Path(run_dir) / VOCAB
 
 
 def step_checkpoint_path(run_dir, step: int) -> Path:

@@ -262,14 +262,15 @@ def from_specs(specs) -> dict:
 
 
 def check_layout(model, build) -> None:
-    """A swapped model must have numformer's parameter names and shapes (checkpoints stay portable).
+    """A swapped model must have numformer's parameter names and shapes, and its persistent buffers (a frozen
+    logits bias), so that checkpoints stay portable.
 
     ``build()`` builds the same model again; it is called with numformer's own classes (inside a
     swapped() block too). Raises SwapError naming the first difference.
     """
-    mine = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    mine = [(n, tuple(a.shape)) for n, a in model.named_state()]
     with unswapped():
-        ref = [(n, tuple(p.shape)) for n, p in build().named_parameters()]
+        ref = [(n, tuple(a.shape)) for n, a in build().named_state()]
     if mine == ref:
         return
     names, ref_names = dict(mine), dict(ref)

@@ -207,12 +207,62 @@ COMMANDS: dict[str, tuple[str, str]] = {
         (NO_GPU, "python3 train.py --corpus bible-en-es --device cuda --precision fp16"),
     "python3 train.py --data wmt14-en-de/ --out runs/ende --device cuda":
         (NO_GPU, "python3 train.py --data wmt14-en-de/ --out runs/ende --device cuda"),
+    # -- the paper's experiment (docs/paper.md): WMT 2014 is not here and neither is a GPU ----------------------------
+    "python3 train.py --corpus wmt14-en-de --device cuda": (NO_GPU, "python3 train.py --corpus wmt14-en-de --device cuda"),
+    "python3 train.py --corpus wmt14-en-de --preset big --device cuda":
+        (NO_GPU, "python3 train.py --corpus wmt14-en-de --preset big --device cuda"),
+    "python3 train.py --corpus wmt14-en-fr --preset big --device cuda":
+        (NO_GPU, "python3 train.py --corpus wmt14-en-fr --preset big --device cuda"),
+    "python3 train.py --corpus wmt14-en-de --wmt-dir ~/wmt14 --device cuda":
+        (NO_GPU, "python3 train.py --corpus wmt14-en-de --wmt-dir ~/wmt14 --device cuda"),
+    "mpirun -n 8 python3 train.py --corpus wmt14-en-de --device cuda": ("skip", "needs 8 GPUs and WMT 2014"),
+    "python3 bench/wmt_shaped_corpus.py --out /tmp/wmt-shaped":
+        ("small", "python3 bench/wmt_shaped_corpus.py --out wmt-shaped --pairs 3000  # the scratch folder, fewer pairs"),
+    "NUMFORMER_CACHE=/tmp/wmt-cache python3 train.py --corpus wmt14-en-de --wmt-dir /tmp/wmt-shaped --max-steps 3 "
+    "--eval-every 0 --no-test --out runs/wmt-step-time":
+        ("small", "NUMFORMER_CACHE=wmt-cache python3 train.py --corpus wmt14-en-de --wmt-dir wmt-shaped --preset tiny "
+                  "--vocab-size 2000 --max-steps 3 --eval-every 0 --no-test --no-progress --out runs/wmt-step-time"),
+    "NUMFORMER_CACHE=/tmp/wmt-cache python3 train.py --corpus wmt14-en-de --preset big --wmt-dir /tmp/wmt-shaped "
+    "--max-steps 2 --eval-every 0 --no-test --out runs/wmt-step-time-big":
+        ("small", "NUMFORMER_CACHE=wmt-cache python3 train.py --corpus wmt14-en-de --wmt-dir wmt-shaped --preset tiny "
+                  "--vocab-size 2000 --max-steps 2 --eval-every 0 --no-test --no-progress --out runs/wmt-step-time-2"),
+    "python3 translate.py --model runs/wmt14-en-de-base --input newstest2014.en --reference newstest2014.de "
+    "--bleu paper --target-lang de":
+        ("skip", "needs a model trained on WMT 2014 (tests/cli/test_paper_experiment.py runs it on a fixture)"),
+    "python3 translate.py --hypotheses hyp.de --reference newstest2014.de --bleu paper --target-lang de":
+        ("small", "printf 'Das Science-Fiction-Buch ist gut.\\n' > hyp.de && printf 'Das Science-Fiction-Buch ist "
+                  "sehr gut.\\n' > ref.de && python3 translate.py --hypotheses hyp.de --reference ref.de --bleu paper "
+                  "--target-lang de"),
     "python3 bench/gpu_acceptance.py OUT --corpus-dir .gpu_carry/bible-en-es":
         ("skip", "needs a GPU (its dry run, the next command, runs here)"),
     "python3 bench/gpu_acceptance.py OUT --device cpu --quick":
         ("run", "python3 bench/gpu_acceptance.py OUT --device cpu --quick"),
     "mkdir -p .gpu_carry && cp -r ~/.cache/numformer/bible-en-es .gpu_carry/":
         ("run", "mkdir -p .gpu_carry && cp -r ~/.cache/numformer/bible-en-es .gpu_carry/"),
+    # -- Hugging Face Marian in and out (docs/interop.md): the Hub is not reachable here -----------------------------
+    "pip install -e '.[interop]'": ("skip", "bash .ci/setup installs this extra (the check runs in its tree)"),
+    "python3 -m numformer.checkpoint import Helsinki-NLP/opus-mt-en-de --out opus-en-de.npz":
+        ("skip", "needs the network (the Hugging Face Hub); tests/interop imports Marian models built offline"),
+    "python3 translate.py --model opus-en-de.npz --input test.en --greedy":
+        ("skip", "needs the opus-mt model imported from the Hub"),
+    "python3 train.py --init-from opus-en-de.npz --data my_corpus/ --preset small --max-minutes 30 --lr-factor 0.1":
+        ("small", "python3 train.py --init-from runs/bible-en-es-small --corpus bible-en-es --out runs/fine-tune "
+                  f"--lr-factor 0.1 {SMALL_BIBLE}  # numformer's own model: the opus-mt one needs the network"),
+    "python3 -m numformer.checkpoint export runs/bible-en-es-small --format ctranslate2 --out runs/bible-ct2":
+        ("run", "python3 -m numformer.checkpoint export runs/bible-en-es-small --format ctranslate2 --out runs/bible-ct2"),
+    "python3 -m numformer.checkpoint export runs/bible-en-es-small --format ctranslate2 --quantization int8 --out "
+    "runs/bible-ct2-int8":
+        ("run", "python3 -m numformer.checkpoint export runs/bible-en-es-small --format ctranslate2 --quantization "
+                "int8 --out runs/bible-ct2-int8"),
+    "python3 -m numformer.checkpoint export runs/bible-en-es-small --format hf --out runs/bible-en-es-small-hf":
+        ("run", "python3 -m numformer.checkpoint export runs/bible-en-es-small --format hf "
+                "--out runs/bible-en-es-small-hf"),
+    "sacrebleu -t wmt14 -l en-de --echo src > newstest2014.en": ("skip", "needs the network (sacrebleu's test sets)"),
+    "sacrebleu -t wmt14 -l en-de --echo ref > newstest2014.de": ("skip", "needs the network (sacrebleu's test sets)"),
+    "python3 translate.py --model opus-en-de.npz --greedy --max-len-a 0 --max-len-b 256 --input newstest2014.en "
+    "--output numformer.de --reference newstest2014.de": ("skip", "needs the opus-mt model and newstest2014 (network)"),
+    "python3 translate.py --hypotheses transformers.de --reference newstest2014.de":
+        ("skip", "needs transformers' translations of newstest2014 (network)"),
 }
 NO_GPU_LINE = re.compile(r"error: .*(cuda|cupy|GPU)", re.I)
 

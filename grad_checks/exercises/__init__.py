@@ -11,7 +11,7 @@ from importlib import import_module
 # The order to learn them: elementwise, then one matrix, then a row-wise normalisation, the loss,
 # the layers with state or statistics (the two tables last: the embedding's scatter-add, then the learned
 # positions' sum over the batch), attention, and last the compositions that call the others.
-ORDER = ("relu", "linear", "softmax", "loss", "layernorm", "dropout", "embedding", "learned_positions",
+ORDER = ("relu", "silu", "linear", "softmax", "loss", "layernorm", "dropout", "embedding", "learned_positions",
          "attention", "multihead", "residual", "encoder_layer", "decoder_layer")
 
 

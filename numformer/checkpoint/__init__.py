@@ -10,7 +10,11 @@ machine without it) and no pickles (``np.load(allow_pickle=False)``):
   sentencepiece model the run used...);
 * ``vocab/spm``: the serialized sentencepiece model itself (uint8), so that one file is a whole
   model: ``translate.py --model model.npz`` needs nothing beside it. Files without this entry load
-  too, with the vocabulary from ``--vocab`` or the run folder.
+  too, with the vocabulary from ``--vocab`` or the run folder;
+* ``vocab/marian`` instead, for a model imported from Hugging Face Marian
+  (:mod:`numformer.interop.marian`): one blob with its two sentencepiece models and joint id map
+  (:class:`numformer.data.marian_vocab.MarianVocab`'s ``to_bytes``). ``Checkpoint.vocab`` holds either
+  blob; :func:`numformer.data.marian_vocab.vocab_from_bytes` tells them apart by their first bytes.
 
 :func:`load_checkpoint` and :func:`read_meta` also read a model exported as ``.safetensors``
 (:mod:`numformer.checkpoint.safetensors_file`), told apart by content. Around the file: averaging
@@ -28,11 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.marian_vocab import is_marian_vocab_bytes
 from ..errors import NumformerError
 from ..files import atomic_write
 from .safetensors_file import SafetensorsError, is_safetensors, load_safetensors, read_safetensors_meta
 
 VOCAB_KEY = "vocab/spm"  # the sentencepiece model's bytes inside a checkpoint
+MARIAN_VOCAB_KEY = "vocab/marian"  # a Marian vocabulary's blob (two sentencepiece models and the joint id map)
 
 
 class CheckpointError(NumformerError, ValueError):
@@ -46,7 +52,7 @@ class Checkpoint:
     model: dict                       # name -> numpy array
     meta: dict = field(default_factory=dict)
     optimizer: dict | None = None     # Adam.state_dict() layout
-    vocab: bytes | None = None        # the serialized sentencepiece model (None: a file without it)
+    vocab: bytes | None = None        # serialized sentencepiece model or Marian vocabulary (None: not in the file)
 
 
 def read_meta(path) -> dict:
@@ -65,7 +71,7 @@ def read_meta(path) -> dict:
 
 
 def vocab_fingerprint(vocab) -> str:
-    """sha256 of a vocabulary's serialized sentencepiece model; training checkpoints record it in
+    """sha256 of a vocabulary's serialized bytes (sentencepiece model or Marian blob); checkpoints record it in
     ``meta["vocab_sha256"]`` so that loading with another vocabulary fails instead of translating garbage."""
     return hashlib.sha256(vocab.to_bytes()).hexdigest()
 
@@ -73,10 +79,13 @@ def vocab_fingerprint(vocab) -> str:
 def save_checkpoint(path, model_state: dict, meta: dict | None = None, optimizer_state: dict | None = None,
                     vocab: bytes | None = None) -> None:
     """Write a checkpoint atomically. model_state: name -> array (e.g. ``model.state_dict()``);
-    vocab: the serialized sentencepiece model (``SubwordVocab.to_bytes()``), carried in the file."""
+    vocab: the serialized vocabulary (``SubwordVocab.to_bytes()``, or ``MarianVocab.to_bytes()``, stored as
+    ``vocab/marian``), carried in the file."""
     arrays = {f"model/{k}": np.asarray(v) for k, v in model_state.items()}
     if vocab is not None:
-        arrays[VOCAB_KEY] = np.frombuffer(bytes(vocab), dtype=np.uint8)
+        vocab = bytes(vocab)
+        key = MARIAN_VOCAB_KEY if is_marian_vocab_bytes(vocab) else VOCAB_KEY
+        arrays[key] = np.frombuffer(vocab, dtype=np.uint8)
     if optimizer_state is not None:
         arrays["optim/step"] = np.asarray(optimizer_state["step_count"], dtype=np.int64)
         for i, (m, v) in enumerate(zip(optimizer_state["m"], optimizer_state["v"])):
@@ -111,8 +120,9 @@ def load_checkpoint(path, with_optimizer: bool = True) -> Checkpoint:
                 optimizer = {"step_count": int(z["optim/step"]),
                              "m": [z[f"optim/m/{i}"] for i in range(n)],
                              "v": [z[f"optim/v/{i}"] for i in range(n)]}
-            if VOCAB_KEY in names:
-                vocab = z[VOCAB_KEY].tobytes()
+            for key in (VOCAB_KEY, MARIAN_VOCAB_KEY):
+                if key in names:
+                    vocab = z[key].tobytes()
     except CheckpointError:
         raise
     except OSError as exc:

@@ -1,5 +1,7 @@
 """Exporting a trained model as one file, ``.npz`` or ``.safetensors``: weights, config and vocabulary,
-no optimizer state (``python -m numformer.checkpoint export``)."""
+no optimizer state (``python -m numformer.checkpoint export``); or, ``--format hf``, as a Hugging Face
+Marian folder (:func:`numformer.interop.marian.export_marian`: ``MarianMTModel.from_pretrained`` and
+``MarianTokenizer.from_pretrained`` load it)."""
 from __future__ import annotations
 
 import hashlib
@@ -17,14 +19,18 @@ from .safetensors_file import save_safetensors
 MODEL_META = ("model_config", "vocab_size", "vocab_sha256", "step", "data", "averaged_from")
 
 
+#: The formats export writes: one file (npz, safetensors) or a Hugging Face Marian folder (hf).
+FORMATS = ("npz", "safetensors", "hf")
+
+
 def export_model(source, out, fmt: str | None = None) -> Path:
     """Write the model a run folder or checkpoint names (see :func:`numformer.checkpoint.run_model_file.newest_model_file`)
-    as one file. ``fmt``: "npz" or "safetensors" (default: from ``out``'s suffix). The vocabulary is the
-    file's own, else the run folder's ``spm.model``."""
+    as one file, or as a Hugging Face Marian folder. ``fmt``: "npz", "safetensors" or "hf" (default: from
+    ``out``'s suffix, npz or safetensors). The vocabulary is the file's own, else the run folder's ``spm.model``."""
     src = newest_model_file(source)
     fmt = fmt or ("safetensors" if str(out).endswith(".safetensors") else "npz")
-    if fmt not in ("npz", "safetensors"):
-        raise CheckpointError(f"unknown format {fmt!r}: choose npz or safetensors")
+    if fmt not in FORMATS:
+        raise CheckpointError(f"unknown format {fmt!r}: choose {', '.join(FORMATS)}")
     ck = load_checkpoint(src, with_optimizer=False)
     if "model_config" not in ck.meta:
         raise CheckpointError(f"{src} has no model config in its metadata: not a numformer training checkpoint")
@@ -36,6 +42,8 @@ def export_model(source, out, fmt: str | None = None) -> Path:
             raise CheckpointError(f"{src} carries no vocabulary and {spm} does not exist: export from the run folder")
         vocab = spm.read_bytes()
         ck.meta.setdefault("vocab_sha256", hashlib.sha256(vocab).hexdigest())
+    if fmt == "hf":
+        return _export_hf(src, ck, vocab, out)
     meta = {k: ck.meta[k] for k in MODEL_META if k in ck.meta}
     meta["exported_from"] = str(src)
     if fmt == "npz":
@@ -43,6 +51,18 @@ def export_model(source, out, fmt: str | None = None) -> Path:
     else:
         save_safetensors(out, ck.model, meta, vocab, _linear_weight_names(meta["model_config"]))
     return Path(out)
+
+
+def _export_hf(src, ck, vocab: bytes, out) -> Path:
+    """The Hugging Face Marian folder of a checkpoint (numformer.interop.marian holds the mapping)."""
+    from ..interop.marian import export_marian, vocab_of  # noqa: PLC0415
+
+    try:
+        cfg = ModelConfig.from_dict(ck.meta["model_config"]).checked()
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{src} has an unreadable model config ({exc}): it was written by another "
+                              "numformer version or is corrupt") from None
+    return export_marian(ck.model, cfg, vocab_of(vocab), out)
 
 
 def _linear_weight_names(model_config: dict) -> list:

@@ -4,7 +4,8 @@
 Tensors: the weights under numformer's parameter names (tied weights once), in numformer's layout, host
 float32. Metadata (strings, as safetensors allows): ``format`` = "numformer"; ``numformer_meta``: the
 checkpoint's JSON meta (``model_config`` holds the architecture); ``model_config``: that config again on
-its own; ``spm_model_base64``: the sentencepiece model; ``linear_weights``: a JSON list of the Linear
+its own; ``spm_model_base64``: the sentencepiece model (``marian_vocab_base64`` instead: a Marian
+vocabulary's blob, :class:`numformer.data.marian_vocab.MarianVocab`); ``linear_weights``: a JSON list of the Linear
 weights, which numformer stores as (d_in, d_out) for ``y = x W + b`` (``torch.nn.Linear`` keeps
 (d_out, d_in): transpose them when loading into PyTorch).
 
@@ -19,10 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.marian_vocab import is_marian_vocab_bytes
 from ..errors import NumformerError
 from ..files import atomic_write_bytes
 
 FORMAT = "numformer"  # the ``format`` metadata entry that marks a numformer model
+SPM_ENTRY, MARIAN_VOCAB_ENTRY = "spm_model_base64", "marian_vocab_base64"  # the vocabulary's metadata entry
 
 
 class SafetensorsError(NumformerError, ValueError):
@@ -69,7 +72,8 @@ def save_safetensors(path, model_state: dict, meta: dict, vocab: bytes | None = 
                 "model_config": json.dumps(meta.get("model_config", {})),
                 "linear_weights": json.dumps(sorted(linear_weights))}
     if vocab is not None:
-        metadata["spm_model_base64"] = base64.b64encode(bytes(vocab)).decode("ascii")
+        key = MARIAN_VOCAB_ENTRY if is_marian_vocab_bytes(vocab) else SPM_ENTRY
+        metadata[key] = base64.b64encode(bytes(vocab)).decode("ascii")
     atomic_write_bytes(path, st.numpy.save(tensors, metadata=metadata))
 
 
@@ -82,7 +86,7 @@ def load_safetensors(path) -> tuple[dict, dict, bytes | None]:
         metadata = _metadata(path)
         model = st.numpy.load_file(str(path))
         meta = json.loads(metadata.get("numformer_meta", "null"))
-        vocab = metadata.get("spm_model_base64")
+        vocab = metadata.get(SPM_ENTRY, metadata.get(MARIAN_VOCAB_ENTRY))
         vocab = base64.b64decode(vocab, validate=True) if vocab is not None else None
     except OSError as exc:
         raise SafetensorsError(f"cannot read {path}: {exc.strerror or exc}: check the file and its "

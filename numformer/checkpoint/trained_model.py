@@ -14,6 +14,7 @@ from .. import run_files
 from ..backend import resolve_device, xp_for
 from . import CheckpointError, load_checkpoint, vocab_fingerprint
 from ..data import DataError, SubwordVocab
+from ..data.marian_vocab import vocab_from_bytes
 from ..errors import first_line
 from ..model import Transformer
 from ..presets import ModelConfig
@@ -36,10 +37,11 @@ def check_vocab(vocab, meta: dict, vocab_path, what) -> None:
 def load_model(checkpoint, vocab_path=None, device: str | None = None):
     """(model in eval mode on ``device``, vocab, model file path) from a model file or a run folder.
 
-    The vocabulary: ``vocab_path`` when given; else the sentencepiece model the file carries (every
-    checkpoint and exported model written since vocabularies were embedded: one file is a whole
-    model); else ``spm.model`` beside the run (older checkpoints). It must be the one the model was
-    trained with (size, and sha256 when the file recorded it).
+    The vocabulary: ``vocab_path`` when given; else the one the file carries (every checkpoint and
+    exported model written since vocabularies were embedded: one file is a whole model), a
+    :class:`~numformer.data.SubwordVocab` or, for a model imported from Hugging Face Marian, a
+    :class:`~numformer.data.marian_vocab.MarianVocab`; else ``spm.model`` beside the run (older
+    checkpoints). It must be the one the model was trained with (size, and sha256 when the file recorded it).
     """
     path = newest_model_file(checkpoint)  # a run folder: its fresh average, else its newest checkpoint
     ck = load_checkpoint(path, with_optimizer=False)
@@ -53,7 +55,7 @@ def load_model(checkpoint, vocab_path=None, device: str | None = None):
                               "it was written by another numformer version or is corrupt") from None
     if vocab_path is None and ck.vocab is not None:
         try:
-            vocab = SubwordVocab.from_bytes(ck.vocab)
+            vocab = vocab_from_bytes(ck.vocab)
         except Exception:  # noqa: BLE001  (sentencepiece's parse errors have no common class)
             raise CheckpointError(f"{path} carries an unreadable vocabulary: it is corrupt; pass --vocab PATH to "
                                   f"the run's {run_files.VOCAB} or use another checkpoint") from None

@@ -36,16 +36,24 @@ class CachedEncoder:
     """Normalised lines -> (ids concatenated, lengths), through a word cache (see the module).
 
     Args:
-        vocab: a :class:`~numformer.data.vocab.SubwordVocab`.
+        vocab: a :class:`~numformer.data.vocab.SubwordVocab` (or a
+            :class:`~numformer.data.marian_vocab.MarianVocab`, whose two sides split text apart).
         threads: sentencepiece threads for the batch encodings (default: every core).
         dtype: the dtype of the returned ids.
+        side: ``"src"`` or ``"tgt"``: the lines are encoded with ``vocab.encode_source`` or
+            ``vocab.encode_target``.
     Attributes:
         exact_words: False once a check found a line the word cache encodes differently (then
             every line goes through sentencepiece).
     """
 
-    def __init__(self, vocab, threads: int | None = None, dtype=np.int32, max_words: int = MAX_WORDS):
+    def __init__(self, vocab, threads: int | None = None, dtype=np.int32, max_words: int = MAX_WORDS,
+                 side: str = "src"):
+        if side not in ("src", "tgt"):
+            raise ValueError(f"side must be 'src' or 'tgt', got {side!r}")
         self.vocab = vocab
+        self.side = side
+        self._encode_lines = vocab.encode_source if side == "src" else vocab.encode_target
         self.threads = int(threads or os.cpu_count() or 1)
         self.dtype = np.dtype(dtype)
         self.max_words = max_words
@@ -69,7 +77,7 @@ class CachedEncoder:
         return self._by_words(lines) if self.exact_words else self._by_lines(lines)
 
     def _by_lines(self, lines):
-        ids = self.vocab.encode(lines, num_threads=self.threads)
+        ids = self._encode_lines(lines, num_threads=self.threads)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(chain.from_iterable(ids), dtype=self.dtype, count=int(lengths.sum()))
         return flat, lengths
@@ -106,7 +114,7 @@ class CachedEncoder:
         return flat, cum[bounds[1:]] - cum[bounds[:-1]]
 
     def _add(self, words: list[str]) -> None:
-        ids = self.vocab.encode(words, num_threads=self.threads)
+        ids = self._encode_lines(words, num_threads=self.threads)
         lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         first = len(self._index)
         self._index.update(zip(words, range(first, first + len(words))))

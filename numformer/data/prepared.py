@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import atomic_write_bytes
-from ..run_files import PREPARED, VOCAB, run_checkpoints
+from ..run_files import MARIAN_VOCAB, PREPARED, VOCAB, run_checkpoints, run_vocab
 from .binary import SIDES, TokenPairs, ids_dtype
 from .encoding import CachedEncoder, encode_file
 from .errors import DataError
+from .marian_vocab import load_vocab_file
 from .sources import paper_vocab_size, resolve_source, task_texts
 from .text_files import SPLITS, count_pairs, iter_line_blocks, read_lines
 from .vocab import SubwordVocab, default_vocab_size
@@ -119,7 +120,7 @@ def open_shared_train(prep, digest: str | None) -> TokenPairs | None:
 
 def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, seed: int = 0,
             vocab_sample: int = DEFAULT_VOCAB_SAMPLE, threads: int | None = None, log=None,
-            wmt_dir=None) -> PreparedData:
+            wmt_dir=None, given_vocab=None) -> PreparedData:
     """Prepare (or reuse) ``out_dir/spm.model`` and ``out_dir/prepared/``, and open them.
 
     Args:
@@ -132,6 +133,8 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
         threads: sentencepiece threads while encoding (default: every core).
         log: called with progress lines (None: quiet).
         wmt_dir: the user's WMT 2014 files for a ``wmt14-*`` corpus (:mod:`numformer.data.wmt14`).
+        given_vocab: the vocabulary of a model to fine-tune (``train.py --init-from``): written into the run
+            folder (``spm.model``, or ``marian.vocab`` for a Marian one) and used as it is, never retrained.
     Returns:
         A :class:`PreparedData` whose ``ids`` are memory-mapped :class:`TokenPairs`.
     Raises:
@@ -144,7 +147,7 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
     out = Path(out_dir)
     folder, source = resolve_source(corpus, data_dir, task, wmt_dir, log=say)
     prep = out / PREPARED
-    vocab_path = out / VOCAB
+    vocab_path = run_vocab(out) if given_vocab is None else _place_given_vocab(out, given_vocab)
     texts = task_texts(task, seed) if folder is None else None
     inputs = {"format": FORMAT, "source": source,
               "files": _file_stats(folder) if folder is not None else {"task": task, "seed": seed}}
@@ -167,7 +170,7 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
     else:
         counts = {split: len(texts[split][0]) for split in SPLITS}
     n_train = counts["train"]
-    keep_vocab = current_sha is not None and (
+    keep_vocab = given_vocab is not None or current_sha is not None and (
         manifest is None  # a vocabulary without a manifest: the user's, or a run folder from before
         or (not asked_other_size and manifest.get("vocab", {}).get("inputs") == vocab_inputs))
     if current_sha is not None and not keep_vocab and run_checkpoints(out):
@@ -186,8 +189,8 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
         manifest.get("vocab", {}).get("requested") if keep_vocab and manifest
         else paper_vocab_size(corpus) or default_vocab_size(n_train))
     if keep_vocab:
-        vocab = SubwordVocab.load(vocab_path)
-        if manifest is None and vocab_size is None:
+        vocab = load_vocab_file(vocab_path)
+        if (manifest is None and vocab_size is None) or given_vocab is not None:
             requested = vocab.size
     else:
         t1 = time.perf_counter()
@@ -198,7 +201,10 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
         (prep / MANIFEST).unlink(missing_ok=True)  # an interrupted preparation is never taken for a complete one
     prep.mkdir(parents=True, exist_ok=True)
     t1 = time.perf_counter()
-    encoder = CachedEncoder(vocab, threads, dtype=ids_dtype(vocab.size))
+    if getattr(vocab, "kind", "spm") == "marian":  # one sentencepiece model per side: one word cache per side
+        encoders = {side: CachedEncoder(vocab, threads, dtype=ids_dtype(vocab.size), side=side) for side in SIDES}
+    else:  # one shared model: both sides share one word cache
+        encoders = dict.fromkeys(SIDES, CachedEncoder(vocab, threads, dtype=ids_dtype(vocab.size)))
     n_tokens = {}
     for split in SPLITS:
         for side in SIDES:
@@ -206,9 +212,10 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
                 blocks = (lines for _, lines in iter_line_blocks(folder / f"{split}.{side}"))
             else:
                 blocks = iter([texts[split][SIDES.index(side)]])
-            n_tokens[f"{split}.{side}"] = encode_file(encoder, blocks, prep / f"{split}.{side}", counts[split])
+            n_tokens[f"{split}.{side}"] = encode_file(encoders[side], blocks, prep / f"{split}.{side}", counts[split])
+    exact = all(e.exact_words for e in encoders.values())
     say(f"encoded {sum(counts.values()):,} pairs, {sum(n_tokens.values()):,} tokens "
-        f"({time.perf_counter() - t1:.1f} s{'' if encoder.exact_words else ', line by line'})")
+        f"({time.perf_counter() - t1:.1f} s{'' if exact else ', line by line'})")
     manifest = dict(inputs, vocab={"requested": requested, "size": vocab.size, "sha256": _sha256(vocab_path),
                                    "inputs": vocab_inputs if not keep_vocab else
                                    (manifest or {}).get("vocab", {}).get("inputs")},
@@ -220,10 +227,25 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
     return result
 
 
+def _place_given_vocab(out: Path, vocab) -> Path:
+    """The vocabulary of a model to fine-tune, written into the run folder (unless it is there already);
+    a run whose checkpoints used another vocabulary is refused. Returns the file's path."""
+    path = out / (MARIAN_VOCAB if getattr(vocab, "kind", "spm") == "marian" else VOCAB)
+    blob = vocab.to_bytes()
+    if path.is_file() and path.read_bytes() == blob:
+        return path
+    if run_checkpoints(out):
+        raise DataError(f"{out} holds checkpoints trained with another vocabulary than the model's: choose "
+                        "another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, blob)
+    return path
+
+
 def open_prepared(prep, manifest, source, vocab_path, folder, texts) -> PreparedData:
     """Open a prepared dataset: its vocabulary, its splits memory-mapped (checked against the
     manifest's pair counts), and the text of valid and test (from ``folder``, or ``texts`` for a task)."""
-    vocab = SubwordVocab.load(vocab_path)
+    vocab = load_vocab_file(vocab_path)
     ids = {split: TokenPairs.open(prep, split) for split in SPLITS}
     for split in SPLITS:
         if len(ids[split]) != manifest["pairs"][split]:

@@ -76,6 +76,8 @@ class SubwordVocab:
             be lowered (see :meth:`train`); otherwise equal to ``size``.
     """
 
+    kind = "spm"  # one shared sentencepiece model (numformer.data.marian_vocab.MarianVocab's kind is "marian")
+
     def __init__(self, processor, path=None):
         self._sp = processor
         self.path = Path(path) if path is not None else None
@@ -211,6 +213,15 @@ class SubwordVocab:
         if num_threads is None:
             return [list(ids) for ids in self._sp.encode(list(lines), out_type=int)]
         return self._sp.encode(list(lines), out_type=int, num_threads=int(num_threads))
+
+    def encode_source(self, lines: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        """Source lines -> ids: :meth:`encode` (one shared model splits both sides; a
+        :class:`~numformer.data.marian_vocab.MarianVocab` has one model per side)."""
+        return self.encode(lines, num_threads)
+
+    def encode_target(self, lines: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        """Target lines -> ids: :meth:`encode` (see :meth:`encode_source`)."""
+        return self.encode(lines, num_threads)
 
     def decode(self, ids) -> list[str]:
         """Id sequences -> text, one string per sequence.

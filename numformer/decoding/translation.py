@@ -1,6 +1,7 @@
 """Text in, text out: batched translation of lines and sacreBLEU scoring.
 
-Lines are encoded with the shared subword vocabulary, sorted by length and cut
+Lines are encoded with the vocabulary's source side (``encode_source``: numformer's shared subword
+model, or a Marian model's ``source.spm``), sorted by length and cut
 into token-bounded batches (so a batch wastes little on padding), decoded with
 beam or greedy search, then put back in input order and detokenised. An empty
 (or whitespace-only) input line gives an empty output line without running the
@@ -163,7 +164,7 @@ def translate_lines(model, vocab, lines: list, opts: DecodeOptions | None = None
     model.eval()
     try:
         keep = [i for i, line in enumerate(lines) if line]
-        encoded = vocab.encode([lines[i] for i in keep]) if keep else []
+        encoded = vocab.encode_source([lines[i] for i in keep]) if keep else []
         limit = max_source_tokens(model)
         word_start = _word_starts(vocab) if any(len(ids) > limit for ids in encoded) else None
         found = translate_ids(model, encoded, vocab.bos_id, vocab.eos_id, opts, progress, word_start)

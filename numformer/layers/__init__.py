@@ -13,12 +13,13 @@ from .positional import PositionalEncoding
 from .projection import OutputProjection
 from .registry import register
 from .relu import ReLU
+from .silu import SiLU
 from .sublayer import Residual
 
 __all__ = [
     "Dropout", "Embedding", "FeedForward", "LayerNorm", "LearnedPositionalEmbedding", "Linear", "MultiHeadAttention",
-    "OutputProjection", "PositionalEncoding", "ReLU", "Residual", "ScaledDotProductAttention",
+    "OutputProjection", "PositionalEncoding", "ReLU", "Residual", "ScaledDotProductAttention", "SiLU",
 ]
 
 register(Dropout, Embedding, FeedForward, LayerNorm, LearnedPositionalEmbedding, Linear, MultiHeadAttention,
-         OutputProjection, PositionalEncoding, ReLU, Residual, ScaledDotProductAttention)
+         OutputProjection, PositionalEncoding, ReLU, Residual, ScaledDotProductAttention, SiLU)

@@ -5,6 +5,13 @@ may be a Parameter shared with another Embedding and with the pre-softmax
 projection (weight tying, Section 3.4 and Press & Wolf 2017); backward therefore
 *adds* into it. Backward is a scatter-add over token ids, ``dW[id] += scale * dy``
 summed over every position holding that id: no dense one-hot.
+
+The pad row's gradient rule (``padding_idx``, PyTorch's ``nn.Embedding(padding_idx=pad)``, which Marian's
+opus-mt models use): the lookups give row ``padding_idx`` no gradient, ``dW[id] += scale * dy_t`` over the
+positions t with ``id = ids_t != padding_idx`` only. Forward still reads that row. The rule is not the
+derivative of the forward where a pad lookup reaches the loss (Marian's decoder starts from pad): it is
+the gradient of a forward whose pad lookups read a constant, the row held at its value. A tied
+pre-softmax projection still gives the row its gradient through the logits (numformer.layers.projection).
 """
 from __future__ import annotations
 
@@ -36,15 +43,27 @@ def embedding_backward(grad, ids, dy, scale: float):
     return scatter_add(grad, ids, dy * scale)
 
 
+def without_padding_rows(ids, dy, padding_idx: int):
+    """dy (n, d) with the rows of the positions holding ``padding_idx`` (ids (n,)) zeroed: those lookups give
+    the pad row no gradient. A new array (dy is the caller's)."""
+    xp = get_array_module(dy)
+    return xp.where((ids == padding_idx)[:, None], 0, dy)
+
+
 class Embedding(Module):
-    """Lookup ``W[ids] * scale``; weights ~ N(0, d_model^-1/2) so scaled rows have unit variance."""
+    """Lookup ``W[ids] * scale``; weights ~ N(0, d_model^-1/2) so scaled rows have unit variance.
+
+    ``padding_idx``: the row whose lookups give it no gradient (None: every row gets gradient, the paper's)."""
 
     def __init__(self, vocab_size: int, d_model: int, scale: bool = True, weight: Parameter | None = None,
-                 rng=None, dtype=DEFAULT_DTYPE):
+                 rng=None, dtype=DEFAULT_DTYPE, padding_idx: int | None = None):
         super().__init__()
         self.weight = vocab_matrix(vocab_size, d_model, weight, rng, dtype)
         self.vocab_size, self.d_model = vocab_size, d_model
         self.scale = math.sqrt(d_model) if scale else 1.0
+        if padding_idx is not None and not 0 <= padding_idx < vocab_size:
+            raise ValueError(f"padding_idx {padding_idx} is not a row of the {vocab_size}-row embedding")
+        self.padding_idx = padding_idx
         self._cache_ids = None
 
     def forward(self, ids):
@@ -56,7 +75,11 @@ class Embedding(Module):
         return out
 
     def backward(self, dy):
-        """dy (..., d_model) -> None (ids have no gradient); scatter-adds dy * scale into W."""
+        """dy (..., d_model) -> None (ids have no gradient); scatter-adds dy * scale into W, except into row
+        ``padding_idx`` (when set) from the positions that looked it up."""
         ids, self._cache_ids = self._cache_ids, None
-        kernel(embedding_backward)(self.weight.grad, ids.reshape(-1), dy.reshape(-1, self.d_model), self.scale)
+        ids, dy = ids.reshape(-1), dy.reshape(-1, self.d_model)
+        if self.padding_idx is not None:
+            dy = without_padding_rows(ids, dy, self.padding_idx)
+        kernel(embedding_backward)(self.weight.grad, ids, dy, self.scale)
         return None

@@ -11,7 +11,8 @@ sentences apart) and the loss is a sum over tokens divided by the batch's token 
   ``dbeta = sum_b sum_t dy_b,t``;
 * the pre-softmax projection (``logits = h W^T``, Section 3.4): ``dW = sum_b dlogits_b^T h_b``;
 * an embedding (``W[ids] * scale``, Section 3.4) and a learned position table (``P[offset + t]``,
-  Table 3 row E): each row of sentence b scatters into the table, ``dW_b[ids_b,t] += scale * dy_b,t``.
+  Table 3 row E): each row of sentence b scatters into the table, ``dW_b[ids_b,t] += scale * dy_b,t``
+  (an embedding with ``padding_idx``: the rows of the positions holding it scatter nothing).
 
 The functions below compute the summands, one per sentence, for a chunk of c sentences: the batch
 gradient is their sum. When only their squared norms are wanted, a product's summand need not be
@@ -65,9 +66,12 @@ def projection_per_sentence(h, dlogits):
     return dlogits.swapaxes(-1, -2) @ h
 
 
-def embedding_per_sentence(ids, dy, scale: float):
+def embedding_per_sentence(ids, dy, scale: float, padding_idx: int | None = None):
     """Embedding: the rows sentence b scatters into W, ``dW_b[ids_b,t] += scale * dy_b,t``: ids (c, T) and
-    rows (c, T, d_model), from ids (c, T) and dy (c, T, d_model). A repeated id sums its rows."""
+    rows (c, T, d_model), from ids (c, T) and dy (c, T, d_model). A repeated id sums its rows; the positions
+    holding ``padding_idx`` (when given) scatter zero rows (the pad row's gradient rule, layers/embedding.py)."""
+    if padding_idx is not None:
+        dy = get_array_module(dy).where((ids == padding_idx)[..., None], 0, dy)
     return ids, dy * scale
 
 

@@ -22,7 +22,7 @@ import importlib
 NAMES = {
     **dict.fromkeys(("Dropout", "Embedding", "FeedForward", "LayerNorm", "LearnedPositionalEmbedding", "Linear",
                      "MultiHeadAttention", "OutputProjection", "PositionalEncoding", "ReLU", "Residual",
-                     "ScaledDotProductAttention"),
+                     "ScaledDotProductAttention", "SiLU"),
                     "numformer.layers"),
     **dict.fromkeys(("EncoderLayer", "DecoderLayer", "Encoder", "Decoder"), "numformer.model"),
     "LabelSmoothedCrossEntropy": "numformer.loss",

@@ -148,9 +148,10 @@ def recipe(preset: str, device: str = "cpu", corpus: str | None = None) -> Train
     return TrainConfig(**changes)
 
 
-def accumulation(step_tokens: int, max_tokens: int) -> int:
-    """Batches of up to ``max_tokens`` accumulated into a step of about ``step_tokens`` tokens (at least one)."""
-    return max(1, round(step_tokens / max_tokens))
+def accumulation(step_tokens: int, max_tokens: int, processes: int = 1) -> int:
+    """Batches of up to ``max_tokens`` each of ``processes`` accumulates so that one step holds about
+    ``step_tokens`` tokens in all (at least one)."""
+    return max(1, round(step_tokens / (max_tokens * processes)))
 
 
 def default_out(flags: dict, preset: str) -> Path:
@@ -177,13 +178,15 @@ def _saved_source(text: str) -> dict:
 @dataclass
 class RunSettings:
     """What a run is, settled: its data source (one of :data:`SOURCE_FLAGS` set), preset, training
-    config, the model config's changes to the preset, and the ``--vocab-size`` it asked for."""
+    config, the model config's changes to the preset, the ``--vocab-size`` it asked for, and the model
+    file it started from (``--init-from``: its architecture and vocabulary, not the preset's)."""
 
     source: dict
     preset: str
     train: TrainConfig
     model: dict = field(default_factory=dict)
     vocab_size_requested: int | None = None
+    init_from: str | None = None
 
     def record(self, device: str, data: str, model_config: dict, processes: int = 1) -> dict:
         """``run.json``: what a ``--resume`` of this run reads back."""
@@ -195,12 +198,15 @@ class RunSettings:
             run["vocab_size_requested"] = self.vocab_size_requested  # the size asked for (the data may allow fewer)
         if processes > 1:
             run["processes"] = processes
+        if self.init_from:
+            run["init_from"] = self.init_from
         return run
 
 
-def settle(flags: dict, device: str, saved: dict | None, out) -> RunSettings:
+def settle(flags: dict, device: str, saved: dict | None, out, processes: int = 1) -> RunSettings:
     """The run's settings from the command line's ``flags`` (argparse's names; None = not given) and,
-    on ``--resume``, the run's own ``run.json`` (``saved``; None for a new run).
+    on ``--resume``, the run's own ``run.json`` (``saved``; None for a new run); ``processes``: how many
+    train together (the step's tokens are shared out among them).
 
     A resumed run keeps its data, preset, seed and model: a flag that contradicts them is a one-line
     UsageError. Every other training setting defaults to the run's (or to the preset's recipe for a
@@ -232,15 +238,19 @@ def settle(flags: dict, device: str, saved: dict | None, out) -> RunSettings:
     preset = preset or default_preset(device, source.get("corpus"))
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
-    train = _settle_training(flags, preset, device, saved, source.get("corpus"))
+    train = _settle_training(flags, preset, device, saved, source.get("corpus"), processes)
     asked = flags.get("vocab_size") or (saved or {}).get("vocab_size_requested")
     model = _settle_model(flags, saved)
     if saved is None and flags.get("dropout") is None and (preset, source.get("corpus")) in PAIR_DROPOUT:
         model["dropout"] = PAIR_DROPOUT[preset, source["corpus"]]
-    return RunSettings(source, preset, train, model, asked)
+    init_from = (saved or {}).get("init_from") if saved is not None else flags.get("init_from")
+    if init_from and saved is None:
+        init_from = str(Path(init_from).resolve())
+    return RunSettings(source, preset, train, model, asked, init_from)
 
 
-def _settle_training(flags: dict, preset: str, device: str, saved: dict | None, corpus: str | None) -> TrainConfig:
+def _settle_training(flags: dict, preset: str, device: str, saved: dict | None, corpus: str | None,
+                     processes: int) -> TrainConfig:
     names = [f.name for f in fields(TrainConfig)]
     if saved is not None and isinstance(saved.get("train_config"), dict):
         base = {k: v for k, v in saved["train_config"].items() if k in names}
@@ -259,7 +269,7 @@ def _settle_training(flags: dict, preset: str, device: str, saved: dict | None, 
     if flags.get("accum") is not None:  # a given --accum is taken as it is: the step's size follows from it
         base["step_tokens"] = 0
     elif base.get("step_tokens"):  # the paper's step size whatever a batch the device holds (--max-tokens)
-        base["accum"] = accumulation(base["step_tokens"], base["max_tokens"])
+        base["accum"] = accumulation(base["step_tokens"], base["max_tokens"], processes)
     return TrainConfig(**base).checked(positional_table=PRESETS[preset].max_len)
 
 

@@ -8,8 +8,8 @@ On every N-th optimizer step the trainer calls, in order:
 1. :meth:`GradStats.start` before the step's last forward, and
    :meth:`GradStats.after_forward` between that forward and its backward:
    mean and std of every sub-layer output (each Residual's output) and, for each
-   feed-forward block, the share of dead ReLU units (hidden units that are not
-   positive for any token of the batch);
+   feed-forward block with ReLU, the share of dead ReLU units (hidden units that are not
+   positive for any token of the batch; SiLU has no dead units: none is logged);
 2. :meth:`GradStats.before_step` after backward, before Adam: per parameter
    tensor the gradient's L2 norm, RMS and largest magnitude; a copy of the weights;
    from the step's per-sentence gradient norms, the gradient noise scale and
@@ -81,7 +81,7 @@ class GradStats:
                 acts[name] = m.output_stats
             m.record_stats, m.output_stats = False, None
         for name, m in self.ffns:
-            positive = m.relu.active_set
+            positive = getattr(m.activation, "active_set", None)  # ReLU's [x > 0]; SiLU keeps none
             if positive is not None:
                 xp = get_array_module(positive)
                 ever = positive.reshape(-1, positive.shape[-1]).any(axis=0)

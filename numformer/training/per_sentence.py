@@ -237,7 +237,8 @@ class PerSentenceGradients:
 
     def _embedding(self, m, dy) -> None:
         self._need_sentences(dy, "Embedding")
-        self._rows(m, m.weight, *embedding_per_sentence(m._cache_ids.reshape(dy.shape[:-1]), dy, m.scale))
+        self._rows(m, m.weight, *embedding_per_sentence(m._cache_ids.reshape(dy.shape[:-1]), dy, m.scale,
+                                                        m.padding_idx))
 
     def _positions(self, m, dy) -> None:
         self._need_sentences(dy, "LearnedPositionalEmbedding")

@@ -6,8 +6,9 @@ identical around that:
 
 * :func:`share_run`: rank 0 alone reads the run folder and the corpus; the others get its settings,
   vocabulary and training ids (:class:`~numformer.data.prepared.PreparedData`), so no other host needs the data;
-* :func:`sync_replicas`: when training starts, every rank takes rank 0's weights, Adam moments and
-  progress (step, data position, clock, counters), also after a ``--resume`` only rank 0 read;
+* :func:`sync_replicas`: when training starts, every rank takes rank 0's weights, frozen buffers (a
+  logits bias), Adam moments and progress (step, data position, clock, counters), also after a
+  ``--resume`` only rank 0 read;
 * :class:`StopRequests`: SIGINT and SIGTERM (and SIGUSR1, which ``mpirun`` forwards to every rank)
   ask training to stop after the current step; after each step the ranks agree on rank 0's clock and
   on whether any rank was asked to stop, so ``--max-minutes``, saving by time and signals end or save
@@ -25,12 +26,14 @@ import numpy as np
 from .data_parallel import broadcast_arrays_
 
 
-def sync_replicas(world, optimizer, progress: dict) -> dict:
-    """Every rank takes rank 0's weights and Adam moments (in place) and gets rank 0's ``progress``
-    (a picklable dict: step, data position, clock, counters), which it returns. One process: as given."""
+def sync_replicas(world, optimizer, progress: dict, buffers=()) -> dict:
+    """Every rank takes rank 0's weights, Adam moments and ``buffers`` (the model's persistent buffers,
+    ``model.named_buffers(persistent_only=True)``'s arrays: frozen, so no update keeps them equal, only
+    this) in place, and gets rank 0's ``progress`` (a picklable dict: step, data position, clock,
+    counters), which it returns. One process: as given."""
     if not world.parallel:
         return progress
-    for arrays in ([p.data for p in optimizer.params], optimizer.m, optimizer.v):
+    for arrays in ([p.data for p in optimizer.params], optimizer.m, optimizer.v, list(buffers)):
         broadcast_arrays_(world, arrays)
     return world.broadcast_object(progress)
 
@@ -91,7 +94,8 @@ def share_run(world, settled):
     """
     from dataclasses import asdict  # noqa: PLC0415
 
-    from ..data import SubwordVocab, TokenPairs  # noqa: PLC0415
+    from ..data import TokenPairs  # noqa: PLC0415
+    from ..data.marian_vocab import vocab_from_bytes  # noqa: PLC0415
     from ..data.prepared import PreparedData, manifest_digest, open_shared_train  # noqa: PLC0415
     from ..presets import ModelConfig  # noqa: PLC0415
     from .config import RunSettings, TrainConfig  # noqa: PLC0415
@@ -116,5 +120,5 @@ def share_run(world, settled):
         return settled
     run = dict(shared["run"])
     run["train"] = TrainConfig(**run["train"])
-    data = PreparedData(SubwordVocab.from_bytes(shared["vocab"]), {}, {"train": pairs}, shared["source"])
+    data = PreparedData(vocab_from_bytes(shared["vocab"]), {}, {"train": pairs}, shared["source"])
     return RunSettings(**run), ModelConfig.from_dict(shared["mcfg"]), data

@@ -72,23 +72,23 @@ class RunFolder:
         earlier attempt on another corpus left here."""
         if self.checkpoints():
             raise UsageError(f"{self.path} already holds a run: pass --resume to continue it or choose another --out")
-        if (self.path / run_files.VOCAB).exists():
+        if run_files.run_vocab(self.path).exists():
             old = self.read_settings()
             if old is not None and old.get("data") not in (None, source):
                 raise UsageError(f"{self.path} holds the vocabulary of a run on {old['data']}: choose another --out "
-                                 f"(or delete its {run_files.VOCAB})")
+                                 f"(or delete its {run_files.run_vocab(self.path).name})")
 
     def settle_vocabulary(self, vocab_size: int | None, resume: bool, asked_before: int | None, log=print) -> None:
         """``spm.model`` left by an earlier attempt is reused by preparation: never silently against
         ``--vocab-size``. A new run (no checkpoint yet) retrains it when the size asked for differs; a
         resumed run keeps the vocabulary its checkpoints were trained with, so another size is refused.
         ``asked_before``: the ``--vocab-size`` the run asked for (run.json; the data may allow fewer)."""
-        from ..data import SubwordVocab  # noqa: PLC0415  (sentencepiece only when a vocabulary is there)
+        from ..data.marian_vocab import load_vocab_file  # noqa: PLC0415  (sentencepiece only when one is there)
 
-        path = self.path / run_files.VOCAB
+        path = run_files.run_vocab(self.path)
         if not path.exists():
             return
-        vocab = SubwordVocab.load(path)
+        vocab = load_vocab_file(path)
         if vocab_size is None or vocab_size == vocab.size:
             log(f"vocabulary: reusing {path} ({vocab.size} pieces)")
             return
@@ -208,8 +208,9 @@ class RunFolder:
                                   "run's --preset and model flags (or leave them out to use the run's)")
         expected = ck.meta.get("vocab_sha256")
         if expected and expected != vocab_sha256:
-            raise CheckpointError(f"{path} was trained with another vocabulary than {self.path / run_files.VOCAB}: "
-                                  f"restore the run's {run_files.VOCAB} or start a new run with another --out")
+            vocab_file = run_files.run_vocab(self.path)
+            raise CheckpointError(f"{path} was trained with another vocabulary than {vocab_file}: "
+                                  f"restore the run's {vocab_file.name} or start a new run with another --out")
         if ck.optimizer is None or not all(k in ck.meta for k in ("rng", "epoch", "batch_pos", "elapsed")):
             raise CheckpointError(f"{path} holds no training state (optimizer, data position): it cannot be "
                                   "resumed, only translated with")

@@ -174,7 +174,8 @@ class Trainer:
         """
         cfg, world = self.cfg, self.world
         world.on_main(self.folder.preflight, self.checkpoint_bytes(), cfg.keep_last)  # fails every rank
-        self._restore_progress(sync_replicas(world, self.optimizer, self._progress()))  # rank 0's start
+        frozen = [a for _, a in self.model.named_buffers(persistent_only=True)]  # a logits bias: never trained
+        self._restore_progress(sync_replicas(world, self.optimizer, self._progress(), frozen))  # rank 0's start
         if self.tensorboard is not None:  # after a resume: events past the checkpoint's step are hidden
             self.tensorboard.open(self.optimizer.step_count)
         self.model.train()

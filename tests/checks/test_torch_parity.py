@@ -45,15 +45,15 @@ import torch
 from numformer.backend import RandomState
 from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, LearnedPositionalEmbedding, Linear,
                               MultiHeadAttention, OutputProjection, PositionalEncoding, ReLU, Residual,
-                              ScaledDotProductAttention)
+                              ScaledDotProductAttention, SiLU)
 from numformer.kernels import kernel_mode
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer
 from numformer.module import Module
 from numformer.optim import Adam, NoamSchedule, clip_grad_norm
 from numformer.presets import ModelConfig
-from grad_checks.cases import (B, D, DFF, HEADS, PAD, S, T, V, Holder, SoftmaxFunction, padded_batch, padded_ids,
-                               small_config)
+from grad_checks.cases import (B, D, DFF, HEADS, MARIAN_PAD, PAD, S, T, V, Holder, SoftmaxFunction, as_marian_ids,
+                               padded_batch, padded_ids, small_config)
 from reference import torch_mirror as tm
 from worst_error import record_worst
 
@@ -89,9 +89,11 @@ def _join(prefix: str, name: str) -> str:
 
 
 def mirror_params(m: Module) -> tm.MirrorParams:
-    """The torch mirror's leaves from ``m.named_parameters()`` (Linear weights transposed)."""
+    """The torch mirror's leaves from ``m.named_parameters()`` (Linear weights transposed), and its frozen
+    tensors from the persistent buffers (a logits bias: no gradient)."""
     linear = {_join(n, "weight") for n, mod in m.named_modules() if isinstance(mod, Linear)}
-    return tm.MirrorParams([(n, p.data) for n, p in m.named_parameters()], linear)
+    return tm.MirrorParams([(n, p.data) for n, p in m.named_parameters()], linear,
+                           frozen=m.named_buffers(persistent_only=True))
 
 
 def recorded_decisions(m: Module, dropout: bool, relu: bool) -> dict:
@@ -208,6 +210,25 @@ def case_learned_positions_shared(rng, dt):
                                  "ty": tm.learned_positional(P, "src", i["y"], offset=2)})
 
 
+def case_embedding_pad_row(rng, dt):
+    """The pad row's gradient rule against torch's ``F.embedding(padding_idx=...)``: pad (V - 1, Marian's) at the
+    start of every row and at the ends, a repeated id."""
+    m = Embedding(V, D, rng=rng, dtype=dt, padding_idx=MARIAN_PAD)
+    ids = as_marian_ids(padded_ids(rng, B, S, [S, 4, 2]))
+    ids[:, 0] = MARIAN_PAD
+    ids[0, 1:4] = 5
+    return Case(m, {}, lambda m, i: {"y": m(ids)}, lambda m, g: (m.backward(g["y"]), {})[1],
+                lambda P, i, d: {"y": tm.embedding(P, "", _t(ids), D, padding_idx=MARIAN_PAD)})
+
+
+def case_silu(rng, dt):
+    """SiLU against ``torch.nn.functional.silu``, |x| up to 30 (the sigmoid saturated)."""
+    x = 3.0 * rng.standard_normal((B, S, D))
+    x[0, 0, :4] = [-30.0, -8.0, 8.0, 30.0]
+    return Case(SiLU(), {"x": x}, lambda m, i: {"y": m(i["x"])}, lambda m, g: {"x": m.backward(g["y"])},
+                lambda P, i, d: {"y": torch.nn.functional.silu(i["x"])})
+
+
 def case_relu(rng, dt):
     m = ReLU()
     x = rng.standard_normal((B, S, D))
@@ -302,12 +323,12 @@ def case_mha_cross(rng, dt):
                                                       heads=HEADS, d_k=3, d_v=5)})
 
 
-def case_feedforward(rng, dt):
-    m = FeedForward(D, DFF, rng=rng, dtype=dt)
+def case_feedforward(rng, dt, activation="relu"):
+    m = FeedForward(D, DFF, rng=rng, dtype=dt, activation=activation)
     _randomize(m, rng, 0.1)
     return Case(m, {"x": rng.standard_normal((B, S, D))},
                 lambda m, i: {"y": m(i["x"])}, lambda m, g: {"x": m.backward(g["y"])},
-                lambda P, i, d: {"y": tm.feed_forward(P, "", i["x"])})
+                lambda P, i, d: {"y": tm.feed_forward(P, "", i["x"], kind=activation)})
 
 
 def _residual_case(rng, dt, pre):
@@ -391,11 +412,17 @@ def _loss_case(rng, dt, eps):
                 lambda P, i, d: {"loss": tm.label_smoothed_loss(i["logits"], _t(tgt), eps, PAD)})
 
 
-def _model_case(cfg, m, src, tgt, record_dropout):
-    """A whole-Transformer case: logits and loss of (src, tgt) against the mirror, every gradient."""
-    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+def _model_case(cfg, m, src, tgt, record_dropout, start=None):
+    """A whole-Transformer case: logits and loss of (src, tgt) against the mirror, every gradient. ``start``: the
+    decoder input is ``start`` then tgt[:, :-1] and the loss predicts all of tgt (Marian's start from pad);
+    otherwise tgt[:, 0] is the start (BOS)."""
+    if start is None:
+        tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    else:
+        tgt_in, tgt_out = np.concatenate([np.full((tgt.shape[0], 1), start), tgt[:, :-1]], axis=1), tgt
     arch = tm.Arch.from_config(cfg)
-    crit = LabelSmoothedCrossEntropy(cfg.label_smoothing, PAD)
+    pad = cfg.pad_id
+    crit = LabelSmoothedCrossEntropy(cfg.label_smoothing, pad)
 
     def nf_forward(m, i):
         logits = m(src, tgt_in)
@@ -407,9 +434,20 @@ def _model_case(cfg, m, src, tgt, record_dropout):
 
     def torch_forward(P, i, d):
         logits = tm.transformer(P, _t(src), _t(tgt_in), arch, d)
-        return {"logits": logits, "loss": tm.label_smoothed_loss(logits, _t(tgt_out), cfg.label_smoothing, PAD)}
+        return {"logits": logits, "loss": tm.label_smoothed_loss(logits, _t(tgt_out), cfg.label_smoothing, pad)}
 
     return Case(m, {}, nf_forward, nf_backward, torch_forward, seeded=("loss",), record_dropout=record_dropout)
+
+
+def _marian_case(rng, dt, **kw):
+    """What a Marian (opus-mt) model computes: SiLU, a frozen non-zero logits bias, the pad row's gradient rule,
+    pad V - 1, and a decoder input that starts with pad; a source row all padding (fully masked rows)."""
+    src, tgt, _, _ = padded_batch(rng)
+    cfg = small_config(activation="silu", logits_bias=True, pad_row_gradient=False, pad_id=MARIAN_PAD, **kw)
+    m = Transformer(cfg, seed=int(rng.integers(1 << 30)), dtype=dt)
+    _randomize(m, rng, 0.2)
+    m.final_logits_bias[...] = rng.standard_normal(V)
+    return _model_case(cfg, m, as_marian_ids(src), as_marian_ids(tgt), cfg.dropout > 0, start=MARIAN_PAD)
 
 
 def _transformer_case(rng, dt, **kw):
@@ -423,6 +461,9 @@ def _transformer_case(rng, dt, **kw):
 CASES = {
     "Linear": case_linear,
     "Embedding-repeated-ids": case_embedding,
+    "Embedding-pad-row-rule": case_embedding_pad_row,
+    "SiLU": case_silu,
+    "FeedForward-SiLU": lambda r, d: case_feedforward(r, d, "silu"),
     "OutputProjection": case_output_projection,
     "PositionalEncoding-offset3": case_positional,
     "PositionalEncoding-odd-width": case_positional_odd_width,
@@ -460,6 +501,7 @@ CASES = {
     "Transformer-learned-positions-dropout": lambda r, d: _transformer_case(r, d, positional="learned", dropout=0.1),
     "Transformer-learned-positions-untied-pre-LN": lambda r, d: _transformer_case(
         r, d, positional="learned", tie_embeddings=False, pre_norm=True),
+    "Transformer-Marian-start-from-pad-dropout": lambda r, d: _marian_case(r, d, dropout=0.1),
 }
 
 
@@ -761,6 +803,13 @@ def real_ffn(rng, dt):
                 lambda P, i, d: {"y": tm.feed_forward(P, "", i["x"])})
 
 
+def real_silu(rng, dt):
+    """SiLU at a training shape: 16 sentences of 40 positions, d_ff 1024."""
+    return Case(SiLU(), {"x": 3.0 * rng.standard_normal((16, 40, 1024))},
+                lambda m, i: {"y": m(i["x"])}, lambda m, g: {"x": m.backward(g["y"])},
+                lambda P, i, d: {"y": torch.nn.functional.silu(i["x"])})
+
+
 def real_layernorm(rng, dt):
     d = BASE["d"]
     m = LayerNorm(d, eps=1e-5, dtype=dt)
@@ -830,6 +879,7 @@ REAL_CASES = {
     "MHA-cross-base-shape": lambda r, d: real_mha(r, d, cross=True, batch=BASE["batch"], tgt=BASE["tgt"]),
     "MHA-self-base-shape-batch-of-one": lambda r, d: real_mha(r, d, cross=False, batch=1, tgt=57),
     "FeedForward-base-shape": real_ffn,
+    "SiLU-16x40x1024": real_silu,
     "LayerNorm-base-shape": real_layernorm,
     "EncoderLayer-base-shape-dropout": lambda r, d: real_layer(r, d, decoder=False),
     "DecoderLayer-base-shape-dropout": lambda r, d: real_layer(r, d, decoder=True),

@@ -152,6 +152,15 @@ def test_other_special_ids():
     assert b.tgt_in.tolist() == [[8, 12]] and b.tgt_out.tolist() == [[12, 9]]
 
 
+def test_a_start_equal_to_pad():
+    """Marian's ids (eos 0, pad V - 1) and its decoder start, pad itself (bos == pad): the start column is pad, the
+    token counts come from the lengths (not from != pad), so the start is not counted and every eos is."""
+    (b,) = cut([[10, 11], [12]], [[13], []], 100, pad_id=99, bos_id=99, eos_id=0)[1]
+    assert b.src.tolist() == [[12, 0, 99], [10, 11, 0]]  # shortest source first
+    assert b.tgt_in.tolist() == [[99, 99], [99, 13]] and b.tgt_out.tolist() == [[0, 99], [13, 0]]
+    assert (b.n_src_tokens, b.n_tgt_tokens) == (5, 3) == (int((b.src != 99).sum()), int((b.tgt_out != 99).sum()))
+
+
 def test_teacher_forcing_shift():
     src, tgt = random_pairs(100, seed=6)
     for b in cut(src, tgt, 500, shuffle_seed=0)[1]:

@@ -50,12 +50,24 @@ def teacher_forced_logprob(model, src_row, tokens, bos, eos):
     return float(sum(logp[t, tok] for t, tok in enumerate(tgt[1:])))
 
 
+# a Marian (opus-mt) model: eos 0, pad 39 (the last row) and the decoder starting from pad (bos == pad), SiLU,
+# a non-zero frozen logits bias (in the cached steps' logits as in the full forward's), the pad row's rule
+MARIAN = dict(activation="silu", logits_bias=True, pad_row_gradient=False, pad_id=39)
+
+
+@pytest.mark.parametrize("start", ["bos", "pad"])
 @pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_forced_eos_keeps_the_models_log_probability(search):
-    cfg = get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=1, dropout=0.0)
+def test_forced_eos_keeps_the_models_log_probability(search, start):
+    """Cached decoding scores a hypothesis as a full forward pass does; ``start`` pad: a Marian model whose
+    decoder starts from pad (bos == pad: banned once, never generated)."""
+    marian = start == "pad"
+    cfg = get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=1, dropout=0.0,
+                     **(MARIAN if marian else {}))
     model = Transformer(cfg, seed=3).eval()
-    bos, eos = 2, 3
-    src = np.random.default_rng(0).integers(4, 40, size=(6, 5))
+    bos, eos = (39, 0) if marian else (2, 3)
+    if marian:
+        model.final_logits_bias[...] = np.random.default_rng(1).standard_normal(40)
+    src = np.random.default_rng(0).integers(4, 39 if marian else 40, size=(6, 5))
     limit = 3  # max_len_a 0, max_len_b 3: at most two tokens and the (forced) EOS
     if search == "greedy":
         hyps = greedy_search(model, src, bos, eos, max_len_a=0.0, max_len_b=limit)
@@ -66,3 +78,8 @@ def test_forced_eos_keeps_the_models_log_probability(search):
     for i in forced:
         expected = teacher_forced_logprob(model, src[i], hyps[i].tokens, bos, eos)
         assert hyps[i].logprob == pytest.approx(expected, abs=1e-4)
+    assert not [t for h in hyps for t in h.tokens if t in (bos, cfg.pad_id)]
+    if marian and search == "greedy":  # the uncached search (full forwards of the prefix from pad) agrees
+        again = greedy_search(model, src, bos, eos, max_len_a=0.0, max_len_b=limit, use_cache=False)
+        assert [h.tokens for h in again] == [h.tokens for h in hyps]
+        np.testing.assert_allclose([h.logprob for h in again], [h.logprob for h in hyps], rtol=1e-4)

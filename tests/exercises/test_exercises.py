@@ -65,7 +65,7 @@ def test_list_is_in_the_order_to_learn_them(capsys):
     assert grad_checks_main(["exercise", "--list"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in out] == list(exercises.ORDER)
-    assert len(exercises.ORDER) == 13
+    assert len(exercises.ORDER) == 14
 
 
 def test_exercise_names_accept_the_layer_class_name(tmp_path):

@@ -44,6 +44,16 @@ def relu_gradient_rectified(dy, positive):
     return np.maximum(dy, 0.0) * positive
 
 
+def silu_tanh_derivative(dy, x, s):
+    # the sigmoid's derivative confused with tanh's: 1 - s^2 where s * (1 - s) belongs
+    return dy * (s + x * (1 - s * s))
+
+
+def silu_gated_like_relu(dy, x, s):
+    # ReLU's habit kept: the right derivative, but only where x > 0 (nothing where the unit would be "off")
+    return dy * np.where(x > 0, s + x * s * (1 - s), 0.0)
+
+
 def linear_rows_averaged(dy, x, w, with_bias):
     # two mistakes at once: the weight's and the bias's gradients averaged over the rows (a batch mean)
     n = x.shape[0]
@@ -173,6 +183,7 @@ def decoder_cross_attention_given_dy(self, dy):
 
 HELD_OUT = {
     "relu": [relu_leaky_derivative, relu_gradient_rectified],
+    "silu": [silu_tanh_derivative, silu_gated_like_relu],
     "linear": [linear_rows_averaged],
     "softmax": [softmax_sum_without_axis, softmax_jacobian_sign_flipped],
     "loss": [loss_true_class_unsmoothed],
@@ -244,6 +255,20 @@ def expect_relu_gradient_rectified(result):
     assert all(t.verdict == "wrong" for c in result.cases for t in c.tensors)
     bad, size, rest = entries(result, "input:x")
     assert size == 3 * 6 * 8 and 0 < bad < size and "(case 1:" in next(h for h in result.hints if ENTRIES.match(h))
+
+
+def expect_silu_tanh_derivative(result):
+    # x (1 - s^2) equals x s (1 - s) only where x = 0 or s = 1: the first case has neither, so every entry is off
+    x = first_case("silu").inputs["x"]
+    assert (x != 0).all() and entries(result, "input:x") == (x.size, x.size, " " + EVERY)
+
+
+def expect_silu_gated_like_relu(result):
+    # wrong exactly where x <= 0: SiLU's derivative s (1 + x (1 - s)) is not zero there (but at one point), and
+    # right where x > 0
+    x = first_case("silu").inputs["x"]
+    bad, size, _ = entries(result, "input:x")
+    assert (bad, size) == (int((x <= 0).sum()), x.size) and 0 < bad < size
 
 
 def expect_linear_rows_averaged(result):

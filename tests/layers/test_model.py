@@ -3,7 +3,7 @@ import numpy as np
 
 from numformer.layers import ScaledDotProductAttention
 from numformer.layers.kv_cache import take_rows_
-from numformer.model import Transformer, causal_mask, padding_mask
+from numformer.model import Transformer, causal_mask, decoder_self_mask, padding_mask
 from numformer.presets import get_preset
 
 
@@ -53,11 +53,44 @@ def test_future_tokens_do_not_leak():
     assert not np.allclose(a[:, 2], b[:, 2])
 
 
+MARIAN = dict(activation="silu", logits_bias=True, pad_row_gradient=False, pad_id=39)  # pad in the last row
+
+
+def marian_model(**kw):
+    """A model as a Marian (opus-mt) one computes: SiLU, a non-zero frozen logits bias, the pad row's gradient
+    rule, pad 39 (the last row), decoder inputs that start with pad."""
+    m = model(**MARIAN, **kw)
+    m.final_logits_bias[...] = np.random.default_rng(3).standard_normal(40)
+    return m
+
+
+def test_the_start_position_is_never_padding_masked():
+    """decoder_self_mask: causal AND not padding, except position 0. With BOS at position 0 (numformer's own
+    models) it is causal_mask & padding_mask exactly, so the logits are bit for bit those of that mask; with pad
+    there (Marian's start), query 0 sees key 0 instead of no key, and later pads stay masked."""
+    tgt_in = np.array([[2, 9, 10, 0, 0], [2, 11, 0, 0, 0], [2, 4, 5, 6, 7]])
+    np.testing.assert_array_equal(decoder_self_mask(tgt_in, 0), causal_mask(5) & padding_mask(tgt_in, 0))
+    m = model()
+    src = np.array([[5, 6, 7, 3, 0], [8, 3, 0, 0, 0], [4, 5, 6, 7, 3]])
+    memory, src_mask = m.encode(src)
+    y = m.tgt_dropout(m.tgt_pos(m.tgt_embed(tgt_in)))
+    before = m.generator(m.decoder(y, memory, causal_mask(5) & padding_mask(tgt_in, 0), src_mask))
+    assert np.array_equal(m(src, tgt_in), before)  # numformer's models: nothing changes, to the bit
+
+    start = np.array([[0, 9, 10, 0], [0, 0, 0, 0]])  # bos == pad: a row with nothing but the start
+    mask = decoder_self_mask(start, 0)[:, 0]
+    assert mask[:, 0, 0].all() and mask.any(axis=-1).all()  # no query without a key
+    assert mask[0, 3].tolist() == [True, True, True, False] and mask[1, 3].tolist() == [True, False, False, False]
+    assert np.isfinite(m(src[:2, :4], start)).all()
+
+
 def test_decode_step_equals_full_forward():
-    for kw in (dict(), dict(pre_norm=True)):
-        m = model(**kw).eval()
+    for kw in (dict(), dict(pre_norm=True), MARIAN):
+        m = (marian_model() if kw is MARIAN else model(**kw)).eval()
         src = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3]])
         tgt = np.array([[2, 12, 13, 14], [2, 15, 16, 17]])
+        if kw is MARIAN:  # pad 39 and a start from pad, the logits bias in both paths
+            src, tgt = np.where(src == 0, 39, src), np.where(np.arange(4) == 0, 39, tgt)
         full = m(src, tgt)
         memory, src_mask = m.encode(src)
         cache = m.new_decoder_caches()
@@ -82,6 +115,34 @@ def test_tied_gradient_is_the_sum_of_three_uses():
     untied.backward(g)
     total = untied.src_embed.weight.grad + untied.tgt_embed.weight.grad + untied.generator.weight.grad
     np.testing.assert_allclose(tied.src_embed.weight.grad, total, rtol=1e-10, atol=1e-12)
+
+
+def test_the_pad_row_gets_gradient_from_the_projection_only():
+    """pad_row_gradient False: neither embedding's lookups give the pad row gradient (torch's padding_idx), the
+    pre-softmax projection still does, every other row is as with the rule off; tied, the shared row gets the
+    projection's share alone. The decoder input starts with pad, so those lookups do reach the loss."""
+    tied = marian_model()
+    untied = Transformer(tied.cfg.replace(tie_embeddings=False), seed=1, dtype=np.float64)
+    free = Transformer(untied.cfg.replace(pad_row_gradient=True), seed=1, dtype=np.float64)  # every row gradient
+    state = tied.state_dict()
+    full = dict(state)
+    full["tgt_embed.weight"] = full["generator.weight"] = state["src_embed.weight"]
+    untied.load_state_dict(full)
+    free.load_state_dict(full)
+    src = np.array([[5, 6, 7, 3], [8, 3, 39, 39]])
+    tgt = np.array([[39, 9, 10], [39, 11, 39]])
+    g = np.random.default_rng(0).standard_normal((2, 3, 40))
+    for m in (tied, untied, free):
+        m(src, tgt)
+        m.backward(g)
+    for name in ("src_embed", "tgt_embed"):
+        assert not getattr(untied, name).weight.grad[39].any()
+        np.testing.assert_array_equal(getattr(untied, name).weight.grad[:39], getattr(free, name).weight.grad[:39])
+    assert free.tgt_embed.weight.grad[39].any()  # the start's lookups reach the loss
+    assert untied.generator.weight.grad[39].any()
+    total = untied.src_embed.weight.grad + untied.tgt_embed.weight.grad + untied.generator.weight.grad
+    np.testing.assert_allclose(tied.src_embed.weight.grad, total, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(tied.src_embed.weight.grad[39], untied.generator.weight.grad[39], rtol=1e-12)
 
 
 def test_fully_masked_attention_row_is_uniform_and_finite():

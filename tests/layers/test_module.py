@@ -81,3 +81,40 @@ def test_float64_cast_and_seed_reproducibility():
     a.to(dtype=np.float64)
     assert all(p.data.dtype == np.float64 and p.grad.dtype == np.float64 for p in a.parameters())
     assert a.src_pos.table.dtype == np.float64
+
+
+def test_the_frozen_logits_bias_is_saved_loaded_and_never_trained():
+    """final_logits_bias (logits_bias=True): a persistent buffer. In the state dict under that name and loaded back
+    in place; not a parameter, so Adam, clipping and the gradient norm never see it; added to the logits; moved
+    and cast with the model; a model without it has none in its state dict (old files load as before)."""
+    from numformer.optim import Adam, clip_grad_norm
+
+    m = small_model(logits_bias=True, pad_row_gradient=False, activation="silu")
+    assert "final_logits_bias" not in [n for n, _ in m.named_parameters()]
+    assert all(p is not m.final_logits_bias for p in m.parameters())
+    sd = m.state_dict()
+    assert list(sd)[-1] == "final_logits_bias" and sd["final_logits_bias"].shape == (50,)
+    bias = np.random.default_rng(0).standard_normal(50).astype(np.float32)
+    sd["final_logits_bias"] = bias
+    held = m.final_logits_bias
+    m.load_state_dict(sd)
+    assert m.final_logits_bias is held and np.array_equal(held, bias)  # loaded in place
+    with pytest.raises(ValueError, match="missing \\['final_logits_bias'\\]"):
+        m.load_state_dict({k: v for k, v in sd.items() if k != "final_logits_bias"})
+    with pytest.raises(ValueError, match="unexpected \\['final_logits_bias'\\]"):
+        small_model().load_state_dict(sd)
+    assert "final_logits_bias" not in small_model().state_dict()
+
+    src, tgt = np.array([[5, 6, 7, 3], [8, 3, 0, 0]]), np.array([[0, 9, 10], [0, 11, 0]])  # start from pad (0)
+    logits = m(src, tgt)
+    plain = small_model(pad_row_gradient=False, activation="silu")(src, tgt)  # same seed: the same weights
+    np.testing.assert_allclose(logits - bias, plain, rtol=1e-5, atol=1e-5)
+    opt = Adam(m.parameters(), lr=1.0)
+    before = m.src_embed.weight.data.copy()
+    m.backward(np.random.default_rng(1).standard_normal(logits.shape).astype(np.float32))
+    clip_grad_norm(m.parameters(), 0.1)
+    opt.step(zero_grad=True)
+    assert not np.array_equal(m.src_embed.weight.data, before)  # the trained weights moved,
+    assert np.array_equal(m.final_logits_bias, bias)  # the bias did not
+    m.to(dtype=np.float64)
+    assert m.final_logits_bias.dtype == np.float64 and np.array_equal(m.final_logits_bias, bias)

@@ -110,7 +110,8 @@ def test_table3_rows_train_with_base_recipe_and_big_with_its_own():
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(tie_embeddings=False), dict(pre_norm=True), dict(d_k=16, d_v=64),
-                                dict(decoder_layers=1), dict(positional="learned")])
+                                dict(decoder_layers=1), dict(positional="learned"),
+                                dict(activation="silu", logits_bias=True, pad_row_gradient=False)])
 def test_formula_equals_built_model(kw):
     cfg = get_preset("tiny", vocab_size=97, **kw)
     assert Transformer(cfg).num_parameters() == count_parameters(cfg)
@@ -135,6 +136,12 @@ def test_config_round_trip():
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     old_file = {k: v for k, v in cfg.to_dict().items() if k != "positional"}  # a model file from before row E
     assert ModelConfig.from_dict(old_file).positional == "sinusoidal"
+    marian = get_preset("small", activation="silu", logits_bias=True, pad_row_gradient=False)
+    assert ModelConfig.from_dict(marian.to_dict()) == marian  # saved with the config like the other fields
+    new_keys = ("activation", "logits_bias", "pad_row_gradient")
+    old_file = {k: v for k, v in marian.to_dict().items() if k not in new_keys}  # a model file from before them
+    old = ModelConfig.from_dict(old_file).checked()
+    assert (old.activation, old.logits_bias, old.pad_row_gradient) == ("relu", False, True)
 
 
 def test_an_impossible_config_is_refused_up_front():
@@ -144,3 +151,10 @@ def test_an_impossible_config_is_refused_up_front():
         ModelConfig(dropout=1.5).checked()
     with pytest.raises(UsageError, match="positional must be one of sinusoidal, learned, got 'rotary'"):
         ModelConfig(positional="rotary").checked()
+    with pytest.raises(UsageError) as bad:
+        get_preset("tiny", activation="gelu")
+    assert str(bad.value) == "model config: activation must be one of relu, silu, got 'gelu'"  # one line
+    with pytest.raises(UsageError, match="logits_bias must be true or false, got 'yes'"):
+        ModelConfig(logits_bias="yes").checked()
+    with pytest.raises(UsageError, match="pad_row_gradient must be true or false, got 0"):
+        ModelConfig(pad_row_gradient=0).checked()

@@ -4,9 +4,13 @@ Written with torch ops and autograd only; nothing here calls numformer code, so 
 is an independent second implementation of the paper (Vaswani et al. 2017):
 
 * torch's own building blocks where their semantics match numformer's:
-  ``F.linear``, ``F.embedding``, ``F.layer_norm``, ``torch.softmax``, ``F.relu``,
+  ``F.linear``, ``F.embedding``, ``F.layer_norm``, ``torch.softmax``, ``F.relu``, ``F.silu``,
   ``F.cross_entropy(label_smoothing=eps)`` (eps spread as eps/V over all V classes,
   the same convention as numformer's loss);
+* what a Marian (opus-mt) model computes besides, as PyTorch and transformers' ``MarianMTModel`` do it:
+  ``F.silu`` in the feed-forward network; the pad row's gradient rule as ``F.embedding(padding_idx=pad)``;
+  a frozen ``final_logits_bias`` added to the logits, a tensor without ``requires_grad`` (a buffer);
+  a decoder input that starts with pad, whose start position is causal-only;
 * its own sinusoid table (Section 3.5) and its own masks, built from the token ids; learned positions
   (Table 3 row E) as plain rows of a leaf tensor, ``P["src_pos.weight"][:T]``;
 * masked attention scores are *replaced* by -1e9 (``masked_fill``), boolean masks
@@ -25,8 +29,8 @@ module decided in numformer's forward:
 * a Dropout (``encoder.layers.0.ffn_residual.dropout``,
   ``decoder.layers.1.self_attn.attention.dropout``, ``src_dropout``): its mask, already
   scaled by 1/(1-p); a Dropout absent from ``replay`` is the identity;
-* a ReLU (``encoder.layers.0.ffn.relu``): its active set [x > 0] as 0/1; a ReLU absent from
-  ``replay`` decides for itself (``F.relu``).
+* a ReLU (``encoder.layers.0.ffn.activation``): its active set [x > 0] as 0/1; a ReLU absent from
+  ``replay`` decides for itself (``F.relu``). SiLU is smooth: nothing to replay.
 
 The ReLU replay is for comparing numformer in float32 with this mirror in float64: a
 pre-activation within float32's rounding error of zero can land on either side of it in the
@@ -62,6 +66,9 @@ class Arch:
     pad_id: int = 0
     label_smoothing: float = 0.1
     positional: str = "sinusoidal"  # or "learned" (Table 3 row E): the tables src_pos.weight, tgt_pos.weight
+    activation: str = "relu"        # or "silu" (Marian's swish)
+    logits_bias: bool = False       # the frozen final_logits_bias added to the logits (MirrorParams.frozen)
+    pad_row_gradient: bool = True   # False: F.embedding(padding_idx=pad_id), torch's nn.Embedding(padding_idx)
 
     @classmethod
     def from_config(cls, cfg) -> "Arch":
@@ -71,7 +78,9 @@ class Arch:
         n_dec = cfg.decoder_layers if cfg.decoder_layers is not None else cfg.layers
         return cls(d_model=cfg.d_model, heads=cfg.heads, d_k=d_k, d_v=d_v, n_enc=cfg.layers, n_dec=n_dec,
                    pre_norm=cfg.pre_norm, tie=cfg.tie_embeddings, ln_eps=cfg.ln_eps, pad_id=cfg.pad_id,
-                   label_smoothing=cfg.label_smoothing, positional=cfg.positional)
+                   label_smoothing=cfg.label_smoothing, positional=cfg.positional,
+                   activation=getattr(cfg, "activation", "relu"), logits_bias=getattr(cfg, "logits_bias", False),
+                   pad_row_gradient=getattr(cfg, "pad_row_gradient", True))
 
 
 class MirrorParams:
@@ -79,11 +88,14 @@ class MirrorParams:
 
     ``named_arrays``: (name, array) pairs in numformer layout, e.g. from
     ``[(n, p.data) for n, p in module.named_parameters()]``; ``linear_weights``: the
-    names of Linear weights, stored here transposed to torch's (d_out, d_in).
+    names of Linear weights, stored here transposed to torch's (d_out, d_in). ``frozen``: (name, array)
+    pairs of what the model holds but does not train (numformer's persistent buffers: a logits bias), kept
+    as tensors without ``requires_grad``, read with :meth:`frozen`; autograd gives them nothing.
     """
 
-    def __init__(self, named_arrays, linear_weights=(), dtype=torch.float64):
+    def __init__(self, named_arrays, linear_weights=(), dtype=torch.float64, frozen=()):
         self.linear_weights = set(linear_weights)
+        self.constants = {name: torch.tensor(np.asarray(a, dtype=np.float64), dtype=dtype) for name, a in frozen}
         self.tensors: dict[str, torch.Tensor] = {}
         for name, a in named_arrays:
             a = np.asarray(a, dtype=np.float64)
@@ -102,6 +114,14 @@ class MirrorParams:
 
     def get(self, name: str):
         return self.tensors.get(name)
+
+    def frozen(self, name: str) -> torch.Tensor:
+        """The frozen tensor ``name`` (no gradient). A KeyError when numformer did not give it as frozen: a
+        numformer parameter of that name would be trained, which the model it mirrors never does."""
+        if name not in self.constants:
+            raise KeyError(f"{name} is not among the model's frozen tensors ({sorted(self.constants)}): "
+                           f"{'numformer trains it as a parameter' if name in self.tensors else 'it is missing'}")
+        return self.constants[name]
 
     def leaves(self) -> list:
         return list(self.tensors.values())
@@ -142,6 +162,16 @@ def relu(replay, name: str, x):
     return F.relu(x)
 
 
+def activation(replay, name: str, x, kind: str = "relu"):
+    """The feed-forward network's activation: ReLU (replayed as :func:`relu`) or SiLU, ``F.silu`` (smooth:
+    nothing to replay)."""
+    if kind == "silu":
+        return F.silu(x)
+    if kind != "relu":
+        raise ValueError(f"unknown activation {kind!r}")
+    return relu(replay, name, x)
+
+
 # -- layers ------------------------------------------------------------------------
 
 def linear(P, prefix: str, x):
@@ -149,9 +179,9 @@ def linear(P, prefix: str, x):
     return F.linear(x, P[_join(prefix, "weight")], P.get(_join(prefix, "bias")))
 
 
-def embedding(P, prefix: str, ids, d_model: int, scale: bool = True):
-    """Section 3.4: W[ids] * sqrt(d_model)."""
-    out = F.embedding(ids, P[_join(prefix, "weight")])
+def embedding(P, prefix: str, ids, d_model: int, scale: bool = True, padding_idx=None):
+    """Section 3.4: W[ids] * sqrt(d_model); ``padding_idx``: torch's rule, the lookups give that row no gradient."""
+    out = F.embedding(ids, P[_join(prefix, "weight")], padding_idx=padding_idx)
     return out * math.sqrt(d_model) if scale else out
 
 
@@ -218,9 +248,10 @@ def multi_head(P, prefix: str, x, memory=None, mask=None, *, heads: int, d_k: in
     return linear(P, _join(prefix, "w_o"), o)
 
 
-def feed_forward(P, prefix: str, x, replay=None):
-    """Eq. 2: max(0, x W1 + b1) W2 + b2 (ReLU active sets and ReLU dropout replayed when given)."""
-    h = relu(replay, _join(prefix, "relu"), linear(P, _join(prefix, "w_1"), x))
+def feed_forward(P, prefix: str, x, replay=None, kind: str = "relu"):
+    """Eq. 2: max(0, x W1 + b1) W2 + b2 (ReLU active sets and ReLU dropout replayed when given); ``kind``
+    "silu": SiLU in place of the ReLU."""
+    h = activation(replay, _join(prefix, "activation"), linear(P, _join(prefix, "w_1"), x), kind)
     h = dropout(replay, _join(prefix, "dropout"), h)
     return linear(P, _join(prefix, "w_2"), h)
 
@@ -239,7 +270,7 @@ def encoder_layer(P, prefix: str, x, mask, arch: Arch, replay=None):
     x = residual(P, _join(prefix, "self_attn_residual"), x,
                  lambda h: multi_head(P, _join(prefix, "self_attn"), h, mask=mask, **kw), **res)
     return residual(P, _join(prefix, "ffn_residual"), x,
-                    lambda h: feed_forward(P, _join(prefix, "ffn"), h, replay), **res)
+                    lambda h: feed_forward(P, _join(prefix, "ffn"), h, replay, arch.activation), **res)
 
 
 def decoder_layer(P, prefix: str, y, memory, self_mask, cross_mask, arch: Arch, replay=None):
@@ -250,7 +281,7 @@ def decoder_layer(P, prefix: str, y, memory, self_mask, cross_mask, arch: Arch, 
     y = residual(P, _join(prefix, "cross_attn_residual"), y,
                  lambda h: multi_head(P, _join(prefix, "cross_attn"), h, memory, mask=cross_mask, **kw), **res)
     return residual(P, _join(prefix, "ffn_residual"), y,
-                    lambda h: feed_forward(P, _join(prefix, "ffn"), h, replay), **res)
+                    lambda h: feed_forward(P, _join(prefix, "ffn"), h, replay, arch.activation), **res)
 
 
 def encoder(P, prefix: str, x, mask, arch: Arch, replay=None):
@@ -277,18 +308,30 @@ def causal_mask(t: int):
     return torch.ones(t, t, dtype=torch.bool).tril()[None, None]
 
 
+def decoder_mask(tgt_in, pad_id: int):
+    """(B, 1, T, T): causal AND (a real key OR the start position): the start token (BOS, or pad in Marian's
+    vocabulary, transformers' decoder_start_token_id) is attended to whatever its id."""
+    start = torch.zeros(tgt_in.shape[1], dtype=torch.bool)
+    start[0] = True
+    return causal_mask(tgt_in.shape[1]) & (padding_mask(tgt_in, pad_id) | start)
+
+
 def transformer(P, src, tgt_in, arch: Arch, replay=None):
     """Figure 1: src (B, S), tgt_in (B, T) int64 ids -> logits (B, T, vocab)."""
     src_w = "src_embed"
     tgt_w = "src_embed" if arch.tie else "tgt_embed"
     gen_w = "src_embed" if arch.tie else "generator"
     src_mask = padding_mask(src, arch.pad_id)
-    tgt_mask = causal_mask(tgt_in.shape[1]) & padding_mask(tgt_in, arch.pad_id)
-    x = dropout(replay, "src_dropout", positions(P, "src_pos", embedding(P, src_w, src, arch.d_model), arch))
+    tgt_mask = decoder_mask(tgt_in, arch.pad_id)
+    pad_row = None if arch.pad_row_gradient else arch.pad_id
+    x = dropout(replay, "src_dropout",
+                positions(P, "src_pos", embedding(P, src_w, src, arch.d_model, padding_idx=pad_row), arch))
     memory = encoder(P, "encoder", x, src_mask, arch, replay)
-    y = dropout(replay, "tgt_dropout", positions(P, "tgt_pos", embedding(P, tgt_w, tgt_in, arch.d_model), arch))
+    y = dropout(replay, "tgt_dropout",
+                positions(P, "tgt_pos", embedding(P, tgt_w, tgt_in, arch.d_model, padding_idx=pad_row), arch))
     h = decoder(P, "decoder", y, memory, tgt_mask, src_mask, arch, replay)
-    return output_projection(P, gen_w, h)
+    logits = output_projection(P, gen_w, h)
+    return logits + P.frozen("final_logits_bias") if arch.logits_bias else logits
 
 
 def label_smoothed_loss(logits, target, eps: float, pad_id: int):

@@ -85,6 +85,40 @@ def test_gradients_live_in_one_buffer():
     assert summed.tolist() == [1.5, 2.5]
 
 
+def test_the_frozen_logits_bias_is_rank_zeros_on_every_rank():
+    """A persistent buffer (the frozen logits bias) is never updated, so no step keeps the replicas equal on it:
+    sync_replicas gives every rank rank 0's, as it does the weights (a stand-in world, no MPI)."""
+    from numformer.model import Transformer
+    from numformer.optim import Adam
+    from numformer.presets import ModelConfig
+    from numformer.training.replicas import sync_replicas
+
+    sent = []
+
+    class Rank:  # what rank 0 broadcasts, rank 1 receives
+        parallel = True
+
+        def __init__(self, main):
+            self.is_main = main
+
+        def broadcast_(self, array):
+            if self.is_main:
+                sent.append(array.copy())
+            else:
+                array[...] = sent.pop(0)
+
+        def broadcast_object(self, obj):
+            return obj
+
+    cfg = ModelConfig(vocab_size=13, d_model=8, d_ff=16, heads=2, layers=1, max_len=16, logits_bias=True)
+    zero, one = Transformer(cfg, seed=1), Transformer(cfg, seed=2)
+    zero.final_logits_bias[...] = np.arange(13)  # read from a model file by rank 0 alone
+    for model, main in ((zero, True), (one, False)):
+        sync_replicas(Rank(main), Adam(model.parameters(), lr=1.0), {},
+                      [a for _, a in model.named_buffers(persistent_only=True)])
+    assert all(np.array_equal(a, b) for a, b in zip(zero.state_dict().values(), one.state_dict().values()))
+
+
 def test_dropout_seed_depends_on_the_batch_only():
     seeds = {dropout_seed(1, e, p) for e in range(3) for p in range(50)}
     assert len(seeds) == 150 and all(0 <= s < 2 ** 63 for s in seeds)

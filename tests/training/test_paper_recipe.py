@@ -31,6 +31,11 @@ def test_a_smaller_batch_accumulates_to_the_papers_step(max_tokens, accum):
     assert abs(cfg.accum * cfg.max_tokens - 50000) <= max_tokens / 2 or cfg.accum == 1
 
 
+def test_several_processes_share_the_step():
+    flags = vars(train.parse_args(["--corpus", "wmt14-en-de", "--max-tokens", "3125"]))
+    assert [settle(flags, "cuda", None, "runs/x", processes=n).train.accum for n in (1, 2, 8, 16, 32)] == [16, 8, 2, 1, 1]
+
+
 def test_a_given_accum_is_taken_as_it_is():
     cfg = _settle("--max-tokens", "6000", "--accum", "3").train
     assert (cfg.accum, cfg.step_tokens) == (3, 0)

@@ -246,3 +246,35 @@ def test_the_norms_only_mode_needs_zero_gradients_to_start():
         with PerSentenceGradients(model, elementwise=False):
             pass
     assert not [m for m in model.modules() if "backward" in vars(m)]
+
+
+def test_the_pad_row_rule_holds_per_sentence():
+    """pad_row_gradient False (Marian's padding_idx) with decoders starting from pad: the sentences' gradients
+    still add up to the batch gradient, whose pad row has the projection's share only; each sentence's squared
+    norm is that of the gradient of a batch holding it alone."""
+    cfg = ModelConfig(vocab_size=V, d_model=8, d_ff=16, heads=2, layers=2, dropout=0.0, max_len=32, pad_id=PAD,
+                      activation="silu", logits_bias=True, pad_row_gradient=False)
+    model = Transformer(cfg, seed=1, dtype=np.float64)
+    model.final_logits_bias[...] = np.random.default_rng(2).standard_normal(V)
+    src, tgt = batch()
+    tgt_in = np.concatenate([np.full((B, 1), PAD), tgt[:, 1:-1]], axis=1)  # the start is pad
+
+    def backward(rows, normalizer=None):
+        crit = LabelSmoothedCrossEntropy(0.1, PAD)
+        crit.forward(model(src[rows], tgt_in[rows]), tgt[rows, 1:], normalizer=normalizer)
+        model.backward(crit.backward())
+
+    model.zero_grad()
+    with kernel_mode("plain"), PerSentenceGradients(model) as tap:
+        backward(slice(None))
+    stats = tap.statistics()
+    scale = scale_of(p.grad for _, p in model.named_parameters())
+    for n, p in model.named_parameters():
+        assert relative(stats[n].total, p.grad, scale) <= 1e-12, n
+    n_batch = int((tgt[:, 1:] != PAD).sum())
+    for b in range(B):  # one sentence at a time, the batch's token count as the normaliser (padding kept)
+        model.zero_grad()
+        with kernel_mode("plain"):
+            backward(slice(b, b + 1), n_batch)
+        g = model.src_embed.weight.grad
+        assert relative(stats["src_embed.weight"].sq_norms[b:b + 1], np.array([(g * g).sum()])) <= 1e-12, b

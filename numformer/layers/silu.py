@@ -1,0 +1,54 @@
+"""SiLU ("swish"), the activation of the feed-forward network in Marian's opus-mt models (Eq. 2 with
+``max(0, .)`` replaced; Elfwing et al. 2018, Ramachandran et al. 2017). Shapes: any -> same.
+
+``y = x * s`` with ``s = sigmoid(x) = 1 / (1 + exp(-x))``;
+``dx = dy * (s + x * s * (1 - s))`` (the product rule, with ``ds/dx = s * (1 - s)``).
+
+The sigmoid is computed without overflow for any x: with ``e = exp(-|x|)`` (at most 1),
+``s = 1 / (1 + e)`` for x >= 0 and ``s = e / (1 + e)`` for x < 0; for large |x| e underflows to 0
+quietly, which gives s = 1 or 0 exactly. Unlike ReLU it is smooth: no kink, no active set.
+"""
+from __future__ import annotations
+
+from ..backend import get_array_module
+from ..module import Module
+
+
+def sigmoid(x):
+    """s = 1 / (1 + exp(-x)), as 1 / (1 + e) where x >= 0 and e / (1 + e) where x < 0, with e = exp(-|x|) <= 1
+    (no overflow in float32 or float64); x's shape and dtype."""
+    xp = get_array_module(x)
+    e = xp.exp(-xp.abs(x))
+    r = 1 / (1 + e)
+    return xp.where(x >= 0, r, e * r)
+
+
+def silu_forward(x):
+    """-> (y, s): y = x * s with s = sigmoid(x), which backward needs too."""
+    s = sigmoid(x)
+    return x * s, s
+
+
+def silu_backward(dy, x, s):
+    """ds/dx = s * (1 - s); dx = dy * (s + x * ds/dx) = dy * (s + x * s * (1 - s))."""
+    ds = s * (1 - s)          # the sigmoid's derivative
+    return dy * (s + x * ds)  # the product rule: d(x * s)/dx = s + x * ds/dx
+
+
+class SiLU(Module):
+    """``x * sigmoid(x)``; keeps the input and its sigmoid of a training forward for backward."""
+
+    def __init__(self):
+        super().__init__()
+        self._cache = None
+
+    def forward(self, x):
+        y, s = silu_forward(x)
+        if self.training:
+            self._cache = (x, s)
+        return y
+
+    def backward(self, dy):
+        x, s = self._cache
+        self._cache = None
+        return silu_backward(dy, x, s)
