@@ -66,6 +66,29 @@ def write_json(path, record) -> Path:
     return atomic_write_text(path, json.dumps(record, indent=2) + "\n")
 
 
+def atomic_folder(out, fill) -> Path:
+    """Write the folder ``out`` whole or not at all: ``fill(stage)`` fills a staging folder beside it, which is
+    then renamed into place (an empty ``out`` is replaced); on any failure the stage is removed. The stage gets
+    the permissions a new folder would (mkdtemp makes it 0700)."""
+    import shutil  # noqa: PLC0415
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        fill(stage)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(stage, 0o777 & ~mask)
+        if out.exists():
+            out.rmdir()
+        os.replace(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return out
+
+
 def remove_stale_temporaries(folder) -> list:
     """Delete the temporary files a killed write left in ``folder``; returns their paths."""
     gone = []

@@ -58,14 +58,12 @@ or BOS: pass :func:`suppressed` as ``suppress_sequences`` for the same rule.
 """
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from . import InteropError
+from ..files import atomic_folder
 from ..layers.positional import sinusoid_table
 
 #: ``Converter.convert``'s weight types (ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES), written here so
@@ -277,18 +275,7 @@ def convert(converter, out, quantization: str | None = None) -> Path:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InteropError(f"{out} already exists{' and is not empty' if out.is_dir() else ''}: choose a new "
                            "folder for the CTranslate2 model")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        converter.convert(str(stage), quantization=quantization, force=True)
-        os.chmod(stage, 0o777 & ~_umask())
-        if out.exists():
-            out.rmdir()
-        os.replace(stage, out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    return out
+    return atomic_folder(out, lambda stage: converter.convert(str(stage), quantization=quantization, force=True))
 
 
 def export_model(model, vocab, out, quantization: str | None = None) -> Path:
@@ -311,12 +298,6 @@ def export_ctranslate2(model_file_or_run, out_dir, quantization: str | None = No
     _import_ctranslate2()
     model, vocab, _ = load_model(model_file_or_run, device="cpu")
     return export_model(model, vocab, out_dir, quantization)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 __all__ = ["QUANTIZATIONS", "check_exportable", "ct2_tokens", "suppressed", "position_table", "transformer_spec",

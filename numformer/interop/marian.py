@@ -37,13 +37,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from . import InteropError
+from ..files import atomic_folder
 from ..data.errors import DataError
 from ..data.marian_vocab import MarianVocab, is_marian_vocab_bytes
 from ..errors import UsageError, first_line
@@ -531,27 +530,12 @@ def export_marian(model_state: dict, cfg: ModelConfig, vocab, out) -> Path:
     config["dtype"] = dtypes.pop() if len(dtypes) == 1 else "float32"
     from safetensors.numpy import save_file  # noqa: PLC0415
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    def fill(stage: Path) -> None:
         save_file(weights, str(stage / SAFETENSORS), metadata={"format": "pt"})
         (stage / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
         (stage / GENERATION_CONFIG).write_text(json.dumps(generation_config(cfg, vocab), indent=2), encoding="utf-8")
         _tokenizer_files(vocab, stage, cfg.max_len)
-        os.chmod(stage, 0o777 & ~_umask())
-        if out.exists():
-            out.rmdir()
-        os.replace(stage, out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    return atomic_folder(out, fill)
 
 
 def vocab_of(blob: bytes | None, fallback_path=None):
