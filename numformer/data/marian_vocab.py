@@ -40,10 +40,9 @@ import struct
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 
 from .errors import DataError
-from .vocab import _spm
+from .vocab import _spm, cut_at_eos
 
 #: The first bytes of a serialized MarianVocab (a sentencepiece model starts with a protobuf tag instead).
 MAGIC = b"NFMARIAN"
@@ -304,13 +303,8 @@ class MarianVocab:
     def decode(self, ids) -> list[str]:
         """Target id sequences -> text, one string per sequence (a list of sequences or a 2-D array):
         cut at the first eos, special ids dropped, pieces joined by ``target.spm`` (see the module)."""
-        if isinstance(ids, np.ndarray) and ids.ndim == 1:
-            raise TypeError("decode takes a list of sequences (or a 2-D array), not one sequence")
         out = []
-        for seq in ids:
-            seq = [int(t) for t in seq]
-            if self.eos_id in seq:
-                seq = seq[: seq.index(self.eos_id)]
+        for seq in cut_at_eos(ids, self.eos_id):
             pieces = [self.id_to_piece(t) for t in seq if t not in self._special_ids]
             text = self._target.decode_pieces(pieces) if pieces else ""
             out.append(text.replace("\u2581", " ").strip())

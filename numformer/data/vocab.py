@@ -65,6 +65,16 @@ def default_vocab_size(n_train_pairs: int) -> int:
     return max(64, int(round(size / 8.0)) * 8)
 
 
+def cut_at_eos(ids, eos_id: int):
+    """Each id sequence of ``ids`` (a list of sequences or a 2-D array, not one 1-D sequence) as a list of
+    ints up to its first ``eos_id``: what a vocabulary's ``decode`` turns into text."""
+    if isinstance(ids, np.ndarray) and ids.ndim == 1:
+        raise TypeError("decode takes a list of sequences (or a 2-D array), not one sequence")
+    for seq in ids:
+        seq = [int(t) for t in seq]
+        yield seq[: seq.index(eos_id)] if eos_id in seq else seq
+
+
 class SubwordVocab:
     """A trained sentencepiece model with the fixed special ids.
 
@@ -230,13 +240,8 @@ class SubwordVocab:
         is cut at its first ``eos``; ``pad`` and ``bos`` are skipped, so the
         rows of a padded decoder output can be passed directly.
         """
-        if isinstance(ids, np.ndarray) and ids.ndim == 1:
-            raise TypeError("decode takes a list of sequences (or a 2-D array), not one sequence")
         out = []
-        for seq in ids:
-            seq = [int(t) for t in seq]
-            if self.eos_id in seq:
-                seq = seq[: seq.index(self.eos_id)]
+        for seq in cut_at_eos(ids, self.eos_id):
             seq = [t for t in seq if t != self.pad_id and t != self.bos_id]
             out.append(self._sp.decode(seq))
         return out

@@ -32,6 +32,7 @@ newstest2013 and newstest2014 are kept whole: they are what BLEU is computed on.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -232,19 +233,10 @@ class _Misaligned(Exception):
 
 def _zip_exact(a, b):
     """zip of two line iterators that must end together (``_Misaligned`` otherwise)."""
-    sentinel = object()
-    for x, y in zip(_with_end(a, sentinel), _with_end(b, sentinel)):
-        if x is sentinel or y is sentinel:
-            if x is not y:
-                raise _Misaligned(first_longer=y is sentinel)
-            return
+    for x, y in itertools.zip_longest(a, b):
+        if x is None or y is None:
+            raise _Misaligned(first_longer=y is None)
         yield x, y
-
-
-def _with_end(lines, sentinel):
-    yield from lines
-    while True:
-        yield sentinel
 
 
 def _dataset_reader(saved, pair: WmtPair):
