@@ -135,7 +135,7 @@ def train_reverse(folder, steps: int = 200, seed: int = 0, batch_size: int = 48)
     from numformer.optim import Adam
     from numformer.presets import ModelConfig
 
-    data = make_synthetic("reverse", 3000, 0, 12, seed=seed, vocab=tuple("abcdefghijkl"), min_len=2, max_len=7)
+    data = make_synthetic("reverse", 3000, 0, 50, seed=seed, vocab=tuple("abcdefghijkl"), min_len=2, max_len=7)
     src, tgt = data["train"]
     vocab = SubwordVocab.train(src + tgt, folder / "spm", 24)
     pairs = TokenPairs.from_lists(vocab.encode(src), vocab.encode(tgt))
@@ -177,3 +177,12 @@ def train_reverse_apart(folder):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
     lines = (folder / "test.src").read_text(encoding="utf-8").splitlines()
     return folder / "reverse.npz", SubwordVocab.load(folder / "spm.model"), lines
+
+
+def fine_tune_args(npz, data, out, steps) -> list:
+    """train.py's arguments for ``steps`` steps of fine-tuning ``npz`` on ``data`` as one batch a step: no dropout,
+    no label smoothing, every step logged and saved, no test."""
+    return ["--init-from", str(npz), "--data", str(data), "--preset", "tiny", "--max-steps", str(steps),
+            "--max-tokens", "100000", "--accum", "1", "--dropout", "0", "--label-smoothing", "0", "--log-every", "1",
+            "--eval-every", "0", "--save-every", "1", "--average-last", "1", "--no-test", "--no-progress", "--out",
+            str(out)]

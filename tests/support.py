@@ -193,3 +193,15 @@ def mpirun(n=2):
         pytest.fail("mpirun not found: bash .ci/setup installs openmpi-bin and mpi4py")
     root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
     return [exe, "-n", str(n), *root, "--oversubscribe", "--bind-to", "none"]
+
+
+def save_wmt14_dataset(folder, splits: dict, src: str = "en", tgt: str = "de"):
+    """A local copy of the datasets library's ``wmt14`` dataset, as a user's ``save_to_disk`` writes it: splits
+    train / validation / test, one column ``translation`` of the ``Translation`` feature ({lang: text}).
+    ``splits``: {split: [(source text, target text), ...]}."""
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features({"translation": datasets.Translation(languages=[tgt, src])})
+    datasets.DatasetDict({
+        name: datasets.Dataset.from_dict({"translation": [{tgt: t, src: s} for s, t in pairs]}, features=features)
+        for name, pairs in splits.items()}).save_to_disk(str(folder))
+    return folder

@@ -11,7 +11,7 @@ import pytest
 
 import train
 import translate
-from support import assert_one_line_error, run_main
+from support import assert_one_line_error, run_main, save_wmt14_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = [("the", "die"), ("house", "Haus"), ("is", "ist"), ("big", "groß"), ("science-fiction", "Science-Fiction"),
@@ -41,18 +41,11 @@ def text_tree(folder):
     return folder
 
 
-def saved_dataset(folder):
-    datasets = pytest.importorskip("datasets")
-    datasets.DatasetDict({split: datasets.Dataset.from_dict({"translation": [{"de": t, "en": s} for s, t in pairs]})
-                          for split, pairs in SPLITS.items()}).save_to_disk(str(folder))
-    return folder
-
-
 @pytest.mark.parametrize("source", ["datasets", "text"])
 def test_the_whole_path_prints_and_saves_both_bleus(tmp_path, monkeypatch, capsys, source):
     pytest.importorskip("sacremoses")
     monkeypatch.setenv("NUMFORMER_CACHE", str(tmp_path / "cache"))
-    wmt = saved_dataset(tmp_path / "wmt") if source == "datasets" else text_tree(tmp_path / "wmt")
+    wmt = save_wmt14_dataset(tmp_path / "wmt", SPLITS) if source == "datasets" else text_tree(tmp_path / "wmt")
     out = tmp_path / "run"
     code, stdout, err = run_main(train.main, [
         "--corpus", "wmt14-en-de", "--wmt-dir", str(wmt), "--preset", "tiny", "--max-steps", "6",

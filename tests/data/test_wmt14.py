@@ -8,6 +8,7 @@ import pytest
 
 from numformer.data import DataError, read_lines
 from numformer.data.wmt14 import META, build_wmt_corpus, filter_reason
+from support import save_wmt14_dataset
 
 # Training pairs with one of each filtered kind, and their counts (the module docstring's filters).
 TRAIN = [("the house is big", "das Haus ist groß"),
@@ -32,15 +33,8 @@ def write_text_tree(folder, src="en", tgt="de"):
 
 
 def write_saved_dataset(folder, src="en", tgt="de"):
-    """The datasets library's wmt14 schema ({'translation': {lang: text}}, splits train / validation /
-    test), saved with save_to_disk as a user's local copy would be."""
-    datasets = pytest.importorskip("datasets")
-    splits = {"train": TRAIN, "validation": VALID, "test": TEST}
-    ddict = datasets.DatasetDict({
-        name: datasets.Dataset.from_dict({"translation": [{tgt: t, src: s} for s, t in pairs]})
-        for name, pairs in splits.items()})
-    ddict.save_to_disk(str(folder))
-    return folder
+    """The datasets library's wmt14 dataset (its schema and splits), saved as a user's local copy would be."""
+    return save_wmt14_dataset(folder, {"train": TRAIN, "validation": VALID, "test": TEST}, src, tgt)
 
 
 def corpus_pairs(folder, split):

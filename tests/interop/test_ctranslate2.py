@@ -99,7 +99,7 @@ def numformer_greedy(model, vocab, src: list, a: float, b: int):
 @pytest.fixture(scope="module")
 def reverse(reverse_model, tmp_path_factory):
     """The small trained reverse model (tests/interop/conftest.py), loaded as translate.py loads it, exported
-    through the command's function, and 48 sources as ids: its 12 test lines and 36 more of 2 to 9 symbols
+    through the command's function, and 86 sources as ids: its 50 test lines and 36 more of 2 to 9 symbols
     (longer than it trained on: some outputs are wrong, all are varied)."""
     path, _, lines = reverse_model
     model, vocab, _ = load_model(path)
@@ -211,7 +211,7 @@ def test_int8_export_is_close(reverse, tmp_path):
 # -- (b) greedy --------------------------------------------------------------------------------------------------
 def test_greedy_equals_numformer_on_the_trained_model(reverse):
     model, vocab, translator, src = reverse
-    assert len(src) == 48
+    assert len(src) == 86
     ours, limits = numformer_greedy(model, vocab, src, 1.0, 50)
     assert engine_greedy(translator, vocab, src, limits) == ours
     assert len({tuple(o) for o in ours}) > len(src) // 2    # varied outputs, not one answer for all

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import train
-from marian_files import SRC_WORDS, TGT_WORDS, sentences
+from marian_files import SRC_WORDS, TGT_WORDS, fine_tune_args, sentences
 from numformer import run_files
 from numformer.checkpoint import load_checkpoint
 from numformer.data import write_parallel_dir
@@ -20,13 +20,6 @@ pytest.importorskip("transformers")
 def pairs():
     src, tgt = sentences(SRC_WORDS, 7, 12), sentences(TGT_WORDS, 8, 12)
     return {"train": (src[:8], tgt[:8]), "valid": (src[8:10], tgt[8:10]), "test": (src[10:], tgt[10:])}
-
-
-def fine_tune_args(npz, data, out, steps):
-    return ["--init-from", str(npz), "--data", str(data), "--preset", "tiny", "--max-steps", str(steps),
-            "--max-tokens", "100000", "--accum", "1", "--dropout", "0", "--label-smoothing", "0", "--log-every", "1",
-            "--eval-every", "0", "--save-every", "1", "--average-last", "1", "--no-test", "--no-progress", "--out",
-            str(out)]
 
 
 def transformers_loss(folder, src, tgt) -> float:

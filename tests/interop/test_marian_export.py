@@ -1,6 +1,7 @@
 """``python -m numformer.checkpoint export RUN --format hf`` writes a folder transformers loads and computes
 numformer's model with: the same logits (float64, 1e-10), MarianTokenizer's ids equal to numformer's
-vocabulary's, and ``generate``'s greedy outputs equal to numformer's greedy search on a small trained model.
+vocabulary's, and ``generate``'s greedy outputs equal to numformer's greedy search on 50 sentences of a small
+trained model (the main job's model, by hand: ``bench/transformers_agreement.py``, docs/interop.md).
 Round trips: Marian -> numformer -> Marian gives back identical arrays and tokenizer files, and an imported
 Marian model decodes greedily in numformer (starting from pad) as transformers decodes it. Refusals (pre-LN,
 learned positions, an output folder in the way) are one line, exit 2, nothing written."""
@@ -108,6 +109,7 @@ def test_marian_tokenizer_gives_numformer_ids(exported):
 
 def test_generate_greedy_equals_numformer_greedy(exported):
     path, vocab, lines, folder = exported
+    assert len(lines) == 50
     model, _ = numformer_float64(path)
     ours, ours_ids, theirs, theirs_ids = greedy_both(model, vocab, hf_float64(folder),
                                                      MarianTokenizer.from_pretrained(str(folder)), lines)
