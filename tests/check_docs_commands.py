@@ -259,10 +259,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "--out runs/bible-en-es-small-hf"),
     "sacrebleu -t wmt14 -l en-de --echo src > newstest2014.en": ("skip", "needs the network (sacrebleu's test sets)"),
     "sacrebleu -t wmt14 -l en-de --echo ref > newstest2014.de": ("skip", "needs the network (sacrebleu's test sets)"),
-    "python3 translate.py --model opus-en-de.npz --greedy --max-len-a 0 --max-len-b 256 --input newstest2014.en "
-    "--output numformer.de --reference newstest2014.de": ("skip", "needs the opus-mt model and newstest2014 (network)"),
-    "python3 translate.py --hypotheses transformers.de --reference newstest2014.de":
-        ("skip", "needs transformers' translations of newstest2014 (network)"),
+    "python3 bench/transformers_agreement.py --model opus-en-de.npz --hf Helsinki-NLP/opus-mt-en-de --input "
+    "newstest2014.en --reference newstest2014.de --sentences 0 --max-new 256":
+        ("skip", "needs the opus-mt model and newstest2014 (network)"),
+    "python3 translate.py --model opus-en-de.npz --input newstest2014.en --reference newstest2014.de --output "
+    "numformer.de": ("skip", "needs the opus-mt model and newstest2014 (network)"),
+    "python3 bench/transformers_agreement.py --model runs/bible-en-es-small --sentences 50":
+        ("run", "python3 bench/transformers_agreement.py --model runs/bible-en-es-small --sentences 50"),
+    "python3 bench/transformers_agreement.py --model runs/bible-en-es-small --sentences 0":
+        ("small", "python3 bench/transformers_agreement.py --model runs/bible-en-es-small --sentences 8"),
 }
 NO_GPU_LINE = re.compile(r"error: .*(cuda|cupy|GPU)", re.I)
 
