@@ -12,7 +12,9 @@ and the cost of one step by position.
    numformer's: its sentences/s and tokens/s, the ratio numformer/PyTorch of sentences/s,
    and the share of sentences where both found the same best hypothesis (with ``--dtype
    float64`` at least 99% is expected: a check of the search; in float32 rounding may
-   tip near-ties).
+   tip near-ties). With references (``--reference``; by default the bible-en-es test target
+   when the input is its source), every side's sacreBLEU too: where hypotheses differ
+   (CTranslate2's int8, its length penalty), whether the translations got worse.
    CTranslate2 (when the ``ctranslate2`` package is installed; ``--no-ctranslate2`` skips it): the same
    weights exported by numformer's converter (:mod:`numformer.interop.ctranslate2`) into a temporary
    folder, decoded by ``ctranslate2.Translator`` once per ``--ct2-compute-types`` (default float32 and
@@ -65,6 +67,9 @@ def parse_args(argv=None):
     ap.add_argument("--vocab", default=None, help="sentencepiece model (default: spm.model of the run)")
     ap.add_argument("--input", default=None, metavar="FILE",
                     help="source sentences, one per line (default: bible-en-es test.src)")
+    ap.add_argument("--reference", default=None, metavar="FILE",
+                    help="reference lines of --input: sacreBLEU of every side's best hypotheses (default with the "
+                         "default input: its test.tgt; 'none' leaves BLEU out)")
     ap.add_argument("--sentences", type=int, default=500, help="decode the first N non-empty lines (default 500; 0 = all)")
     ap.add_argument("--beam", type=int, default=4, help="beam size of the beam-search run (default 4)")
     ap.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
@@ -243,7 +248,7 @@ def main(argv=None):
     tune_host(blas=False)  # as translate.py does
     from numformer.backend import describe  # noqa: PLC0415
     from numformer.checkpoint.trained_model import load_model  # noqa: PLC0415
-    from numformer.decoding.translation import DecodeOptions, source_batch  # noqa: PLC0415
+    from numformer.decoding.translation import DecodeOptions, clean_output, score_translations, source_batch  # noqa: PLC0415,E501
 
     model, vocab, path = load_model(args.model, args.vocab, args.device)
     xp = model.xp
@@ -268,10 +273,17 @@ def main(argv=None):
         dec = TorchDecoder.from_numformer(model, getattr(torch, args.dtype))
     sync = make_sync(xp)
     src_path = Path(args.input) if args.input else default_input()
-    lines = [ln for ln in src_path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    all_lines = src_path.read_text(encoding="utf-8").splitlines()
+    kept = [i for i, ln in enumerate(all_lines) if ln.strip()]
     if args.sentences > 0:
-        lines = lines[: args.sentences]
+        kept = kept[: args.sentences]
+    lines = [all_lines[i] for i in kept]
     ids = vocab.encode(lines)
+    reference = args.reference or (None if args.input else str(src_path.with_suffix(".tgt")))
+    refs = None
+    if reference and reference != "none":
+        all_refs = Path(reference).read_text(encoding="utf-8").splitlines()
+        refs = [all_refs[i] for i in kept]
     cfg = model.cfg
     result = {"model": str(path), "input": str(src_path), "backend": describe(xp), "dtype": args.dtype,
               "config": {"d_model": cfg.d_model, "heads": cfg.heads, "layers": cfg.layers, "d_ff": cfg.d_ff,
@@ -292,15 +304,23 @@ def main(argv=None):
                                          f"{args.threads or 'default'}, compute types "
                                          + ", ".join(f"{k} ({t.compute_type})" for k, t in ct2.items()))
     searches = [warm] + ([DecodeOptions(beam=1, max_tokens=args.max_tokens)] if args.greedy else [])
+
+    def add_bleu(speed, best_ids):  # the side's best hypotheses, detokenised, against the references
+        if refs is not None:
+            speed["bleu"] = score_translations([clean_output(t) for t in vocab.decode(best_ids)], refs)["bleu"]
+
     for opts in searches:
         ours, best = time_search(model, vocab, ids, opts, sync)
+        add_bleu(ours, best)
         if dec is not None:  # right after numformer's run, on the same weights and batches
             theirs, their_best = time_torch_search(dec, vocab, ids, opts)
+            add_bleu(theirs, their_best)
             ours["torch"] = theirs
             ours["ratio_sentences_per_s"] = ours["sentences_per_s"] / theirs["sentences_per_s"]
             ours["same_hypotheses"] = sum(a == b for a, b in zip(best, their_best)) / max(len(ids), 1)
         for ct, translator in ct2.items():  # right after numformer's run too, the same batches
             theirs, their_best = time_ct2_search(translator, vocab, ids, opts, cfg.max_len)
+            add_bleu(theirs, their_best)
             theirs["ratio_sentences_per_s"] = ours["sentences_per_s"] / theirs["sentences_per_s"]
             theirs["same_hypotheses"] = sum(a == b for a, b in zip(best, their_best)) / max(len(ids), 1)
             theirs["same_within_limit"] = same_within_limit(best, their_best, ids, opts, cfg.max_len)
@@ -324,6 +344,7 @@ def main(argv=None):
     print(f"model {result['model']} (d={cfg.d_model} h={cfg.heads} N={cfg.layers} d_ff={cfg.d_ff} "
           f"V={cfg.vocab_size}), {result['backend']}, threads {result['threads'] or 'default'}")
     print(f"input {src_path}: {len(ids)} sentences, batches of {args.max_tokens} source tokens, {args.dtype}"
+          + (f"; sacreBLEU against {reference}" if refs is not None else "")
           + (f"; PyTorch: {result['torch_backend']}" if dec is not None else ""))
     if ct2:
         print(f"CTranslate2: {result['ctranslate2_backend']}; the batches' limit is their longest sentence's, "
@@ -334,7 +355,8 @@ def main(argv=None):
         rows += [(f"ct2 {ct}", x) for ct, x in r.get("ctranslate2", {}).items()]
         for side, x in rows:
             print(f"  {name:8s} {side:13s} {x['seconds']:7.2f} s  {x['sentences_per_s']:7.1f} sentences/s  "
-                  f"{x['output_tokens_per_s']:8.0f} target tokens/s  ({x['output_tokens']} tokens)")
+                  f"{x['output_tokens_per_s']:8.0f} target tokens/s  ({x['output_tokens']} tokens)"
+                  + (f"  BLEU {x['bleu']:.2f}" if "bleu" in x else ""))
         if "torch" in r:
             print(f"  {name:8s} ratio numformer/pytorch {r['ratio_sentences_per_s']:.2f}x sentences/s; "
                   f"same best hypothesis on {100 * r['same_hypotheses']:.1f}% of the lines")
