@@ -57,6 +57,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from thread_env import pin_threads
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -238,9 +240,7 @@ def position_costs(model, src, bos_id: int, positions: int, repeat: int, cached:
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.threads:
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMFORMER_NUM_THREADS"):
-            os.environ[var] = str(args.threads)
+    pin_threads(args.threads)
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "tests"))  # the reference decoder (tests/reference/)
     from numformer.kernels.host import tune_host  # noqa: PLC0415

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from thread_env import pin_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,9 +88,7 @@ def transformers_greedy(hf, tok, lines, max_new: int, batch: int, eos_id: int):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.threads:
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMFORMER_NUM_THREADS"):
-            os.environ[var] = str(args.threads)
+    pin_threads(args.threads)
     sys.path.insert(0, str(ROOT))
     import numpy as np  # noqa: PLC0415
     import torch  # noqa: PLC0415
