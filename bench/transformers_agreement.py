@@ -56,17 +56,16 @@ def parse_args(argv=None):
 
 def numformer_greedy(model, vocab, lines, max_new: int, batch: int):
     """(output ids per line, text per line, seconds): numformer's greedy search, ``batch`` lines at a time."""
-    from numformer.decoding.translation import DecodeOptions, translate_ids, translate_lines  # noqa: PLC0415
+    from numformer.decoding.translation import DecodeOptions, clean_output, translate_ids  # noqa: PLC0415
 
     opts = DecodeOptions(beam=1, max_len_a=0.0, max_len_b=max_new, max_tokens=10 ** 9)
-    ids, texts = [], []
+    ids = []
     t0 = time.perf_counter()
     for i in range(0, len(lines), batch):
-        chunk = lines[i:i + batch]
-        ids += [hyps[0][0] for hyps in translate_ids(model, vocab.encode_source(chunk), vocab.bos_id, vocab.eos_id,
-                                                     opts)]
-        texts += translate_lines(model, vocab, chunk, opts)
-    return ids, texts, time.perf_counter() - t0
+        ids += [hyps[0][0] for hyps in translate_ids(model, vocab.encode_source(lines[i:i + batch]), vocab.bos_id,
+                                                     vocab.eos_id, opts)]
+    seconds = time.perf_counter() - t0
+    return ids, [clean_output(t) for t in vocab.decode(ids)], seconds   # the text as translate_lines writes it
 
 
 def transformers_greedy(hf, tok, lines, max_new: int, batch: int, eos_id: int):
