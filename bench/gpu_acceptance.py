@@ -193,7 +193,8 @@ def env_worker(args) -> dict:
 
 
 def _pytest(run, name, targets, box, extra=(), env=None) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *extra, *targets]
+    # addopts emptied: one pytest process on the device (pyproject.toml's two xdist workers are for 2-core CPUs)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-o", "addopts=", "-p", "no:cacheprovider", *extra, *targets]
     rc, output, secs = run.run(name, cmd, box, env)
     counts = {}
     for line in reversed(output.strip().splitlines()):

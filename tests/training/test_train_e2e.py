@@ -19,16 +19,18 @@ from support import assert_same_training_state
 from worst_error import record_worst
 
 ROOT = Path(__file__).resolve().parents[2]
-REVERSE_STEPS = 3000
+REVERSE_STEPS = 2000
+EXACT_MIN = 0.90
 
 
 @pytest.fixture(scope="module")
 def reverse_run(tmp_path_factory):
-    """A tiny model trained on the reverse task (seed 1: the corpus train.py builds)."""
+    """A tiny model trained on the reverse task (seed 1: the corpus train.py builds), 2,000 steps of about 500 + 500
+    tokens: 2.5 minutes on 2 cores, where 3,000 steps of the preset's 2,000-token batches took 4 to 7."""
     out = tmp_path_factory.mktemp("reverse")
-    code = train.main(["--task", "reverse", "--preset", "tiny", "--max-steps", str(REVERSE_STEPS), "--out", str(out),
-                       "--no-progress", "--eval-every", "1000", "--eval-sentences", "50", "--save-every", "500",
-                       "--no-test"])
+    code = train.main(["--task", "reverse", "--preset", "tiny", "--max-steps", str(REVERSE_STEPS), "--max-tokens", "1000",
+                       "--out", str(out), "--no-progress", "--eval-every", "500", "--eval-sentences", "50",
+                       "--save-every", "500", "--no-test"])
     assert code == 0
     return out
 
@@ -37,7 +39,9 @@ def metrics(run):
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_reverse_reaches_95_percent_exact_match(reverse_run):
+def test_reverse_reaches_90_percent_exact_match(reverse_run):
+    """Measured 0.966 of the 500 test sentences reversed exactly on an AVX2 machine (0.888 at 1,000 steps, 0.916 at
+    1,500); the bound leaves 6.6 points for another CPU's trajectory (docs/guarantees.md)."""
     test_src, test_ref = make_synthetic("reverse", 20000, 500, 500, seed=1)["test"]
     inp = reverse_run / "test.src"
     inp.write_text("\n".join(test_src) + "\n")
@@ -46,8 +50,8 @@ def test_reverse_reaches_95_percent_exact_match(reverse_run):
     hyps = out.stdout.split("\n")[:-1]
     assert len(hyps) == len(test_ref)
     exact = np.mean([h == r for h, r in zip(hyps, test_ref)])
-    record_worst("e2e-reverse-missed", 1 - exact, "test sentences not reversed exactly (bound 0.05)")
-    assert exact > 0.95, exact
+    record_worst("e2e-reverse-missed", 1 - exact, f"test sentences not reversed exactly (bound {1 - EXACT_MIN:.2f})")
+    assert exact > EXACT_MIN, exact
 
 
 def test_cached_decoding_equals_uncached(reverse_run):
