@@ -33,7 +33,7 @@ from numformer.cli.errors import one_line_errors
 from numformer.checkpoint.trained_model import load_model
 from numformer.data import read_lines
 from numformer.errors import UsageError
-from numformer.files import atomic_write_bytes
+from numformer.files import atomic_write_bytes, refuse_output_over_inputs
 from numformer.data.text_files import split_lines
 from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
@@ -177,6 +177,9 @@ def main(argv=None) -> int:
             _print_scores(hyps, references, args)
             return 0
         xp_for(resolve_device(args.device))  # cuda without cupy or a GPU fails now, in one line
+        if args.output is not None:  # the model, the sources and the references are never written over
+            refuse_output_over_inputs(args.output, [p for p in (args.model, args.input, args.reference) if p],
+                                      "--output")
         output = _Output(args.output)
         interactive = _interactive(args)
         if interactive:

@@ -13,6 +13,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from .errors import UsageError
+
 _UMASK = os.umask(0)  # read once: mkstemp creates 0600 files, ours get the usual 0666 & ~umask
 os.umask(_UMASK)
 
@@ -111,3 +113,23 @@ def _fsync_folder(folder: Path) -> None:
             os.close(dir_fd)
     except OSError:
         pass
+
+
+def refuse_output_over_inputs(out, inputs, flag: str = "--out") -> None:
+    """Raise :class:`UsageError` before anything is read when writing ``out`` could destroy an input: ``out`` is
+    an input file or folder (by path, or the same file through a link), or an input lies inside ``out`` (a
+    folder a command would replace). ``out`` inside an input folder is allowed (``average --last N RUN --out
+    RUN/averaged.npz`` adds a file to the run; a checkpoint it reads is never that file)."""
+    target = Path(out)
+    if not str(out).strip():
+        raise UsageError(f"{flag} is empty: name the file or folder to write")
+    resolved = target.resolve()
+    for source in inputs:
+        source = Path(source)
+        if not source.exists():
+            continue
+        src = source.resolve()
+        same = src == resolved or (target.exists() and os.path.samefile(src, target))
+        if same or resolved in src.parents:
+            raise UsageError(f"{flag} {out} would overwrite the input {source}: write to another path "
+                             "(nothing was written)")

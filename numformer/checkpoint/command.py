@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import run_files
 from ..errors import NumformerError
+from ..files import refuse_output_over_inputs
 from . import CheckpointError, save_checkpoint
 from .export import FORMATS, export_model
 from .run_model_file import newest_model_file
@@ -52,6 +53,7 @@ def main(argv=None) -> int:
     try:
         if args.command == "export":
             src = newest_model_file(args.source)
+            refuse_output_over_inputs(args.out, [args.source, src])
             if args.format == "ctranslate2":
                 from ..interop.ctranslate2 import export_ctranslate2  # noqa: PLC0415
 
@@ -65,6 +67,7 @@ def main(argv=None) -> int:
         if args.command == "import":
             from ..interop.marian import import_marian  # noqa: PLC0415
 
+            refuse_output_over_inputs(args.out, [args.source])
             import_marian(args.source, args.out, log=print)
             print(f"wrote {args.out}")
             return 0
@@ -75,6 +78,7 @@ def main(argv=None) -> int:
             paths = run_files.run_checkpoints(paths[0])[-args.last:]
             if not paths:
                 raise CheckpointError(f"no checkpoints in {args.inputs[0]}/{run_files.CHECKPOINTS}")
+        refuse_output_over_inputs(args.out, [*args.inputs, *paths])
         ck = average_checkpoints(paths)
         save_checkpoint(args.out, ck.model, ck.meta, vocab=ck.vocab)
     except NumformerError as exc:  # a checkpoint, a safetensors file, a vocabulary, a model from elsewhere
