@@ -122,9 +122,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "python3 tests/cpu_matrix.py --list": ("run", "python3 tests/cpu_matrix.py --list"),
     "python3 tests/cpu_matrix.py": ("small", "python3 tests/cpu_matrix.py --configs threads-1 --suites kernels -k "
                                              "'layernorm_forward and batch-of-one'"),
-    "python3 tests/cpu_matrix.py --configs native,oldest --suites outcomes":
-        ("small", "python3 tests/cpu_matrix.py --configs threads-1 --suites outcomes  # one row of the two (minutes each)"),
     "python3 tests/cpu_matrix.py --ci": ("skip", "CI runs it on every commit (.ci/run)"),
+    "python3 tests/cpu_matrix.py --configs ct2-GENERIC,ct2-mkl --suites interop":
+        ("small", "python3 tests/cpu_matrix.py --configs ct2-mkl --suites interop -k int8"),
+    'eval "$(python3 tests/cpu_matrix.py --export avx2-only)" && python3 -m pytest -q':
+        ("skip", "CI runs the suite so on every commit (.ci/run)"),
     # -- speed --------------------------------------------------------------------------------------------------
     "python3 bench/train_step.py --preset tiny,small,base --steps 15 --repeat 3":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-compile"),
