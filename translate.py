@@ -106,8 +106,6 @@ def parse_args(argv=None):
         ap.error(f"--nbest {args.nbest} cannot exceed the beam size {args.beam}: raise --beam or lower --nbest")
     if args.max_len_a == 0 and args.max_len_b == 0:
         ap.error("--max-len-a 0 and --max-len-b 0 leave no room for any output token")
-    if args.output and args.input and Path(args.output).resolve() == Path(args.input).resolve():
-        ap.error("--output must not be the --input file")
     return args
 
 
@@ -178,8 +176,7 @@ def main(argv=None) -> int:
             return 0
         xp_for(resolve_device(args.device))  # cuda without cupy or a GPU fails now, in one line
         if args.output is not None:  # the model, the sources and the references are never written over
-            refuse_output_over_inputs(args.output, [p for p in (args.model, args.input, args.reference) if p],
-                                      "--output")
+            refuse_output_over_inputs(args.output, [args.model, args.input, args.reference], "--output")
         output = _Output(args.output)
         interactive = _interactive(args)
         if interactive:

@@ -119,15 +119,16 @@ def refuse_output_over_inputs(out, inputs, flag: str = "--out") -> None:
     """Raise :class:`UsageError` before anything is read when writing ``out`` could destroy an input: ``out`` is
     an input file or folder (by path, or the same file through a link), or an input lies inside ``out`` (a
     folder a command would replace). ``out`` inside an input folder is allowed (``average --last N RUN --out
-    RUN/averaged.npz`` adds a file to the run; a checkpoint it reads is never that file)."""
+    RUN/averaged.npz`` adds a file to the run; a checkpoint it reads is never that file). Inputs that are None
+    (an optional flag not given) or do not exist are skipped."""
     target = Path(out)
     if not str(out).strip():
         raise UsageError(f"{flag} is empty: name the file or folder to write")
     resolved = target.resolve()
     for source in inputs:
-        source = Path(source)
-        if not source.exists():
+        if source is None or not Path(source).exists():
             continue
+        source = Path(source)
         src = source.resolve()
         same = src == resolved or (target.exists() and os.path.samefile(src, target))
         if same or resolved in src.parents:

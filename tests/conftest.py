@@ -43,15 +43,8 @@ def pytest_sessionfinish(session):
         cache.set(CACHE_KEY, {k: {"value": v, "where": w} for k, (v, w) in WORST.items()})
 
 
-def pytest_configure(config):
-    if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_WorstFromWorkers())
-
-
-class _WorstFromWorkers:
-    """Under xdist, each worker's worst errors merged into this (the controller's) table."""
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node, error):
-        for key, (value, where) in getattr(node, "workeroutput", {}).get("worst_error", {}).items():
-            record_worst(key, value, where)
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """Under xdist (the controller): each worker's worst errors merged into this process's table."""
+    for key, (value, where) in getattr(node, "workeroutput", {}).get("worst_error", {}).items():
+        record_worst(key, value, where)

@@ -72,7 +72,6 @@ PYTEST_SUITES = {
 }
 OUTCOMES_SELECT = "reverse_reaches or reverse_learning or bible_slice"
 ALL_SUITES = [*PYTEST_SUITES, "grad_checks"]
-SUITES = ALL_SUITES  # the default: every suite
 # The worst errors shown, in this order: (column title, key recorded by the tests).
 WORST_COLUMNS = [("parity f32", "parity-float32"), ("parity f64", "parity-float64"),
                  ("kernels f32", "kernels-float32"), ("kernels f64", "kernels-float64"),
@@ -190,7 +189,7 @@ def run_pytest(suites: list, env: dict, select: str | None, work: Path) -> tuple
     if junit.exists():
         for case in ET.parse(junit).getroot().iter("testcase"):
             path = case.get("classname", "").replace(".", "/")  # tests.kernels.test_kernels -> tests/kernels/test_kernels
-            suite = next((s for f, s in owner.items() if path.startswith(f[:-3])), None)
+            suite = next((s for f, s in owner.items() if path.startswith(f.removesuffix(".py"))), None)
             if suite is None or case.find("skipped") is not None:
                 continue
             failed = case.find("failure") is not None or case.find("error") is not None
@@ -217,7 +216,7 @@ def run_grad_checks(env: dict) -> tuple[tuple, float, str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python3 tests/cpu_matrix.py", description=__doc__.splitlines()[0])
     ap.add_argument("--configs", help="comma-separated configuration names (default: all); --list shows them")
-    ap.add_argument("--suites", default=",".join(SUITES),
+    ap.add_argument("--suites", default=",".join(ALL_SUITES),
                     help=f"comma-separated, of {', '.join(ALL_SUITES)} (default: all)")
     ap.add_argument("-k", dest="select", help="pytest -k expression for the pytest suites (e.g. float32)")
     ap.add_argument("--ci", action="store_true",

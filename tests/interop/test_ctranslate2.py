@@ -17,8 +17,9 @@ up to 3 + 3 layers. Measured: 8.5e-6 at worst on the trained reverse model (log-
 on the random ones; against numformer in float64, CTranslate2 is off by 6.0e-6 where numformer's own float32 is
 off by 5.9e-6, i.e. the engine's difference is float32 rounding of numformer's own size (checked below with a
 factor 4 of room). 1e-4 leaves an order of magnitude for other BLAS libraries and CPUs, while each planted bug
-moves log-probabilities by 8 or more (checked at 0.1). The int8 export stores exactly CTranslate2's rounding of each weight (read back in float32,
-equal to numformer on the rounded weights to LOGP_TOL); computed in int8 it is close, not equal (see its tests).
+moves log-probabilities by 8 or more (checked at 0.1). The int8 export stores exactly CTranslate2's rounding of
+each weight (read back in float32, equal to numformer on the rounded weights to LOGP_TOL); computed in int8 it is
+close, not equal (see its tests).
 """
 import ast
 from pathlib import Path
@@ -70,6 +71,13 @@ def worst_difference(model, vocab, translator, src, tgt) -> float:
     ours, theirs = numformer_logprobs(model, vocab, src, tgt), engine_logprobs(translator, vocab, src, tgt)
     assert [len(a) for a in ours] == [len(b) for b in theirs]
     return max(float(np.abs(a - b).max()) for a, b in zip(ours, theirs))
+
+
+def mean_difference(model, vocab, translator, src, tgt) -> float:
+    """The mean |difference| of all the teacher-forced log-probabilities (int8's measure: its worst entries are
+    the rounding of a few large activations)."""
+    ours, theirs = numformer_logprobs(model, vocab, src, tgt), engine_logprobs(translator, vocab, src, tgt)
+    return float(np.abs(np.concatenate(ours) - np.concatenate(theirs)).mean())
 
 
 def engine_greedy(translator, vocab, src: list, limits) -> list:
@@ -257,9 +265,7 @@ def test_int8_computation_stays_within_what_every_int8_gemm_changes(reverse, tmp
     model, vocab, _, src = reverse
     translator = engine(model, vocab, tmp_path / "ct2", quantization="int8")
     assert translator.compute_type.startswith("int8")
-    refs = [s[::-1] for s in src]
-    ours, theirs = numformer_logprobs(model, vocab, src, refs), engine_logprobs(translator, vocab, src, refs)
-    assert np.abs(np.concatenate(ours) - np.concatenate(theirs)).mean() < INT8_MEAN_TOL
+    assert mean_difference(model, vocab, translator, src, [s[::-1] for s in src]) < INT8_MEAN_TOL
 
 
 def test_a_scale_10_percent_off_fails_the_read_back(reverse, tmp_path, monkeypatch):
@@ -273,10 +279,8 @@ def test_a_scale_10_percent_off_fails_the_read_back(reverse, tmp_path, monkeypat
 def test_a_scale_twice_too_large_fails_the_int8_computation(reverse, tmp_path, monkeypatch):
     model, vocab, _, src = reverse
     plant_wrong_int8_scale(monkeypatch, 2.0)
-    refs = [s[::-1] for s in src]
     computed = engine(model, vocab, tmp_path / "ct2", quantization="int8")
-    ours, theirs = numformer_logprobs(model, vocab, src, refs), engine_logprobs(computed, vocab, src, refs)
-    mean = np.abs(np.concatenate(ours) - np.concatenate(theirs)).mean()
+    mean = mean_difference(model, vocab, computed, src, [s[::-1] for s in src])
     assert mean > INT8_MEAN_TOL, mean
 
 
