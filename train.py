@@ -44,6 +44,7 @@ from numformer.checkpoint import load_checkpoint
 from numformer.checkpoint.trained_model import load_model
 from numformer.cli.arguments import (OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int,
                                      probability)
+from numformer.cli.front import command_line
 from numformer.cli.processes import parse_on_rank0, processes, wait_for_every_rank
 from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
@@ -63,6 +64,7 @@ from numformer.swap import check_layout, swapped_from_specs
 from numformer.training.config import GPU_RECIPES, TrainConfig, default_out, default_preset, settle, source_of
 from numformer.training.replicas import share_run
 from numformer.training.run_folder import RunFolder
+from numformer.training.run_lock import refusal_leaves_folder_as_found
 from numformer.training.tensorboard_log import require_writer
 from numformer.training.trainer import Trainer
 
@@ -188,6 +190,7 @@ def parse_args(argv=None):
     return args
 
 
+@command_line("train.py")
 def main(argv=None) -> int:
     """The flow: parse, open the run, prepare the data, build the model and the trainer, train, test."""
     args = parse_on_rank0(parse_args, argv)
@@ -236,7 +239,13 @@ def main(argv=None) -> int:
 def open_run(args, device: str, out: Path, processes: int, report):
     """Rank 0: the run's settings worked out from the flags (and, with --resume, its run.json) and checked
     once, its folder locked, the corpus and vocabulary prepared into it. A new run's settings are checked
-    before its folder is even created. -> (RunFolder, RunSettings, ModelConfig, PreparedData)."""
+    before its folder is even created; a run refused on the way leaves its folder as it found it.
+    -> (RunFolder, RunSettings, ModelConfig, PreparedData)."""
+    with refusal_leaves_folder_as_found(out):
+        return _open_run(args, device, out, processes, report)
+
+
+def _open_run(args, device: str, out: Path, processes: int, report):
     folder = saved = None
     if args.resume:  # the run.json to resume is read under the lock
         folder, report.crash_folder = RunFolder(out), out  # a bug from here on: its traceback in RUN/crash.log

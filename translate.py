@@ -29,12 +29,13 @@ tune_host(blas=False)  # glibc's allocator; OpenBLAS keeps its spin, which decod
 from numformer import run_files
 from numformer.backend import resolve_device, xp_for
 from numformer.cli.arguments import OneLineParser, nonneg_float, nonneg_int, positive_int
-from numformer.cli.errors import one_line_errors
+from numformer.cli.front import command_line
 from numformer.checkpoint.trained_model import load_model
 from numformer.data import read_lines
 from numformer.errors import UsageError
-from numformer.files import atomic_write_bytes, refuse_output_over_inputs
+from numformer.files import OutOfSpace, atomic_write_bytes, partial_prefix, refuse_output_over_inputs
 from numformer.data.text_files import split_lines
+from numformer.data.unk_share import TRANSLATING_ADVICE, warn_unk_share
 from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
 
@@ -119,7 +120,7 @@ class _Output:
         self.atomic = self.path is not None and (not self.path.exists() or self.path.is_file())
         if self.atomic:
             try:
-                fd, probe = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+                fd, probe = tempfile.mkstemp(dir=self.path.parent, prefix=partial_prefix(self.path))
             except OSError as exc:
                 raise UsageError(f"cannot write {self.path}: {exc.strerror or exc}: choose another --output") from None
             os.close(fd)
@@ -128,6 +129,8 @@ class _Output:
     def write(self, data: bytes) -> None:
         try:
             self._write(data)
+        except OutOfSpace:  # names the file and the space it needed already
+            raise
         except OSError as exc:  # a full disk, a closed pipe: the place, not the program (one line)
             where = "standard output" if self.path is None else str(self.path)
             raise UsageError(f"cannot write {where}: {exc.strerror or exc}: check where the output goes") from None
@@ -164,47 +167,50 @@ def _translate_as_typed(model, vocab, opts: DecodeOptions, nbest: int) -> None:
         sys.stdout.buffer.flush()
 
 
+@command_line("translate.py")
 def main(argv=None) -> int:
     args = parse_args(argv)
-    with one_line_errors("translate.py"):
-        if args.hypotheses is not None:  # scoring translations made before: no model, no input
-            hyps, references = read_lines(args.hypotheses), read_lines(args.reference)
-            if len(references) != len(hyps):
-                raise UsageError(f"{args.reference} has {len(references)} lines but {args.hypotheses} has "
-                                 f"{len(hyps)}: they must match line for line")
-            _print_scores(hyps, references, args)
-            return 0
-        xp_for(resolve_device(args.device))  # cuda without cupy or a GPU fails now, in one line
-        if args.output is not None:  # the model, the sources and the references are never written over
-            refuse_output_over_inputs(args.output, [args.model, args.input, args.reference], "--output")
-        output = _Output(args.output)
-        interactive = _interactive(args)
-        if interactive:
-            lines = None  # read after the model is loaded, one at a time
-        elif args.input:
-            lines = read_lines(args.input)
-        else:
-            lines = split_lines(sys.stdin.buffer.read(), "standard input")
-        references = read_lines(args.reference) if args.reference else None
-        if references is not None and len(references) != len(lines):
-            raise UsageError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}: "
-                             "they must match line for line")
-        model, vocab, path = load_model(args.model, args.vocab, args.device)
-        opts = DecodeOptions(beam=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
-                             max_len_b=args.max_len_b, nbest=args.nbest, max_tokens=args.max_tokens)
-        if interactive:
-            _translate_as_typed(model, vocab, opts, args.nbest)
-            return 0
-        start = time.perf_counter()
-        hyps = translate_lines(model, vocab, lines, opts)
-        secs = time.perf_counter() - start
-        assert len(hyps) == len(lines)
-        text_out = "".join(("\t".join(h) if args.nbest > 1 else h) + "\n" for h in hyps)
-        output.write(text_out.encode("utf-8"))
-        print(f"translated {len(lines)} lines in {secs:.1f} s with {path} "
-              f"({'greedy' if args.beam == 1 else f'beam {args.beam}, alpha {args.alpha}'})", file=sys.stderr)
-        if references is not None:
-            _print_scores([h[0] if args.nbest > 1 else h for h in hyps], references, args)
+    if args.hypotheses is not None:  # scoring translations made before: no model, no input
+        hyps, references = read_lines(args.hypotheses), read_lines(args.reference)
+        if len(references) != len(hyps):
+            raise UsageError(f"{args.reference} has {len(references)} lines but {args.hypotheses} has "
+                             f"{len(hyps)}: they must match line for line")
+        _print_scores(hyps, references, args)
+        return 0
+    xp_for(resolve_device(args.device))  # cuda without cupy or a GPU fails now, in one line
+    if args.output is not None:  # the model, the sources and the references are never written over
+        refuse_output_over_inputs(args.output, [args.model, args.input, args.reference], "--output")
+    output = _Output(args.output)
+    interactive = _interactive(args)
+    if interactive:
+        lines = None  # read after the model is loaded, one at a time
+    elif args.input:
+        lines = read_lines(args.input)
+    else:
+        lines = split_lines(sys.stdin.buffer.read(), "standard input")
+    references = read_lines(args.reference) if args.reference else None
+    if references is not None and len(references) != len(lines):
+        raise UsageError(f"{args.reference} has {len(references)} lines but the input has {len(lines)}: "
+                         "they must match line for line")
+    model, vocab, path = load_model(args.model, args.vocab, args.device)
+    if lines is not None:  # input the vocabulary does not cover becomes <unk>: said once, before decoding
+        warn_unk_share({args.input or "standard input": vocab.encode_source(lines)}, vocab.unk_id,
+                       lambda line: print(f"translate.py: {line}", file=sys.stderr), TRANSLATING_ADVICE)
+    opts = DecodeOptions(beam=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
+                         max_len_b=args.max_len_b, nbest=args.nbest, max_tokens=args.max_tokens)
+    if interactive:
+        _translate_as_typed(model, vocab, opts, args.nbest)
+        return 0
+    start = time.perf_counter()
+    hyps = translate_lines(model, vocab, lines, opts)
+    secs = time.perf_counter() - start
+    assert len(hyps) == len(lines)
+    text_out = "".join(("\t".join(h) if args.nbest > 1 else h) + "\n" for h in hyps)
+    output.write(text_out.encode("utf-8"))
+    print(f"translated {len(lines)} lines in {secs:.1f} s with {path} "
+          f"({'greedy' if args.beam == 1 else f'beam {args.beam}, alpha {args.alpha}'})", file=sys.stderr)
+    if references is not None:
+        _print_scores([h[0] if args.nbest > 1 else h for h in hyps], references, args)
     return 0
 
 

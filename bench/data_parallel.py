@@ -31,10 +31,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+PROG = "bench/data_parallel.py"  # the name its one-line errors start with
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", help="bible-en-es")
     ap.add_argument("--task", help="copy or reverse")
     ap.add_argument("--preset", default="small")
@@ -111,6 +115,7 @@ def run_config(procs: int, threads: int, args, vocab: Path, work: Path) -> dict:
             "wall_s": round(time.perf_counter() - t0, 1)}
 
 
+@command_line(PROG)
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.allreduce:

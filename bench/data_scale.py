@@ -30,6 +30,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+PROG = "bench/data_scale.py"  # the name its one-line errors start with
 
 BASELINE_PAIRS = 20_000
 
@@ -88,8 +92,9 @@ def measure(n: int, work: Path, args) -> dict:
             "train_peak_rss_mb": train["peak_rss_mb"], "first_step_s": train["first_step_s"]}
 
 
+@command_line(PROG)
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", default="500000,1500000,4500000", help="comma-separated corpus sizes")
     ap.add_argument("--vocab-size", type=int, default=8000, help="the same for every size (and the baseline)")
     ap.add_argument("--preset", default="tiny")

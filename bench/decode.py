@@ -19,15 +19,17 @@ and the cost of one step by position.
    weights exported by numformer's converter (:mod:`numformer.interop.ctranslate2`) into a temporary
    folder, decoded by ``ctranslate2.Translator`` once per ``--ct2-compute-types`` (default float32 and
    int8: weights and activations in 8 bits, quantized on load) right after numformer's run: the same
-   length-sorted batches (one ``translate_batch`` call per numformer batch), the same beam, numformer's
-   rule that pad and BOS are never generated (``suppress_sequences``), ``intra_threads`` = ``--threads``
-   (one translation at a time). Two rules cannot be made equal: the length limit is per batch in
-   CTranslate2, so each batch gets numformer's limit of its longest sentence (``a * (n + 1) + b`` tokens
-   counting EOS -> ``max_decoding_length`` = that - 1, EOS not counted), looser for its shorter
-   sentences; and CTranslate2 divides a beam's log-probability by ``length ** length_penalty`` where
-   numformer divides by GNMT's ``((5 + length) / 6) ** alpha``: ``length_penalty`` is set to ``--alpha``,
-   the same exponent in another form (greedy search has no penalty and should agree but for float32
-   near-ties). Reported like PyTorch's: sentences/s, tokens/s, numformer/CTranslate2 ratio, and the share
+   length-sorted batches (one ``translate_batch`` call per numformer batch), ``intra_threads`` =
+   ``--threads`` (one translation at a time), and numformer's search rules as
+   ``numformer_search_options`` gives them to every comparison with the engine (the beam, pad and BOS
+   never generated, an empty output allowed, no source cut; docs/interop.md lists each option). Two rules
+   cannot be made equal: the length limit is per batch in CTranslate2, so each batch gets numformer's
+   limit of its longest sentence (``a * (n + 1) + b`` tokens counting EOS -> ``max_decoding_length`` =
+   that - 1, EOS not counted), looser for its shorter sentences; and CTranslate2 divides a beam's
+   log-probability by ``length ** length_penalty`` where numformer divides by GNMT's
+   ``((5 + length) / 6) ** alpha``: ``length_penalty`` is set to ``--alpha``, the same exponent in
+   another form (greedy search has no penalty and should agree but for float32 near-ties). Reported like
+   PyTorch's: sentences/s, tokens/s, numformer/CTranslate2 ratio, and the share
    of lines with the same best hypothesis as numformer's, also counted up to numformer's own limit (an
    output numformer cut at its sentence's limit is equal when the engine's longer one starts with it).
 2. Cost of one decoder step by position: a batch of ``--step-batch`` sentences is encoded,
@@ -61,9 +63,16 @@ from thread_env import pin_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+PROG = "bench/decode.py"  # the name its one-line errors start with
+
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, metavar="RUN_DIR_or_CHECKPOINT",
                     help="a run folder (averaged.npz or its newest checkpoint) or a checkpoint file")
     ap.add_argument("--vocab", default=None, help="sentencepiece model (default: spm.model of the run)")
@@ -166,24 +175,26 @@ def time_ct2_search(translator, vocab, ids, opts, max_len: int):
     """The search in CTranslate2, batch for batch as numformer's (see the module docstring for the length
     limit and the length penalty) -> (speed dict, best token lists)."""
     from numformer.decoding.translation import _batches_by_length  # noqa: PLC0415  (the same batches)
-    from numformer.interop.ctranslate2 import ct2_tokens, suppressed  # noqa: PLC0415
+    from numformer.interop.ctranslate2 import ct2_tokens, numformer_search_options  # noqa: PLC0415
 
     if any(len(s) > max_len - 1 for s in ids):
         raise ValueError("a sentence is longer than the positional table: the bench does not split lines")
     tokens = ct2_tokens(vocab)
     index = {t: i for i, t in enumerate(tokens)}
-    banned = suppressed(vocab)
     pieces = [[tokens[i] for i in s] for s in ids]
     lengths = [len(s) + 1 for s in ids]  # + EOS, as numformer counts the source
-    best = [None] * len(ids)
-    t0 = time.perf_counter()
+    calls, options = [], {}  # each batch's options (numformer's rules, one place for them), built before timing
     for idx in _batches_by_length(lengths, max(1, opts.max_tokens)):
         longest = max(lengths[i] for i in idx)
-        limit = max(1, min(int(opts.max_len_a * longest + opts.max_len_b), max_len))  # numformer's, EOS counted
-        found = translator.translate_batch([pieces[i] for i in idx], beam_size=max(1, opts.beam),
-                                           length_penalty=opts.alpha if opts.beam > 1 else 0.0,
-                                           max_decoding_length=max(1, limit - 1), max_input_length=0,
-                                           suppress_sequences=banned)
+        # numformer's limit, EOS counted; at least 2: the engine cannot be told to decode no token
+        limit = max(2, min(int(opts.max_len_a * longest + opts.max_len_b), max_len))
+        if limit not in options:
+            options[limit] = numformer_search_options(vocab, max(1, opts.beam), opts.alpha, limit)
+        calls.append((idx, options[limit]))
+    best = [None] * len(ids)
+    t0 = time.perf_counter()
+    for idx, batch_options in calls:
+        found = translator.translate_batch([pieces[i] for i in idx], **batch_options)
         for i, r in zip(idx, found):
             best[i] = [index[t] for t in r.hypotheses[0]]
     seconds = time.perf_counter() - t0
@@ -238,7 +249,8 @@ def position_costs(model, src, bos_id: int, positions: int, repeat: int, cached:
             "ms_total": sum(per_pos)}
 
 
-def main(argv=None):
+@command_line(PROG)
+def main(argv=None) -> int:
     args = parse_args(argv)
     pin_threads(args.threads)
     sys.path.insert(0, str(ROOT))
@@ -373,4 +385,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -49,13 +49,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+PROG = "bench/gpu_acceptance.py"  # the name its one-line errors start with
 FORMAT = "numformer-gpu-acceptance/1"
 PARTS = ("env", "gpu_tests", "grad_checks", "torch_parity", "kernels", "train", "train_step", "decode")
 PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
+    ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="output folder (created; at most 8 files are written there)")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (the dry run)")
@@ -362,6 +369,7 @@ def find_corpus(args, work: Path) -> tuple[Path | None, str]:
     return None, f"none: pass --corpus-dir (no bible-en-es cache at {cache})"
 
 
+@command_line(PROG)
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.part == "env":

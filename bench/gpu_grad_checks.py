@@ -16,7 +16,6 @@ as ``numformer/gradcheck/`` measures it.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -24,6 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+PROG = "bench/gpu_grad_checks.py"  # the name its one-line errors start with
 
 import numpy as np  # noqa: E402
 
@@ -111,8 +114,9 @@ def run(device: str = "cuda", layers=None, seed: int = 0, tolerance: float = 1e-
             "failures": failed[:20]}
 
 
+@command_line(PROG)
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--layer", action="append", help="only this layer (repeatable; default all)")
     ap.add_argument("--seed", type=int, default=0)

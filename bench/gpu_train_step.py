@@ -36,6 +36,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+PROG = "bench/gpu_train_step.py"  # the name its one-line errors start with
+
 SHAPES = {
     # base (Table 3) with a batch of 625 x 40 = 25,000 target tokens (and as many source tokens)
     "base": dict(d_model=512, heads=8, layers=6, d_ff=2048, vocab=16000, batch=625, src_len=40, tgt_len=40),
@@ -44,7 +51,7 @@ SHAPES = {
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--precision", default=None, help="comma-separated: fp32,tf32,fp16 (default all; cpu: fp32,fp16)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 2 counted steps (the dry run)")
@@ -179,7 +186,8 @@ def run_child(args, kind, mode):
     return {"status": "ok", **json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
-def main(argv=None):
+@command_line(PROG)
+def main(argv=None) -> int:
     args = parse_args(argv)
     shape = SHAPES["quick" if args.quick else "base"]
     if args.worker:

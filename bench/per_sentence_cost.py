@@ -32,6 +32,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+PROG = "bench/per_sentence_cost.py"  # the name its one-line errors start with
 sys.path.insert(0, str(ROOT / "bench"))
 
 from train_step import PRESETS  # noqa: E402  (the same shapes as the step benchmark)
@@ -40,7 +47,7 @@ SIDES = ("off", "norms", "elementwise")
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small", help="tiny, small, base, or a comma-separated list")
     ap.add_argument("--steps", type=int, default=10, help="counted steps (default 10)")
     ap.add_argument("--warmup", type=int, default=2, help="uncounted warm-up steps (default 2)")
@@ -107,6 +114,7 @@ def run_child(args, side, shape) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@command_line(PROG)
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:

@@ -43,6 +43,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+PROG = "bench/train_step.py"  # the name its one-line errors start with
+
 PRESETS = {
     "tiny": dict(d_model=128, heads=4, layers=2, d_ff=512, vocab=4000, batch=64, src_len=32, tgt_len=32),
     "small": dict(d_model=256, heads=4, layers=3, d_ff=1024, vocab=8000, batch=64, src_len=40, tgt_len=40),
@@ -52,7 +59,7 @@ SHAPE_KEYS = ("d_model", "heads", "layers", "d_ff", "vocab", "batch", "src_len",
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default=None, help="tiny, small, base, or a comma-separated list (or 'all')")
     for key, default in PRESETS["small"].items():
         ap.add_argument("--" + key.replace("_", "-"), type=int, default=None, help=f"default {default} (small)")
@@ -253,7 +260,8 @@ def median_of(runs):
     return out
 
 
-def main(argv=None):
+@command_line(PROG)
+def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
         if args.worker == "peak":
@@ -339,4 +347,4 @@ def report(r):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

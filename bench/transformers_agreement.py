@@ -35,9 +35,16 @@ from thread_env import pin_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+PROG = "bench/transformers_agreement.py"  # the name its one-line errors start with
+
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="a numformer run folder or model file (own or imported)")
     ap.add_argument("--hf", default=None, metavar="FOLDER_or_HUB_ID",
                     help="the transformers side (default: --model exported with --format hf)")
@@ -85,7 +92,8 @@ def transformers_greedy(hf, tok, lines, max_new: int, batch: int, eos_id: int):
     return ids, texts, time.perf_counter() - t0
 
 
-def main(argv=None):
+@command_line(PROG)
+def main(argv=None) -> int:
     args = parse_args(argv)
     pin_threads(args.threads)
     sys.path.insert(0, str(ROOT))
@@ -159,4 +167,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

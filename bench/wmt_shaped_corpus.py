@@ -14,10 +14,19 @@ nothing: this corpus times steps, it does not train a translator. newstest2013 a
 """
 from __future__ import annotations
 
-import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+PROG = "bench/wmt_shaped_corpus.py"  # the name its one-line errors start with
 
 LETTERS = np.array(list("abcdefghijklmnopqrstuvwxyz"))
 
@@ -47,15 +56,17 @@ def write(out: Path, pairs: int, seed: int) -> None:
         (out / f"{stem}.de").write_text("\n".join(sentences(rng, de, target_lengths)) + "\n", encoding="utf-8")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@command_line(PROG)
+def main(argv=None) -> int:
+    ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--pairs", type=int, default=100000)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     write(args.out, args.pairs, args.seed)
     print(f"wrote {args.pairs:,} training pairs and newstest2013/2014 (3,000 each) to {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,28 +9,39 @@ The exercises (grad_checks/lab.py): ``python -m grad_checks exercise --list``,
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
 import numpy as np
 
+from numformer.cli.arguments import OneLineParser
+from numformer.cli.front import command_line
+from numformer.errors import UsageError
 from numformer.gradcheck import run_case
 from numformer.kernels import MODES, get_kernels, use_kernels
 
 from .cases import BUILDERS, build_cases, checkpoint_cases
 from .lab import COMMANDS as LAB_COMMANDS
 from .lab import main as lab_main
+from .student_file import PROG
 
 
+@command_line(PROG)
 def main(argv=None) -> int:
+    """The whole command, returning its exit status (tests and other commands call it; ``sys.exit(main())``
+    below): the one front (numformer/cli/front.py) makes a bad flag one line (exit 2, no usage block), a user's
+    mistake one line and its exit status, anything else a bug line naming the file its traceback went to."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in LAB_COMMANDS:  # the exercises: a command of their own, the checks below unchanged
         return lab_main(argv)
-    ap = argparse.ArgumentParser(prog="python -m grad_checks", description=__doc__.splitlines()[0],
-                                 epilog="exercises: python -m grad_checks exercise --list | exercise NAME | hint FILE | check FILE "
-                                        "| exercise --status DIR")
+    return _table(argv)
+
+
+def _table(argv) -> int:
+    ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0],
+                       epilog="exercises: python -m grad_checks exercise --list | exercise NAME | hint FILE "
+                              "| check FILE | exercise --status DIR")
     ap.add_argument("--layer", action="append", metavar="NAME",
                     help=f"check only this layer (repeatable): {', '.join(BUILDERS)}")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -51,17 +62,13 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(BUILDERS))
         return 0
-    try:
+    try:  # a missing or damaged checkpoint is a CheckpointError: one line from one_line_errors
         if args.checkpoint:
             cases = checkpoint_cases(args.layer, args.checkpoint, seed=args.seed)
         else:
             cases = build_cases(args.layer, seed=args.seed)
-    except KeyError as exc:
-        print(f"grad_checks: {exc.args[0]}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # a missing or damaged checkpoint: one line
-        print(f"grad_checks: {exc}", file=sys.stderr)
-        return 2
+    except KeyError as exc:  # a layer name there is no check of: the message names the ones there are
+        raise UsageError(exc.args[0]) from None
 
     start = time.perf_counter()
     rng = np.random.default_rng(args.seed)

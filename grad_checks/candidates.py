@@ -17,6 +17,7 @@ import numpy as np
 from numformer.gradcheck import TINY, LayerContractError, analytic_gradients, validate_gradients
 from numformer.user_code import exception_line, where
 
+from .clock import StudentCodeTimeout, deadline
 from .exercise import Exercise, OutputMismatch
 
 EXACT = 1e-10   # worst relative error of a gradient equal to numformer's up to round-off
@@ -45,34 +46,50 @@ class Outcome:
         return self.error is not None and not self.output
 
 
-def run_class(ex: Exercise, cls: type, seed: int = 0, file=None) -> tuple:
-    """(cases, outcomes) of the layer class ``cls`` on the exercise's cases."""
+def run_class(ex: Exercise, cls: type, seed: int = 0, file=None, time_limit: float | None = None) -> tuple:
+    """(cases, outcomes) of the layer class ``cls`` on the exercise's cases.
+
+    ``time_limit`` (seconds): a student's code runs under a clock (grad_checks/clock.py), building the layers
+    and each case; one that does not return in time raises StudentCodeTimeout, which stops the grading (None:
+    no clock, for numformer's own code: the reference, the mistakes, the mutants).
+    """
     try:
-        cases = ex.cases(cls, seed)
+        with deadline(time_limit, "building the layers of the cases", file):
+            cases = ex.cases(cls, seed)
+    except StudentCodeTimeout:
+        raise
     except Exception as exc:  # noqa: BLE001  (a student's class whose constructor differs from numformer's)
         return [], [Outcome(error=f"the layer could not be built: {exception_line(exc, file)}",
                             signature=("build", type(exc).__name__))]
     outcomes = []
     for i, case in enumerate(cases):
-        try:
-            # [seed, i, 2], not [seed, i]: numpy pads a seed with zeros, so [seed, 0] is the stream the case
-            # builders drew the inputs from, and case 1's upstream gradient would repeat its inputs (ReLU: dy == x)
-            _, tensors = analytic_gradients(case, np.random.default_rng([seed, i, 2]))
-            validate_gradients(tensors, case.layer)
-            outcomes.append(Outcome(grads={name: g for name, _, g in tensors}))
-        except NotImplementedError as exc:
-            outcomes.append(Outcome(error=f"NotImplementedError at {where(exc, file)}", not_implemented=True,
-                                    signature=("not implemented",)))
-        except OutputMismatch as exc:
-            outcomes.append(Outcome(error=str(exc), signature=exc.signature, raw=exc.raw))
-        except LayerContractError as exc:
-            outcomes.append(Outcome(error=str(exc), signature=("contract", str(exc))))
-        except Exception as exc:  # noqa: BLE001  (whatever the candidate raises)
-            outcomes.append(Outcome(error=f"raised {exception_line(exc, file)}",
-                                    signature=(type(exc).__name__, str(exc).strip().splitlines()[:1])))
-        finally:
-            case.module.clear_cache()
+        # the clock outside the try: its _Deadline gets through the except clauses, its StudentCodeTimeout
+        # (an Exception) is raised after them, not recorded as the case's outcome
+        with deadline(time_limit, f"case {i + 1} of {len(cases)} ({case.case})", file):
+            outcomes.append(_outcome(case, seed, i, file))
     return cases, outcomes
+
+
+def _outcome(case, seed: int, i: int, file) -> Outcome:
+    """One case's forward and backward: its gradients, or the error that stopped it."""
+    try:
+        # [seed, i, 2], not [seed, i]: numpy pads a seed with zeros, so [seed, 0] is the stream the case
+        # builders drew the inputs from, and case 1's upstream gradient would repeat its inputs (ReLU: dy == x)
+        _, tensors = analytic_gradients(case, np.random.default_rng([seed, i, 2]))
+        validate_gradients(tensors, case.layer)
+        return Outcome(grads={name: g for name, _, g in tensors})
+    except NotImplementedError as exc:
+        return Outcome(error=f"NotImplementedError at {where(exc, file)}", not_implemented=True,
+                       signature=("not implemented",))
+    except OutputMismatch as exc:
+        return Outcome(error=str(exc), signature=exc.signature, raw=exc.raw)
+    except LayerContractError as exc:
+        return Outcome(error=str(exc), signature=("contract", str(exc)))
+    except Exception as exc:  # noqa: BLE001  (whatever the candidate raises)
+        return Outcome(error=f"raised {exception_line(exc, file)}",
+                       signature=(type(exc).__name__, str(exc).strip().splitlines()[:1]))
+    finally:
+        case.module.clear_cache()
 
 
 def run_function(ex: Exercise, fn, seed: int = 0, file=None, guard: bool = True) -> tuple:

@@ -24,7 +24,8 @@ output names the term ("your dx is right except that the term ... enters with a 
 numformer's terms weighed differently name each wrong term; else each gradient is said right or
 wrong, and for a wrong one which entries (with the worst one described: all zeros, a constant
 factor, float32). An exception, NotImplementedError, a wrong shape or NaN in the student's code
-is one line each, never a traceback.
+is one line each, never a traceback; so is a case that does not return within the time limit
+(grad_checks/clock.py), which stops the grading.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from numformer.kernels import kernel_mode
 
 from .candidates import (APPROX, EXACT, Outcome, closest, compare, constant_factor, floor, relative_errors,
                          run_class, run_function, verdict)
+from .clock import DEFAULT_TIME_LIMIT, deadline
 from .exercise import Exercise
 from .locate import (located_sentence, same_error, same_error_sentence, single_edit, weighed_sentence, weighed_terms,
                      wrong_entries)
@@ -165,13 +167,17 @@ def _describe_wrong(name: str, got, ref, tiny: float) -> str | None:
 
 
 def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0, finite_differences: bool = True,
-          diagnose: bool = True, check_command: str = "") -> Grade:
+          diagnose: bool = True, check_command: str = "", time_limit: float | None = DEFAULT_TIME_LIMIT) -> Grade:
     """Grade the student's ``answer`` on ``ex``: a function (or a method, for a composition) put in numformer's
-    layer class, or a whole layer class as it is (what ``train.py --swap`` trains with, helpers and all)."""
+    layer class, or a whole layer class as it is (what ``train.py --swap`` trains with, helpers and all).
+
+    Every run of the answer (building the layers, each case, each case's finite differences) has ``time_limit``
+    seconds (grad_checks/clock.py; None or 0: none): one that does not return raises StudentCodeTimeout, naming
+    the case and the line of ``file`` it was at."""
     cls = answer if isinstance(answer, type) else ex.layer_class(answer)
     with kernel_mode("plain"):
         _, reference = run_function(ex, ex.target, seed, guard=False)
-        cases, mine = run_class(ex, cls, seed, file)
+        cases, mine = run_class(ex, cls, seed, file, time_limit)
         result = Grade(ex, who or ex.student_name, check_command=check_command)
         stopped = next((o for o in mine if o.not_implemented), None)
         if stopped is not None:
@@ -186,11 +192,15 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
                 continue
             _grade_tensors(cg, me, ref)
         if finite_differences and cases:
-            fresh = ex.cases(cls, seed)  # new layers: run_case perturbs weights and inputs in place
+            with deadline(time_limit, "building the layers of the cases for the finite differences", file):
+                fresh = ex.cases(cls, seed)  # new layers: run_case perturbs weights and inputs in place
             for i, (case, cg) in enumerate(zip(fresh, result.cases)):
                 if cg.error is not None:
                     continue
-                by_name = {r.tensor: r for r in run_case(case, np.random.default_rng([seed, i, 1]))}
+                with deadline(time_limit, f"the finite differences of case {i + 1} of {len(fresh)} ({case.case})",
+                              file):
+                    checked = run_case(case, np.random.default_rng([seed, i, 1]))
+                by_name = {r.tensor: r for r in checked}
                 for t in cg.tensors:
                     t.fd = by_name.get(t.tensor)
         if diagnose and not result.passed:

@@ -13,6 +13,8 @@ import re
 import textwrap
 from pathlib import Path
 
+from numformer.files import atomic_write_text
+
 from . import exercises
 
 
@@ -68,7 +70,7 @@ def hint(path, step: int | None = None, every: bool = False) -> str:
         k = step
     else:
         k = min(shown_before(path) + 1, total)
-    state_file(path).write_text(f"{max(k, shown_before(path))}\n")
+    atomic_write_text(state_file(path), f"{max(k, shown_before(path))}\n", durable=False)
     lines = [f"{ex.title}: the derivation, step {k} of {total}"]
     for i, text in enumerate(ex.steps[:k], 1):
         lines.append(textwrap.fill(text, 100, initial_indent=f"{i}. ", subsequent_indent="   "))

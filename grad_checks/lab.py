@@ -10,8 +10,12 @@
     python -m grad_checks check --exercise layernorm FILE  a file without an EXERCISE line
     python -m grad_checks mutants [--exercise NAME]        how many mutants of the references the grading catches
 
+check and exercise --status give each case of the student's code 60 s (--time-limit SECONDS; 0: no limit):
+code that does not return in time stops the grading in one line naming the case and the file:line it was at.
+
 Exit status: 0 passed (or done), 1 the graded code is wrong, raises or is not written yet,
-2 a mistake on the command line (no such file or exercise, a file that would be overwritten).
+2 a mistake on the command line (no such file or exercise, a file that would be overwritten) or code that
+did not return within the time limit.
 """
 from __future__ import annotations
 
@@ -19,10 +23,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from numformer.cli.arguments import OneLineParser
+from numformer.cli.arguments import OneLineParser, nonneg_float
 from numformer.cli.errors import one_line_errors
+from numformer.files import atomic_write_text
 
 from . import exercises
+from .clock import DEFAULT_TIME_LIMIT
 from .exercise import LEVELS, skeleton
 from .hints import HintError, hint
 from .progress import folder_status, status_table
@@ -45,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
                          "derive (python -m grad_checks hint FILE helps a step at a time); implement: the "
                          "backward's equations are given, the code is yours")
     ex.add_argument("--status", metavar="DIR", help="grade every exercise file in DIR and list which check exact")
+    _time_limit_flag(ex)
     hi = sub.add_parser("hint", help="the next step of an exercise's derivation")
     hi.add_argument("file", help="the exercise file (my_layernorm.py)")
     hi.add_argument("--step", type=int, metavar="K", help="show the steps up to K (default: one more than last time)")
@@ -53,10 +60,18 @@ def _parser() -> argparse.ArgumentParser:
     ck.add_argument("file", help="the exercise file (my_layernorm.py)")
     ck.add_argument("--exercise", metavar="NAME", help="the exercise the file answers (default: its EXERCISE line)")
     ck.add_argument("--seed", type=int, default=0, help="seed of the weights, inputs and upstream gradients")
+    _time_limit_flag(ck)
     mu = sub.add_parser("mutants", help="mutate the reference solutions and count how many the grading catches")
     mu.add_argument("--exercise", metavar="NAME", action="append", help="only this exercise (repeatable)")
     mu.add_argument("--verbose", action="store_true", help="list every mutant, not only the survivors")
     return ap
+
+
+def _time_limit_flag(ap) -> None:
+    ap.add_argument("--time-limit", type=nonneg_float, default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
+                    help=f"stop a case of your code that has not returned after SECONDS (default "
+                         f"{DEFAULT_TIME_LIMIT:g}; every case takes under a second when the code is right; "
+                         "0: no limit, to step through it in a debugger)")
 
 
 def _error(message: str, status: int = 2) -> int:
@@ -81,16 +96,16 @@ def write_exercise(name: str, out: str = ".", force: bool = False, level: str = 
     if path.exists() and not force:
         raise FileExistsError(f"{path} exists and may hold your work: check it, delete it, or pass --force "
                               "(or another --out)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(skeleton(ex, exercises.number(ex.name), len(exercises.ORDER), str(path), level),
-                    encoding="utf-8")
-    return path
+    # atomic: a killed or full-disk write never leaves half a skeleton where the student's work will go
+    return atomic_write_text(path, skeleton(ex, exercises.number(ex.name), len(exercises.ORDER), str(path), level))
 
 
 def main(argv) -> int:
-    args = _parser().parse_args(argv)
-    with one_line_errors(PROG):  # a bug of ours: one line saying so, the traceback in a file
-        return _run(args)
+    """The exercises' commands. A bad flag is one line (OneLineParser, exit 2); the parsing and the command run
+    inside one_line_errors: a user's mistake (StudentCodeTimeout among them) is one line and its exit status,
+    a bug of ours one line saying so, the traceback in a file."""
+    with one_line_errors(PROG):
+        return _run(_parser().parse_args(argv))
 
 
 def _run(args) -> int:
@@ -100,7 +115,7 @@ def _run(args) -> int:
                 print(list_exercises())
                 return 0
             if args.status:
-                rows = folder_status(args.status)
+                rows = folder_status(args.status, args.time_limit)
                 print(status_table(rows, args.status))
                 return 0 if all(r.state == "exact" for r in rows) else 1
             if not args.name:
@@ -116,7 +131,7 @@ def _run(args) -> int:
             print(hint(args.file, args.step, args.all))
             return 0
         if args.command == "check":
-            result, status, message = check_file(args.file, args.exercise, args.seed)
+            result, status, message = check_file(args.file, args.exercise, args.seed, time_limit=args.time_limit)
             if result is None:
                 return _error(message, status)
             print(result)

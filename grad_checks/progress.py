@@ -14,6 +14,7 @@ from pathlib import Path
 from numformer.swap import SwapError
 
 from . import exercises
+from .clock import DEFAULT_TIME_LIMIT
 from .hints import HintError, exercise_named_in
 from .student_file import check_file
 
@@ -40,8 +41,9 @@ def files_by_exercise(folder: Path) -> dict:
     return found
 
 
-def folder_status(folder) -> list:
-    """Every exercise, in the order to learn them, with the file in ``folder`` that answers it and its grade."""
+def folder_status(folder, time_limit: float | None = DEFAULT_TIME_LIMIT) -> list:
+    """Every exercise, in the order to learn them, with the file in ``folder`` that answers it and its grade
+    (each case of each file with ``time_limit`` seconds, as ``check`` gives it: grad_checks/clock.py)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder (the exercise files are written with "
@@ -53,7 +55,7 @@ def folder_status(folder) -> list:
         if path is None:
             rows.append(Solved(ex, None, "missing"))
             continue
-        result, _, message = check_file(str(path), ex.name, finite_differences=False)
+        result, _, message = check_file(str(path), ex.name, finite_differences=False, time_limit=time_limit)
         if result is None:
             rows.append(Solved(ex, path, "error", message))
         elif result.not_implemented:
@@ -86,16 +88,17 @@ def status_table(rows, folder) -> str:
     return "\n".join(lines)
 
 
-def swap_specs(folder) -> tuple:
+def swap_specs(folder, time_limit: float | None = DEFAULT_TIME_LIMIT) -> tuple:
     """``--swap all=DIR``: (specs ``LAYER=FILE:CLASS`` for every layer solved in ``folder``, lines saying what was
     found). Every file that answers an exercise must grade exact, or this refuses in one line (SwapError):
     a model built from the student's layers is only comparable with numformer's when every one of them is
-    right. Exercises with no layer of their own (softmax: attention calls it) are graded but not swapped."""
+    right. Exercises with no layer of their own (softmax: attention calls it) are graded but not swapped. Each
+    case of each file has ``time_limit`` seconds (grad_checks/clock.py)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise SwapError(f"--swap all={folder}: no such folder (write the exercises into it with "
                         "python -m grad_checks exercise NAME --out DIR)")
-    rows = [r for r in folder_status(folder) if r.state != "missing"]
+    rows = [r for r in folder_status(folder, time_limit) if r.state != "missing"]
     if not rows:
         raise SwapError(f"--swap all={folder}: no exercise file in it (python -m grad_checks exercise NAME --out "
                         f"{folder} writes one)")

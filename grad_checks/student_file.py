@@ -11,6 +11,7 @@ from pathlib import Path
 from numformer.user_code import UserCodeError, load_file
 
 from . import exercises
+from .clock import DEFAULT_TIME_LIMIT, deadline
 from .grading import grade
 
 PROG = "python -m grad_checks"
@@ -33,13 +34,19 @@ def student_code(module, ex):
     return fn
 
 
-def check_file(path: str, exercise: str | None = None, seed: int = 0, finite_differences: bool = True):
-    """Load and grade one file -> (Grade or None, exit status, message)."""
+def check_file(path: str, exercise: str | None = None, seed: int = 0, finite_differences: bool = True,
+               time_limit: float | None = DEFAULT_TIME_LIMIT):
+    """Load and grade one file -> (Grade or None, exit status, message).
+
+    The file's own code (its import) and each case of the grading have ``time_limit`` seconds
+    (grad_checks/clock.py): code that does not return raises StudentCodeTimeout (exit status 2), naming the
+    case and the line of the file it was at."""
     p = Path(path)
     if not p.is_file():
         return None, 2, f"{p}: no such file (write one with: {PROG} exercise NAME)"
     try:
-        module = load_file(p)
+        with deadline(time_limit, f"importing {p}", p):
+            module = load_file(p)
     except UserCodeError as exc:
         return None, 1, str(exc)
     name = exercise or getattr(module, "EXERCISE", None)
@@ -51,5 +58,5 @@ def check_file(path: str, exercise: str | None = None, seed: int = 0, finite_dif
     except UserCodeError as exc:
         return None, 1, f"{p}: {exc}"
     result = grade(ex, fn, who=f"{ex.student_name} in {p}", file=p, seed=seed,
-                   check_command=f"{PROG} check {path}", finite_differences=finite_differences)
+                   check_command=f"{PROG} check {path}", finite_differences=finite_differences, time_limit=time_limit)
     return result, 0 if result.passed else 1, ""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from numformer.swap import SwapError
 
-from . import exercises
+from . import clock, exercises
+from .clock import StudentCodeTimeout
 from .grading import grade
 from .progress import swap_specs
 
@@ -25,8 +26,10 @@ def grade_swap(layer: str, user_class: type, file: str) -> str:
     """One line: where the swapped ``layer`` comes from (``file``: ``"PATH:CLASS"``) and how its backward
     grades against numformer's on the exercise's cases.
 
-    A layer that is not written yet (NotImplementedError) is refused: a SwapError. A wrong one is trained
-    with anyway, after a warning: seeing what a wrong backward does to training is a fair experiment.
+    A layer that is not written yet (NotImplementedError) is refused: a SwapError. So is one whose code does
+    not return on a case within the default time limit (grad_checks/clock.py): training with it would hang
+    the same way. A wrong one is trained with anyway, after a warning: seeing what a wrong backward does to
+    training is a fair experiment.
     """
     if (layer, file) in _GRADED:
         return _GRADED[(layer, file)]
@@ -34,7 +37,12 @@ def grade_swap(layer: str, user_class: type, file: str) -> str:
     exercise = exercise_for(layer)
     if exercise is None:
         return f"{where} (no exercise grades a {layer}: not checked)"
-    result = grade(exercise, user_class, file=path, finite_differences=False)
+    try:
+        # the limit read when called (train.py has no flag for it; a test shortens it here)
+        result = grade(exercise, user_class, file=path, finite_differences=False, time_limit=clock.DEFAULT_TIME_LIMIT)
+    except StudentCodeTimeout as exc:  # a SwapError, which every process of a data-parallel run raises alike
+        raise SwapError(f"--swap {layer}: {file}: {exc.stopped()}: fix it, and check it with "
+                        f"python -m grad_checks check {path}") from None
     if result.not_implemented:
         raise SwapError(f"--swap {layer}: {file} is not written yet ({result.not_implemented}): write it, and "
                         f"check it with python -m grad_checks check {path}")
@@ -46,8 +54,13 @@ def grade_swap(layer: str, user_class: type, file: str) -> str:
 
 def solved_specs(folder: str) -> tuple:
     """``train.py --swap all=DIR``: (a spec per layer solved in DIR, the lines to log); a file that does not
-    check exact is refused in one line (:func:`grad_checks.progress.swap_specs`)."""
-    specs, lines = swap_specs(folder)
+    check exact, or whose code does not return on a case in time, is refused in one line
+    (:func:`grad_checks.progress.swap_specs`)."""
+    try:
+        specs, lines = swap_specs(folder, clock.DEFAULT_TIME_LIMIT)
+    except StudentCodeTimeout as exc:
+        raise SwapError(f"--swap all={folder}: {exc.stopped()}: fix it, and check it with "
+                        f"python -m grad_checks check {exc.file}") from None
     for spec in specs:
         layer, _, file = spec.partition("=")
         _GRADED[(layer, file)] = f"swap: {layer} <- {file}: checked EXACT against numformer's backward"

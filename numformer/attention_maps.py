@@ -12,7 +12,6 @@ One PNG per kind: ``OUT`` with ``-encoder``, ``-decoder`` and ``-cross`` before 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -20,8 +19,11 @@ import numpy as np
 
 from . import run_files
 from .backend import to_host
+from .cli.arguments import positive_int
+from .cli.front import command_line, parser
 from .errors import UsageError
 from .layers import ScaledDotProductAttention
+from .plot import save_picture
 from .decoding.translation import DecodeOptions, source_batch, translate_ids
 
 
@@ -79,7 +81,7 @@ def draw(maps: list, row_labels: list, col_labels: list, title: str, path: Path)
             ax.set_title(f"layer {li + 1}, head {hi + 1}", fontsize=9)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_picture(fig, path, dpi=100)
     plt.close(fig)
     return path
 
@@ -108,22 +110,24 @@ def attention_pictures(model, vocab, sentence: str, out, opts: DecodeOptions | N
     return paths
 
 
+PROG = "python -m numformer.attention_maps"
+
+
+@command_line(PROG)
 def main(argv=None) -> int:
-    from .cli.errors import one_line_errors  # noqa: PLC0415
     from .checkpoint.trained_model import load_model  # noqa: PLC0415
 
-    ap = argparse.ArgumentParser(prog="python -m numformer.attention_maps", description=__doc__.splitlines()[0])
+    ap = parser(PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="run folder or checkpoint")
     ap.add_argument("--vocab", help=f"sentencepiece model (default: the run's {run_files.VOCAB})")
     ap.add_argument("--sentence", required=True, help="source sentence")
     ap.add_argument("--out", default="attention.png", help="PNG path; -encoder/-decoder/-cross are added")
-    ap.add_argument("--beam", type=int, default=DecodeOptions.beam,
+    ap.add_argument("--beam", type=positive_int, default=DecodeOptions.beam,
                     help=f"beam size of the translation whose attention is drawn (default {DecodeOptions.beam})")
     args = ap.parse_args(argv)
-    with one_line_errors("numformer.attention_maps"):
-        model, vocab, _ = load_model(args.model, args.vocab)
-        for p in attention_pictures(model, vocab, args.sentence, args.out, DecodeOptions(beam=args.beam)):
-            print(p)
+    model, vocab, _ = load_model(args.model, args.vocab)
+    for p in attention_pictures(model, vocab, args.sentence, args.out, DecodeOptions(beam=args.beam)):
+        print(p)
     return 0
 
 

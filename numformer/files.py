@@ -2,18 +2,40 @@
 flush and fsync it, then rename it over the target (``os.replace`` is atomic on POSIX).
 
 Every file numformer writes for keeps (checkpoints, the vocabulary, the prepared corpus, run.json, the
-translations) goes through :func:`atomic_write`, :func:`atomic_write_bytes` or
-:func:`atomic_write_text`; a file too large to hold in memory is streamed with :func:`atomic_file`.
+translations, exported and imported models) goes through :func:`atomic_write`, :func:`atomic_write_bytes`
+or :func:`atomic_write_text`; a file too large to hold in memory is streamed with :func:`atomic_file`; a
+folder (a Hugging Face or CTranslate2 model) is staged whole by :func:`atomic_folder`.
+
+The temporaries carry a recognisable name, ``.TARGET.numformer-partial-PID-XXXX``: the target they were
+for and the process writing them. A write killed outright (SIGKILL, a power cut) cannot remove its own,
+so every later write beside the same target first removes those whose process is gone, in one line on
+standard error (:func:`sweep_stale_partials`); one whose writer still runs is left alone.
+
+A full disk while writing is a one-line :class:`OutOfSpace` naming the file and how much it needed, and
+the target is left as it was.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import NumformerError, UsageError
+
+#: What a temporary's name holds between its target's name and its writer's process id.
+PARTIAL_MARK = ".numformer-partial-"
+# The errors of a full disk or quota: the machine's, not numformer's (one line, exit 2).
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class OutOfSpace(NumformerError, OSError):
+    """The disk (or the quota) filled while writing a file: its message names the file and the space it
+    needed; the file it was to replace is untouched."""
 
 _UMASK = os.umask(0)  # read once: mkstemp creates 0600 files, ours get the usual 0666 & ~umask
 os.umask(_UMASK)
@@ -29,7 +51,8 @@ def atomic_file(path, durable: bool = True):
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    sweep_stale_partials(path.parent, path.name)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=partial_prefix(path))
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~_UMASK)
@@ -38,9 +61,12 @@ def atomic_file(path, durable: bool = True):
             if durable:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+            raise out_of_space(path, written) from None
         raise
     if durable:
         _fsync_folder(path.parent)
@@ -53,8 +79,11 @@ def atomic_write(path, write, durable: bool = True) -> None:
 
 
 def atomic_write_bytes(path, data: bytes, durable: bool = True) -> Path:
-    """Write ``data`` to ``path`` atomically; returns the path."""
-    atomic_write(path, lambda f: f.write(data), durable)
+    """Write ``data`` to ``path`` atomically; returns the path. A full disk names the size it needed."""
+    try:
+        atomic_write(path, lambda f: f.write(data), durable)
+    except OutOfSpace as exc:
+        raise out_of_space(path, 0, len(data)) from exc.__cause__
     return Path(path)
 
 
@@ -76,7 +105,8 @@ def atomic_folder(out, fill) -> Path:
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    sweep_stale_partials(out.parent, out.name)
+    stage = Path(tempfile.mkdtemp(prefix=partial_prefix(out), dir=out.parent))
     try:
         fill(stage)
         mask = os.umask(0)
@@ -85,22 +115,90 @@ def atomic_folder(out, fill) -> Path:
         if out.exists():
             out.rmdir()
         os.replace(stage, out)
-    except BaseException:
+    except BaseException as exc:
+        written = _size(stage)
         shutil.rmtree(stage, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+            raise out_of_space(out, written) from None
         raise
     return out
 
 
-def remove_stale_temporaries(folder) -> list:
-    """Delete the temporary files a killed write left in ``folder``; returns their paths."""
-    gone = []
-    for tmp in Path(folder).glob(".*.tmp"):
+def partial_prefix(target) -> str:
+    """The name a temporary for ``target`` starts with (mkstemp adds a random tail): hidden, naming its
+    target and this process."""
+    return f".{Path(target).name}{PARTIAL_MARK}{os.getpid()}-"
+
+
+def stale_partials(folder, name: str | None = None) -> list:
+    """The temporaries in ``folder`` (for the target ``name``, or any) whose writing process is gone."""
+    found = []
+    for path in Path(folder).glob(f".{name if name is not None else '*'}{PARTIAL_MARK}*"):
+        pid = path.name.rsplit(PARTIAL_MARK, 1)[1].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            found.append(path)
+    return sorted(found)
+
+
+def sweep_stale_partials(folder, name: str | None = None) -> list:
+    """Remove what killed writes left in ``folder`` (for ``name``, or any target), saying so in one line on
+    standard error; returns the removed paths. A temporary that cannot be removed is named instead."""
+    gone, kept = [], []
+    for path in stale_partials(folder, name):
+        size = _size(path)
         try:
-            tmp.unlink()
-            gone.append(tmp)
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            gone.append((path, size))
         except OSError:
-            pass
-    return gone
+            kept.append(path)
+    if gone:
+        print(f"numformer: removed what a killed write left in {folder} ({_mb(sum(n for _, n in gone))} freed): "
+              f"{', '.join(p.name for p, _ in gone)}", file=sys.stderr)
+    if kept:
+        print(f"numformer: cannot remove what a killed write left: {', '.join(map(str, kept))}: delete it by hand",
+              file=sys.stderr)
+    return [p for p, _ in gone]
+
+
+def out_of_space(path, written: int, needed: int | None = None) -> OutOfSpace:
+    """The one-line error of a full disk while writing ``path``, ``written`` bytes in (``needed``: the
+    file's whole size, where known)."""
+    folder = Path(path).parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = 0
+    need = f"it needs {_mb(needed)}" if needed is not None else f"it filled after {_mb(written)}, more needed"
+    exc = OutOfSpace(f"no space left on the disk of {folder} while writing {path}: {need}, {_mb(free)} free "
+                     "now: free space or write elsewhere (nothing was replaced)")
+    exc.errno = errno.ENOSPC  # still an OSError of a full disk to code that asks (str() stays the message)
+    return exc
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, another user's
+        return True
+    return True
+
+
+def _size(path) -> int:
+    path = Path(path)
+    try:
+        if path.is_dir():
+            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _mb(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MB"
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -15,25 +15,35 @@ runs' gradient norms, learning rates and losses side by side (the README's warmu
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from . import run_files
+from .cli.front import command_line, parser
+from .errors import UsageError
+from .files import atomic_write
 
 
 def read_jsonl(path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:  # a line a killed run cut in half, or not ours: the picture goes without it
+            continue
+    return [r for r in records if isinstance(r, dict)]
 
 
 def _pyplot():
-    import matplotlib  # noqa: PLC0415  (an optional extra: pip install 'numformer[plot]')
+    try:
+        import matplotlib  # noqa: PLC0415  (an optional extra: pip install 'numformer[plot]')
+    except ImportError:
+        raise UsageError("the pictures are drawn with matplotlib: pip install 'numformer[plot]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -46,8 +56,16 @@ def _save(fig, path: Path, suptitle: str = "") -> Path:
     if suptitle:
         fig.suptitle(suptitle)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_picture(fig, path, dpi=110)
     _pyplot().close(fig)
+    return path
+
+
+def save_picture(fig, path, dpi: int) -> Path:
+    """Write a figure through the atomic writer (a killed run never leaves half a PNG under its name); the
+    format is the path's suffix (png when it has none)."""
+    path = Path(path)
+    atomic_write(path, lambda f: fig.savefig(f, dpi=dpi, format=path.suffix[1:].lower() or "png"), durable=False)
     return path
 
 
@@ -205,7 +223,7 @@ def plot_run(run_dir, out=None) -> list[Path]:
     run = Path(run_dir)
     metrics = read_jsonl(run / run_files.METRICS)
     if not metrics:
-        raise FileNotFoundError(f"{run / run_files.METRICS} is missing or empty: is {run} a training run folder?")
+        raise UsageError(f"{run / run_files.METRICS} is missing or empty: is {run} a training run folder?")
     out = Path(out) if out else run / "plots"
     out.mkdir(parents=True, exist_ok=True)
     stats = read_jsonl(run / run_files.GRAD_STATS)
@@ -227,8 +245,8 @@ def plot_compare(runs: list, out, title: str = "") -> Path:
         stats = read_jsonl(run / run_files.GRAD_STATS)
         metrics = read_jsonl(run / run_files.METRICS)
         if not stats or not metrics:
-            raise FileNotFoundError(f"{run} needs {run_files.GRAD_STATS} and {run_files.METRICS}: train it with "
-                                    "--log-grads N")
+            raise UsageError(f"{run} needs {run_files.GRAD_STATS} and {run_files.METRICS}: train it with "
+                             "--log-grads N")
         steps = [s["step"] for s in stats]
         norms = [np.sqrt(sum(r["grad_norm"] ** 2 for r in s["params"].values())) for s in stats]
         axes[0].plot(steps, norms, label=run.name)
@@ -248,24 +266,24 @@ def plot_compare(runs: list, out, title: str = "") -> Path:
     return _save(fig, out, title)
 
 
+PROG = "python -m numformer.plot"
+
+
+@command_line(PROG)
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m numformer.plot", description=__doc__.splitlines()[0])
+    ap = parser(PROG, description=__doc__.splitlines()[0])
     ap.add_argument("run", nargs="+", help=f"a training run folder (with {run_files.METRICS}); several with --compare")
     ap.add_argument("--out", help="folder for the PNGs (default RUN/plots); with --compare, the PNG file")
     ap.add_argument("--compare", action="store_true",
                     help="one picture comparing the runs' gradient norms, learning rates and losses")
     ap.add_argument("--title", default="", help="title of the --compare picture")
     args = ap.parse_args(argv)
-    try:
-        if args.compare:
-            paths = [plot_compare(args.run, args.out or "compare.png", args.title)]
-        elif len(args.run) != 1:
-            raise FileNotFoundError("give one run folder, or several with --compare")
-        else:
-            paths = plot_run(args.run[0], args.out)
-    except (FileNotFoundError, ImportError) as exc:
-        print(f"numformer.plot: error: {exc}", file=sys.stderr)
-        return 2
+    if args.compare:
+        paths = [plot_compare(args.run, args.out or "compare.png", args.title)]
+    elif len(args.run) != 1:
+        ap.error("give one run folder, or several with --compare")
+    else:
+        paths = plot_run(args.run[0], args.out)
     for p in paths:
         print(p)
     return 0

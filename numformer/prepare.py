@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from .cli.front import command_line
 from .data.prepared import prepare
 from .data.sources import CORPORA
 from .data.vocab_sample import DEFAULT_VOCAB_SAMPLE
@@ -16,10 +17,10 @@ from .training.config import TrainConfig
 
 
 # -- the command --------------------------------------------------------------------------------------------
+@command_line("python -m numformer.prepare")
 def main(argv=None) -> int:
     """``python -m numformer.prepare``: prepare a corpus into a run folder; train.py --out that folder reuses it."""
     from .cli.arguments import OneLineParser, positive_int  # noqa: PLC0415
-    from .cli.errors import one_line_errors  # noqa: PLC0415
 
     ap = OneLineParser(prog="python -m numformer.prepare", description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", help=f"a corpus the project builds itself: {', '.join(CORPORA)}")
@@ -35,16 +36,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=seed, help=f"the run's --seed (default {seed}, train.py's)")
     ap.add_argument("--threads", type=positive_int, help="sentencepiece threads (default: every core)")
     args = ap.parse_args(argv)
-    with one_line_errors("prepare"):
-        from .training.run_lock import lock_run_folder  # noqa: PLC0415
+    from .training.run_lock import lock_run_folder, refusal_leaves_folder_as_found  # noqa: PLC0415
 
+    with refusal_leaves_folder_as_found(args.out):  # refused: the folder as it was found
         lock = lock_run_folder(args.out)  # the run folder is this process's while it prepares (train.py's lock)
         data = prepare(args.out, args.corpus, args.data, args.task, args.vocab_size, args.seed,
                        args.vocab_sample, args.threads, log=print, wmt_dir=args.wmt_dir)
-        n = len(data.ids["train"])
-        print(f"{'already prepared' if data.reused else 'prepared'}: {data.source}: {n:,} training pairs, "
-              f"vocabulary {data.vocab.size} in {data.folder} ({data.seconds:.1f} s)")
-        lock.release()
+    n = len(data.ids["train"])
+    print(f"{'already prepared' if data.reused else 'prepared'}: {data.source}: {n:,} training pairs, "
+          f"vocabulary {data.vocab.size} in {data.folder} ({data.seconds:.1f} s)")
+    lock.release()
     return 0
 
 

@@ -1,7 +1,7 @@
 """Every test whose outcome depends on float32 or int8 arithmetic, under several CPU configurations of one
 machine, as one table.
 
-    python3 tests/cpu_matrix.py                        # every configuration, every suite (hours on 2 cores)
+    python3 tests/cpu_matrix.py                        # every configuration, the suites it can change (hours)
     python3 tests/cpu_matrix.py --configs native,avx2-only --suites parity,interop
     python3 tests/cpu_matrix.py --ci                   # what CI runs: the 'oldest' configuration, float32 parity
     eval "$(python3 tests/cpu_matrix.py --export avx2-only)"   # a shell set to one row (CI's test command runs so)
@@ -39,6 +39,10 @@ Suites (each a fresh process per configuration):
 * ``outcomes``: tests/training/test_train_e2e.py's training outcomes (the reverse task's exact match and loss
   ratio, the bible slice's loss drop and hypotheses), each with its margin to its bound.
 
+A row runs the suites its variables can change (``SUITES_OF_PREFIX``: a CTranslate2 row the interop suite,
+a PyTorch row the suites computing with PyTorch; numpy, OpenBLAS and thread rows every suite);
+``--every-suite`` runs all of them under every row.
+
 The table has one row per configuration: the OpenBLAS kernel the process really loaded, numpy's
 dispatch targets, the threads, passed and failed tests per suite, and the worst error each suite
 measured (tests/worst_error.py). The exit status is 1 when any test failed. docs/guarantees.md holds the
@@ -72,6 +76,21 @@ PYTEST_SUITES = {
 }
 OUTCOMES_SELECT = "reverse_reaches or reverse_learning or bible_slice"
 ALL_SUITES = [*PYTEST_SUITES, "grad_checks"]
+# The suites a library's variables can change: CTranslate2's (and the oneDNN and MKL it calls) only what runs
+# CTranslate2; PyTorch's only what computes with PyTorch (the parity and decoding references, transformers'
+# Marian, the layer-placement study's PyTorch row). numpy's, OpenBLAS's and the thread counts change every
+# number numformer computes: a row that sets any of them, or nothing (native), runs every suite asked for.
+SUITES_OF_PREFIX = {"CT2_": {"interop"}, "ONEDNN_": {"interop"}, "MKL_": {"interop"},
+                    "ATEN_": {"parity", "decoding", "interop", "studies"}}
+
+
+def suites_for(env: dict, asked: list) -> list:
+    """The suites of ``asked`` whose outcome the row's variables can change (see SUITES_OF_PREFIX)."""
+    affected = set()
+    for key in env or {"": None}:
+        prefix = next((p for p in SUITES_OF_PREFIX if key.startswith(p)), None)
+        affected |= SUITES_OF_PREFIX[prefix] if prefix else set(ALL_SUITES)
+    return [s for s in asked if s in affected]
 # The worst errors shown, in this order: (column title, key recorded by the tests).
 WORST_COLUMNS = [("parity f32", "parity-float32"), ("parity f64", "parity-float64"),
                  ("kernels f32", "kernels-float32"), ("kernels f64", "kernels-float64"),
@@ -223,6 +242,9 @@ def main(argv=None) -> int:
                     help="CI's run: the 'oldest' configuration, parity and kernels, float32 cases only")
     ap.add_argument("--list", action="store_true", help="print the configurations and their variables")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    ap.add_argument("--every-suite", action="store_true",
+                    help="run every suite asked for under every row (default: a row runs the suites its variables "
+                         "can change: a CTranslate2 row the interop suite, a PyTorch row the suites that use PyTorch)")
     ap.add_argument("--export", metavar="NAME", help="print the configuration's variables as shell export lines "
                     "(for eval) and exit")
     args = ap.parse_args(argv)
@@ -250,8 +272,10 @@ def main(argv=None) -> int:
         return 2
 
     rows, tails = [], {}
-    pytest_suites = [s for s in suites if s in PYTEST_SUITES and s != "outcomes"]
+    asked = suites
     for i, name in enumerate(names, 1):
+        suites = asked if args.every_suite else suites_for(configs[name], asked)
+        pytest_suites = [s for s in suites if s in PYTEST_SUITES and s != "outcomes"]
         env = {**os.environ, **configs[name], "PYTHONUNBUFFERED": "1"}
         start = time.monotonic()
         print(f"[{i}/{len(names)}] {name}: {' '.join(f'{k}={v}' for k, v in configs[name].items()) or 'as is'}",
@@ -282,7 +306,7 @@ def main(argv=None) -> int:
         print(f"    {row['seconds']} s: " + ", ".join(f"{s} {p} passed {f} failed" for s, (p, f) in
                                                       row["suites"].items()), flush=True)
 
-    print_table(rows, suites)
+    print_table(rows, asked)
     for name, tail in tails.items():
         print(f"\n--- {name}: the end of its output\n{tail}")
     if args.json:

@@ -10,29 +10,32 @@ folder, ``import`` a Hugging Face Marian model (opus-mt) as a numformer model fi
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 from .. import run_files
-from ..errors import NumformerError
+from ..cli.arguments import positive_int
+from ..cli.front import command_line, parser
 from ..files import refuse_output_over_inputs
 from . import CheckpointError, save_checkpoint
 from .export import FORMATS, export_model
+from .output_format import output_format
 from .run_model_file import newest_model_file
 from .averaging import average_checkpoints
 
 
+PROG = "python -m numformer.checkpoint"
+
+
+@command_line(PROG)
 def main(argv=None) -> int:
     """Run the command; 0 on success, 2 (with one line on stderr) when the checkpoints or the output cannot do."""
-    ap = argparse.ArgumentParser(prog="python -m numformer.checkpoint",
-                                 description="Average checkpoints (Section 6.1) into one model file, export a "
-                                             "model as one .npz or .safetensors file or a Hugging Face Marian "
-                                             "folder, or import a Hugging Face Marian model.")
+    ap = parser(PROG, description="Average checkpoints (Section 6.1) into one model file, export a "
+                                "model as one .npz or .safetensors file or a Hugging Face Marian "
+                                "folder, or import a Hugging Face Marian model.")
     sub = ap.add_subparsers(dest="command", required=True)
     avg = sub.add_parser("average", help="average the weights of several checkpoints")
     avg.add_argument("inputs", nargs="+", help="checkpoint files, or one run folder with --last")
-    avg.add_argument("--last", type=int, help="average the newest N checkpoints of the run folder given")
+    avg.add_argument("--last", type=positive_int, help="average the newest N checkpoints of the run folder given")
     avg.add_argument("--out", required=True, help=f"file to write (e.g. RUN/{run_files.AVERAGED})")
     exp = sub.add_parser("export", help="write a model (weights, config, vocabulary) as one file")
     exp.add_argument("source", help=f"a run folder (its {run_files.AVERAGED}, else newest checkpoint) or a checkpoint")
@@ -50,42 +53,55 @@ def main(argv=None) -> int:
                                     "fetched with huggingface_hub, needs a network)")
     imp.add_argument("--out", required=True, help="the numformer model file to write (model.npz)")
     args = ap.parse_args(argv)
-    try:
-        if args.command == "export":
-            src = newest_model_file(args.source)
-            refuse_output_over_inputs(args.out, [args.source, src])
-            if args.format == "ctranslate2":
-                from ..interop.ctranslate2 import export_ctranslate2  # noqa: PLC0415
+    if args.command == "export":
+        src = newest_model_file(args.source)
+        refuse_output_over_inputs(args.out, [args.source, src])
+        fmt = output_format(args.out, args.format)
+        if fmt == "ctranslate2":
+            from ..interop.ctranslate2 import export_ctranslate2  # noqa: PLC0415
 
-                export_ctranslate2(src, args.out, args.quantization)
-            else:
-                if args.quantization is not None:
-                    raise CheckpointError("--quantization is for --format ctranslate2 only: leave it out")
-                export_model(src, args.out, args.format)
-            print(f"exported {src} to {args.out}")
-            return 0
-        if args.command == "import":
-            from ..interop.marian import import_marian  # noqa: PLC0415
+            export_ctranslate2(src, args.out, args.quantization)
+        else:
+            if args.quantization is not None:
+                raise CheckpointError("--quantization is for --format ctranslate2 only: leave it out")
+            export_model(src, args.out, fmt)
+        print(f"exported {src} to {args.out}")
+        return 0
+    if args.command == "import":
+        from ..interop.marian import import_marian  # noqa: PLC0415
 
-            refuse_output_over_inputs(args.out, [args.source])
-            import_marian(args.source, args.out, log=print)
-            print(f"wrote {args.out}")
-            return 0
-        paths = [Path(p) for p in args.inputs]
-        if args.last:
-            if len(paths) != 1 or not paths[0].is_dir():
-                raise CheckpointError("--last N takes one run folder")
-            paths = run_files.run_checkpoints(paths[0])[-args.last:]
-            if not paths:
-                raise CheckpointError(f"no checkpoints in {args.inputs[0]}/{run_files.CHECKPOINTS}")
-        refuse_output_over_inputs(args.out, [*args.inputs, *paths])
-        ck = average_checkpoints(paths)
-        save_checkpoint(args.out, ck.model, ck.meta, vocab=ck.vocab)
-    except NumformerError as exc:  # a checkpoint, a safetensors file, a vocabulary, a model from elsewhere
-        print(f"numformer.checkpoint: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except OSError as exc:
-        print(f"numformer.checkpoint: error: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        refuse_output_over_inputs(args.out, [args.source])
+        output_format(args.out, allowed=("npz",))  # a numformer model file (export turns it into the others)
+        import_marian(args.source, args.out, log=print)
+        print(f"wrote {args.out}")
+        return 0
+    paths = checkpoints_to_average(args.inputs, args.last)
+    refuse_output_over_inputs(args.out, [*args.inputs, *paths])
+    output_format(args.out, allowed=("npz",))
+    ck = average_checkpoints(paths)
+    save_checkpoint(args.out, ck.model, ck.meta, vocab=ck.vocab)
     print(f"averaged {len(paths)} checkpoints into {args.out}")
     return 0
+
+
+def checkpoints_to_average(inputs: list, last: int | None) -> list:
+    """The files ``average`` reads: the checkpoint files given, or with ``--last N`` the run folder's newest N.
+
+    A run folder given without ``--last`` is the common slip: it is named as such, with the flag that takes
+    it, rather than failing later as a file that cannot be read.
+    """
+    paths = [Path(p) for p in inputs]
+    if last is not None:
+        if len(paths) != 1 or not paths[0].is_dir():
+            raise CheckpointError(f"--last {last} takes one run folder (got {', '.join(map(str, inputs))}): "
+                                  "give the folder train.py --out wrote")
+        found = run_files.run_checkpoints(paths[0])
+        if not found:
+            raise CheckpointError(f"no checkpoints in {paths[0] / run_files.CHECKPOINTS}: give the run folder "
+                                  "train.py --out wrote")
+        return found[-last:]
+    folders = [p for p in paths if p.is_dir()]
+    if folders:
+        raise CheckpointError(f"{folders[0]} is a folder: give checkpoint files, or --last N {folders[0]} to "
+                              "average the run's newest N checkpoints")
+    return paths

@@ -12,6 +12,7 @@ from . import CheckpointError, load_checkpoint, save_checkpoint
 from ..layers import Linear
 from ..model import Transformer
 from ..presets import ModelConfig
+from .output_format import output_format
 from .run_model_file import newest_model_file
 from .safetensors_file import save_safetensors
 
@@ -27,10 +28,8 @@ def export_model(source, out, fmt: str | None = None) -> Path:
     """Write the model a run folder or checkpoint names (see :func:`numformer.checkpoint.run_model_file.newest_model_file`)
     as one file, or as a Hugging Face Marian folder. ``fmt``: "npz", "safetensors" or "hf" (default: from
     ``out``'s suffix, npz or safetensors). The vocabulary is the file's own, else the run folder's ``spm.model``."""
+    fmt = output_format(out, fmt, allowed=FORMATS)
     src = newest_model_file(source)
-    fmt = fmt or ("safetensors" if str(out).endswith(".safetensors") else "npz")
-    if fmt not in FORMATS:
-        raise CheckpointError(f"unknown format {fmt!r}: choose {', '.join(FORMATS)}")
     ck = load_checkpoint(src, with_optimizer=False)
     if "model_config" not in ck.meta:
         raise CheckpointError(f"{src} has no model config in its metadata: not a numformer training checkpoint")

@@ -33,6 +33,9 @@ def newest_model_file(path) -> Path:
     if not found:
         if averaged.is_file():
             return averaged
+        foreign = foreign_model_folder(path)
+        if foreign is not None:
+            raise CheckpointError(foreign)
         raise CheckpointError(f"{path} holds no checkpoint (expected {run_files.AVERAGED} or "
                               f"{run_files.CHECKPOINTS}/step_*.npz): train a model into it first or give a "
                               "checkpoint file")
@@ -49,3 +52,21 @@ def newest_model_file(path) -> Path:
         if fresh:
             return averaged
     return found[-1]
+
+
+def foreign_model_folder(path: Path) -> str | None:
+    """What to say when ``path`` is a model folder of another library rather than a run folder: a Hugging
+    Face Marian folder is imported first (one command, named in full); a CTranslate2 folder is an export,
+    not loadable back. None for any other folder."""
+    if (path / "model.bin").is_file() and (path / "shared_vocabulary.json").is_file() or \
+            (path / "model.bin").is_file() and not (path / "config.json").is_file():
+        return (f"{path} is a CTranslate2 model folder (an export, which numformer does not read back): give the "
+                "numformer model file or run folder it was exported from")
+    if (path / "config.json").is_file() and any((path / name).is_file() for name in HF_WEIGHTS):
+        return (f"{path} is a Hugging Face model folder, not yet a numformer model: import it once with "
+                f"python -m numformer.checkpoint import {path} --out {path.name}.npz, then give {path.name}.npz")
+    return None
+
+
+#: The weight files MarianMTModel.save_pretrained writes (newer versions safetensors, older a PyTorch pickle).
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")

@@ -89,13 +89,6 @@ def _processor(proto: bytes, what: str):
     return processor
 
 
-def _token_string(value, default: str) -> str:
-    """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict with ``content``."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) and value else default
-
-
 class MarianVocab:
     """Two sentencepiece models (source, target) and the joint piece -> id map of a Marian model.
 
@@ -158,34 +151,38 @@ class MarianVocab:
     def from_files(cls, folder, eos_id: int, pad_id: int, bos_id: int | None = None,
                    size: int | None = None) -> "MarianVocab":
         """Read ``source.spm``, ``target.spm``, ``vocab.json`` (and ``tokenizer_config.json`` when there)
-        from a Marian model folder (``MarianTokenizer.save_pretrained``'s files)."""
+        from a Marian model folder (``MarianTokenizer.save_pretrained``'s files). They are a user's files:
+        each is read through :mod:`numformer.interop.hf_files`, so that an empty, truncated or foreign file and
+        a field of the wrong type are one InteropError line naming the file (and the field)."""
+        # imported here: the interop package is needed only where a Hugging Face folder is read
+        from ..interop import InteropError  # noqa: PLC0415
+        from ..interop.hf_files import (  # noqa: PLC0415
+            BOOLEAN, FIX, INTEGER, STRING, TOKEN_STRING, check_value, field, read_json_object, read_sentencepiece)
+
         folder = Path(folder)
         missing = [n for n in (SOURCE_SPM, TARGET_SPM, VOCAB_JSON) if not (folder / n).is_file()]
         if missing:
             raise DataError(f"{folder} lacks the Marian tokenizer file{'s' if len(missing) > 1 else ''} "
                             f"{', '.join(missing)}: save the tokenizer with MarianTokenizer.save_pretrained")
-        try:
-            pieces = json.loads((folder / VOCAB_JSON).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{folder / VOCAB_JSON} is not readable JSON ({type(exc).__name__})") from None
+        vocab_path = folder / VOCAB_JSON
+        pieces = read_json_object(vocab_path)
+        if not pieces:
+            raise InteropError(f"{vocab_path} holds no pieces (an empty JSON object): {FIX}")
+        for piece, i in pieces.items():
+            check_value(i, f"the id of {piece!r}", INTEGER, vocab_path, low=0)
         tokens, langs = {}, (None, None)
         config_path = folder / TOKENIZER_CONFIG
         if config_path.is_file():
-            try:
-                tc = json.loads(config_path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                raise DataError(f"{config_path} is not readable JSON ({type(exc).__name__})") from None
-            if isinstance(tc, dict):
-                if tc.get("separate_vocabs"):
-                    raise DataError(f"{config_path} asks for separate source and target vocabularies "
-                                    "(separate_vocabs): numformer's Marian vocabulary is one joint map")
-                tokens = {r: _token_string(tc.get(f"{r}_token"), DEFAULT_TOKENS[r]) for r in DEFAULT_TOKENS}
-                langs = (tc.get("source_lang"), tc.get("target_lang"))
-        protos = []
-        for name in (SOURCE_SPM, TARGET_SPM):
-            data = (folder / name).read_bytes()
-            _processor(data, str(folder / name))
-            protos.append(data)
+            tc = read_json_object(config_path)
+            if field(tc, "separate_vocabs", BOOLEAN, config_path, default=False, nullable=True):
+                raise DataError(f"{config_path} asks for separate source and target vocabularies "
+                                "(separate_vocabs): numformer's Marian vocabulary is one joint map")
+            for role, default in DEFAULT_TOKENS.items():
+                value = field(tc, f"{role}_token", TOKEN_STRING, config_path, default=default, nullable=True)
+                tokens[role] = value["content"] if isinstance(value, dict) else value  # AddedToken's content
+            langs = tuple(field(tc, key, STRING, config_path, default=None, nullable=True)
+                          for key in ("source_lang", "target_lang"))
+        protos = [read_sentencepiece(folder / name) for name in (SOURCE_SPM, TARGET_SPM)]
         return cls(protos[0], protos[1], pieces, eos_id, pad_id, bos_id, size, tokens, *langs)
 
     def save_files(self, folder) -> list[Path]:

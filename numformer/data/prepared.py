@@ -16,12 +16,17 @@ made on the first run and reused after (fairseq-preprocess's habit).
    preparation.
 
 Later runs, ``--resume`` and every MPI rank open the arrays with ``np.load(mmap_mode="r")``: nothing
-of the training text is read or held again. The manifest holds a fingerprint: size and modification
-time of each text file (or the task and seed of a synthetic one), the vocabulary size asked for, the
-sample size, the seed and the sha256 of ``spm.model``. When it no longer matches, the corpus is
-prepared again; the vocabulary is retrained too when the training text or the vocabulary settings
-changed, unless the run already has checkpoints (they were trained with it: the vocabulary is kept
-and only the encoding is redone). The file names in the run folder are :mod:`numformer.run_files`'.
+of the training text is read or held again. The manifest holds a fingerprint: path, size and
+modification time of each text file (:mod:`numformer.data.source_fingerprint`; or the task and seed of a
+synthetic one), the vocabulary size asked for, the sample size, the seed and the sha256 of ``spm.model``.
+When it no longer matches, the corpus is prepared again (a changed text file is named in the log); the
+vocabulary is retrained too when the training text or the vocabulary settings changed, unless the run
+already has checkpoints (they were trained with it: the vocabulary is kept and only the encoding is
+redone). The file names in the run folder are :mod:`numformer.run_files`'.
+
+With the vocabulary of a model to fine-tune (``given_vocab``), text that vocabulary does not cover turns
+into ``<unk>``: the share is measured on the encoded splits and said in one warning line
+(:func:`numformer.data.unk_share.warn_unk_share`).
 """
 from __future__ import annotations
 
@@ -37,8 +42,10 @@ from .binary import SIDES, TokenPairs, ids_dtype
 from .encoding import CachedEncoder, encode_file
 from .errors import DataError
 from .marian_vocab import load_vocab_file
+from .source_fingerprint import changes, file_record, fingerprint, is_fingerprint, summary
 from .sources import paper_vocab_size, resolve_source, task_texts
 from .text_files import SPLITS, count_pairs, iter_line_blocks, read_lines
+from .unk_share import warn_unk_share
 from .vocab import SubwordVocab, default_vocab_size
 from .vocab_sample import DEFAULT_VOCAB_SAMPLE, sample_training_text
 
@@ -77,13 +84,38 @@ class PreparedData:
                 self.ids[split] = TokenPairs.from_lists(*value)
 
 
-def _file_stats(folder: Path) -> dict:
-    out = {}
-    for split in SPLITS:
-        for side in SIDES:
-            st = (folder / f"{split}.{side}").stat()
-            out[f"{split}.{side}"] = [st.st_size, st.st_mtime_ns]
-    return out
+def _sources(folder: Path | None, task, seed, splits=SPLITS) -> dict:
+    """What the corpus is made from: the fingerprint of the text files of ``splits``, or a synthetic task's
+    name and seed."""
+    if folder is None:
+        return {"task": task, "seed": seed}
+    return fingerprint(folder / f"{split}.{side}" for split in splits for side in SIDES)
+
+
+def _as_fingerprint(files, folder: Path | None):
+    """A manifest's record of the text files as a fingerprint: manifests before fingerprints recorded
+    ``{"train.src": [size, mtime_ns], ...}``, the same facts, which are read as such rather than taken for
+    a change (that would encode every run's corpus again, and retrain vocabularies, for nothing)."""
+    if folder is None or not isinstance(files, dict) or is_fingerprint(files):
+        return files
+    try:
+        return {"files": [{"path": file_record(folder / name)["path"], "size": int(size), "mtime_ns": int(mtime)}
+                          for name, (size, mtime) in files.items()]}
+    except (TypeError, ValueError):
+        return files
+
+
+def _same_sources(recorded, now) -> bool:
+    """Whether a manifest's record of the corpus's sources is ``now`` (:func:`changes` for text files)."""
+    if is_fingerprint(now):
+        return is_fingerprint(recorded) and not changes(recorded, now)
+    return recorded == now
+
+
+def _same_vocab_inputs(recorded, now: dict) -> bool:
+    """Whether the vocabulary was trained on the same training text with the same sample and seed."""
+    return (isinstance(recorded, dict) and recorded.get("vocab_sample") == now["vocab_sample"]
+            and recorded.get("seed") == now["seed"] and _same_sources(recorded.get("files"), now["files"]))
 
 
 def _sha256(path: Path) -> str:
@@ -149,20 +181,27 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
     prep = out / PREPARED
     vocab_path = run_vocab(out) if given_vocab is None else _place_given_vocab(out, given_vocab)
     texts = task_texts(task, seed) if folder is None else None
-    inputs = {"format": FORMAT, "source": source,
-              "files": _file_stats(folder) if folder is not None else {"task": task, "seed": seed}}
-    vocab_inputs = {"files": {k: v for k, v in inputs["files"].items() if not k.startswith(("valid.", "test."))},
+    inputs = {"format": FORMAT, "source": source, "files": _sources(folder, task, seed)}
+    vocab_inputs = {"files": _sources(folder, task, seed, splits=("train",)),
                     "vocab_sample": int(vocab_sample), "seed": int(seed)}
     manifest = read_manifest(prep)
+    if manifest is not None:  # an older manifest's record, read as a fingerprint
+        manifest["files"] = _as_fingerprint(manifest.get("files"), folder)
+        if isinstance(manifest.get("vocab", {}).get("inputs"), dict):
+            manifest["vocab"]["inputs"]["files"] = _as_fingerprint(manifest["vocab"]["inputs"].get("files"), folder)
     current_sha = _sha256(vocab_path) if vocab_path.is_file() else None
     asked_other_size = (vocab_size is not None and manifest is not None
                         and manifest.get("vocab", {}).get("requested") != int(vocab_size))
     if (manifest is not None and current_sha is not None and not asked_other_size
-            and all(manifest.get(k) == v for k, v in inputs.items())
+            and manifest.get("format") == FORMAT and manifest.get("source") == source
+            and _same_sources(manifest.get("files"), inputs["files"])
             and manifest.get("vocab", {}).get("sha256") == current_sha):
         data = open_prepared(prep, manifest, source, vocab_path, folder, texts)
         data.reused, data.seconds = True, time.perf_counter() - t0
         return data
+    if manifest is not None and manifest.get("source") == source and is_fingerprint(manifest.get("files")) \
+            and is_fingerprint(inputs["files"]) and (found := changes(manifest["files"], inputs["files"])):
+        say(f"{summary(found)} since {prep} was prepared: preparing it again")
 
     # -- (re)prepare ---------------------------------------------------------------------------------------
     if folder is not None:
@@ -172,7 +211,7 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
     n_train = counts["train"]
     keep_vocab = given_vocab is not None or current_sha is not None and (
         manifest is None  # a vocabulary without a manifest: the user's, or a run folder from before
-        or (not asked_other_size and manifest.get("vocab", {}).get("inputs") == vocab_inputs))
+        or (not asked_other_size and _same_vocab_inputs(manifest.get("vocab", {}).get("inputs"), vocab_inputs)))
     if current_sha is not None and not keep_vocab and run_checkpoints(out):
         if asked_other_size:
             raise DataError(f"{out} holds checkpoints trained with a vocabulary of "
@@ -223,6 +262,10 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
                     seconds=round(time.perf_counter() - t0, 2))
     atomic_write_bytes(prep / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
     result = open_prepared(prep, manifest, source, vocab_path, folder, texts)
+    if given_vocab is not None:  # the model's vocabulary, not one trained on this text: does it cover it?
+        warn_unk_share({folder / f"{split}.{side}" if folder is not None else f"{source} {split}.{side}":
+                        getattr(result.ids[split], f"{side}_ids") for split in SPLITS for side in SIDES},
+                       vocab.unk_id, say)
     result.seconds = time.perf_counter() - t0
     return result
 

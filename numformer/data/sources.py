@@ -25,7 +25,8 @@ def resolve_source(corpus, data_dir, task, wmt_dir=None, log=None) -> tuple[Path
     string 'corpus:NAME', 'data:DIR' or 'task:NAME' that logs and checkpoints record).
 
     A named corpus is built (or found in its cache) here, a WMT one from ``wmt_dir`` when given
-    (``log`` hears its filter counts); a folder is checked to hold the six files.
+    (``log`` hears its filter counts, and for either corpus which source changed when a cached build is
+    built again); a folder is checked to hold the six files.
     """
     if wmt_dir is not None and corpus not in WMT_CORPORA:
         raise DataError(f"--wmt-dir gives the files of a WMT 2014 corpus: use it with --corpus "
@@ -42,7 +43,7 @@ def resolve_source(corpus, data_dir, task, wmt_dir=None, log=None) -> tuple[Path
             return build_wmt_corpus(corpus, wmt_dir, log=log), f"corpus:{corpus}"
         from .bible import build_bible_corpus  # noqa: PLC0415  (the Bible's code only when that corpus is asked for)
 
-        return build_bible_corpus(), f"corpus:{corpus}"
+        return build_bible_corpus(log=log), f"corpus:{corpus}"
     if data_dir:
         return check_corpus_dir(data_dir), f"data:{Path(data_dir).resolve()}"
     if task not in ("copy", "reverse"):

@@ -18,6 +18,14 @@ memory-maps the ids as for any corpus. The folder is built beside its final plac
 it only when complete (``wmt.json`` written last), so a build interrupted at any point leaves
 nothing that is taken for a corpus: the next run starts clean.
 
+A build knows its sources (:mod:`numformer.data.source_fingerprint`): ``wmt.json`` records the path, size
+and modification time of every file it was read from (the six text files, or every file of a
+``save_to_disk`` folder) and, for the ``datasets`` library's copy, the dataset's name, config and version.
+When a file changed since (edited, replaced, grown), the corpus is built again from the same place, with
+or without ``--wmt-dir``, and the log line names the file; a source that is gone leaves the build as it
+is (it is what remains of that text). A build from before these records is built again when
+``--wmt-dir`` is given (nothing says which text it holds) and kept otherwise.
+
 Training pairs are filtered the way fairseq's ``prepare-wmt14en2de.sh`` does with Moses'
 ``clean-corpus-n.perl -ratio 1.5 ... 1 250``, and each filter is counted in the preparation log:
 
@@ -43,6 +51,7 @@ from pathlib import Path
 from .. import environment
 from ..files import atomic_write_text
 from .errors import DataError
+from .source_fingerprint import changes, dataset_record, fingerprint, is_fingerprint, summary
 from .text_files import CORPUS_FILES, normalize_line
 
 
@@ -128,20 +137,30 @@ def build_wmt_corpus(name: str, wmt_dir=None, cache_dir=None, log=None) -> Path:
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir(name)
     origin = _origin(wmt_dir)
     built = read_build(folder)
-    if built is not None and (wmt_dir is None or built.get("origin") == origin):
-        say(f"{name}: built before in {folder} from {built['origin']} ({_counts_text(built)})")
-        return folder
-    if built is not None:
+    if built is not None and wmt_dir is not None and built.get("origin") != origin:
         say(f"{name}: {folder} was built from {built['origin']}, now {origin} is given: building it again")
+    elif built is not None:
+        source_dir = _recorded_dir(built) if wmt_dir is None else Path(wmt_dir)
+        stale, gone = _stale(built, source_dir, pair, wmt_dir is not None)
+        if stale is None:
+            kept = f"; {gone}: the corpus built from it is kept" if gone else ""
+            say(f"{name}: built before in {folder} from {built['origin']} ({_counts_text(built)}){kept}")
+            return folder
+        say(f"{name}: {stale} since {folder} was built: building it again")
+        wmt_dir = source_dir  # the same place it was built from (a datasets build has no folder: never stale)
+        origin = _origin(wmt_dir)
     reader = _text_reader(Path(wmt_dir), pair) if wmt_dir is not None and not _is_saved_dataset(Path(wmt_dir)) \
         else _dataset_reader(wmt_dir, pair)
     staging = folder.with_name(f".{folder.name}.building-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
+        # The sources are stated before they are read: a file written meanwhile is newer than the record, so
+        # the next run builds again rather than keep a corpus of half old, half new text.
+        sources = _sources_now(Path(wmt_dir), pair) if wmt_dir is not None else fingerprint(datasets=[reader.dataset])
         meta = _write_splits(staging, reader, pair, say)
         meta.update(name=name, origin=origin, format_version=FORMAT_VERSION, source_lang=pair.source,
-                    target_lang=pair.target)
+                    target_lang=pair.target, sources=sources)
         atomic_write_text(staging / META, json.dumps(meta, indent=1))
         if folder.exists():
             shutil.rmtree(folder)
@@ -164,6 +183,36 @@ def _counts_text(meta: dict) -> str:
 
 def _origin(wmt_dir) -> str:
     return "datasets:" + HUB_DATASET if wmt_dir is None else f"dir:{Path(wmt_dir).resolve()}"
+
+
+def _recorded_dir(built: dict) -> Path | None:
+    """The folder a build was read from (its origin ``dir:PATH``), None for the datasets library's copy."""
+    origin = str(built.get("origin", ""))
+    return Path(origin[len("dir:"):]) if origin.startswith("dir:") else None
+
+
+def _sources_now(source_dir: Path, pair: WmtPair) -> dict:
+    """The fingerprint of the files a build from ``source_dir`` reads: the six text files, or every file of a
+    ``save_to_disk`` folder (a new shard is a change too)."""
+    if _is_saved_dataset(source_dir):
+        return fingerprint(sorted(p for p in source_dir.rglob("*") if p.is_file()))
+    return fingerprint(source_dir / f"{stem}.{lang}" for _, stem, _ in SPLIT_SOURCES
+                       for lang in (pair.source, pair.target))
+
+
+def _stale(built: dict, source_dir: Path | None, pair: WmtPair, given: bool) -> tuple[str | None, str | None]:
+    """(what changed in the build's sources, for the log line, or None to reuse it; which source is gone, when
+    one is and nothing else changed). The ``datasets`` library's copy is never stale here: its version is known
+    only by loading it, and ``wmt/wmt14`` is one fixed release."""
+    recorded = built.get("sources")
+    if not is_fingerprint(recorded):  # built before builds recorded their sources
+        return ("nothing records which files it was built from (an older build)" if given else None), None
+    if source_dir is None:
+        return None, None
+    found = changes(recorded, _sources_now(source_dir, pair))
+    if all(c.gone for c in found):  # nothing to build from but the build: keep it
+        return None, summary(found) if found else None
+    return summary([c for c in found if not c.gone]), None
 
 
 def _is_saved_dataset(path: Path) -> bool:
@@ -275,6 +324,8 @@ def _dataset_reader(saved, pair: WmtPair):
                     raise DataError(f"a WMT {hub_split} row has languages {', '.join(sorted(row))}, not "
                                     f"{pair.source} and {pair.target}: is it the {pair.hub_config} dataset?")
                 yield row[pair.source], row[pair.target]
+    info = getattr(data[SPLIT_SOURCES[0][2]], "info", None)
+    pairs.dataset = dataset_record(HUB_DATASET, pair.hub_config, getattr(info, "version", None))  # for wmt.json
     return pairs
 
 

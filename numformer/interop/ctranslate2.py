@@ -48,11 +48,14 @@ What CTranslate2 cannot hold is refused in one line (:class:`~numformer.interop.
 setting): d_k different from d_v (Table 3's row B: CTranslate2 gives queries, keys and values one head size).
 Heads of d_k = d_v other than d_model / heads go in through the spec's ``head_dim``.
 
-Decoding through the engine differs from numformer's search in two rules the caller sets (bench/decode.py):
-the length limit is per batch (``max_decoding_length`` output tokens, EOS not counted; numformer's is per
-sentence, ``a * source_length + b`` tokens counting EOS), and beam scores are normalised by
-``length ** length_penalty`` instead of GNMT's ``((5 + length) / 6) ** alpha``. numformer never generates pad
-or BOS: pass :func:`suppressed` as ``suppress_sequences`` for the same rule.
+Decoding through the engine as numformer decodes: :func:`numformer_search_options` is the one set of
+``translate_batch`` keyword options every comparison with the engine uses (bench/decode.py,
+tests/interop/test_ctranslate2.py). With them greedy search equals numformer's by construction, an empty
+output (EOS first) included, and beam search with alpha 0 too. Where they still differ: for alpha > 0 the
+form of the length penalty, which CTranslate2 cannot express (GNMT's ``((5 + length) / 6) ** alpha`` against
+its ``length ** length_penalty``); a beam cut by the length limit (numformer forces EOS and adds its
+log-probability, CTranslate2 stops); and the limit is per call in CTranslate2, per sentence in numformer: one
+call per limit gives the same outputs, one call per batch (the bench) gives its shorter sentences a looser one.
 
 ``ctranslate2`` is imported inside the functions only: numformer imports without it.
 """
@@ -111,6 +114,60 @@ def suppressed(vocab) -> list[list[str]]:
     token (:func:`numformer.decoding.search.ban_special`); one token each (one when they are the same id)."""
     tokens = ct2_tokens(vocab)
     return [[tokens[i]] for i in sorted({vocab.pad_id, vocab.bos_id})]
+
+
+#: CTranslate2's ``length_penalty`` for a beam search numformer runs with alpha 0: not 0, because 0 switches
+#: CTranslate2 to another stopping rule (stop once the best beam ends) where numformer stops when ``beam``
+#: hypotheses have ended (fairseq's rule, CTranslate2's rule for any other penalty); so small that
+#: ``length ** RAW_SCORE_PENALTY`` rounds to 1.0 in float32 for any length (1 + 1e-12 * ln(length)), so that
+#: hypotheses are ranked by their log-probabilities alone, as numformer's alpha 0 ranks them.
+RAW_SCORE_PENALTY = 1e-12
+
+
+def numformer_search_options(vocab, beam: int, alpha: float, limit: int) -> dict:
+    """The keyword options of ``ctranslate2.Translator.translate_batch`` under which the engine searches as
+    numformer's :func:`~numformer.decoding.search.greedy_search` (``beam`` 1) or
+    :func:`~numformer.decoding.search.beam_search` does, for sentences whose numformer output limit
+    (:func:`~numformer.decoding.search.max_lengths`: tokens, the EOS it forces at the last counted) is
+    ``limit``. Each option and why:
+
+    * ``min_decoding_length=0``: numformer may end at the first step (an empty output); CTranslate2's default
+      1 bans EOS there and emits a token instead.
+    * ``max_decoding_length=limit - 1``: CTranslate2 counts the tokens before EOS, numformer counts EOS.
+    * ``beam_size``, ``num_hypotheses=1``, ``patience=1``: the beam; a search stops once ``beam``
+      hypotheses have ended (fairseq's rule, numformer's). CTranslate2's default beam is 2, not greedy.
+    * ``length_penalty``: greedy search has none (0). A beam's score is its log-probability divided by a
+      penalty of its length L counting EOS (CTranslate2 counts EOS in L whether it returns it or not: measured
+      on 4.8, an EOS-first hypothesis scores log p(EOS) / 1). numformer's penalty is GNMT's
+      ``((5 + L) / 6) ** alpha``, CTranslate2 4.x has only ``L ** length_penalty``: alpha is passed as the
+      same exponent (equal at L = 1, not elsewhere), and alpha 0 as :data:`RAW_SCORE_PENALTY` (scores
+      unchanged, numformer's stopping rule).
+    * ``end_token`` = the vocabulary's EOS piece (the model's own, said explicitly), ``return_end_token=False``
+      (hypotheses without EOS, as numformer's), ``suppress_sequences`` = :func:`suppressed` (pad and BOS are
+      never generated).
+    * ``max_input_length=0``: CTranslate2 cuts sources at 1024 tokens by default; numformer reads them whole.
+    * left at their defaults, which are numformer's: ``coverage_penalty`` 0, ``repetition_penalty`` 1,
+      ``no_repeat_ngram_size`` 0, ``disable_unk`` False, ``sampling_topk`` 1 (argmax), written out so that a
+      change of CTranslate2's defaults cannot change the search.
+
+    Raises InteropError for ``limit`` < 2: numformer's output is then always empty, and CTranslate2 cannot
+    be told to decode no token (its ``max_decoding_length`` must be at least 1)."""
+    if int(limit) < 2:
+        raise InteropError(f"an output limit of {limit} token(s) allows only EOS: CTranslate2 decodes at least "
+                           "one token; give numformer's limit (a * source length + b) of 2 or more")
+    beam = int(beam)
+    if beam < 1:
+        raise InteropError(f"beam {beam}: the beam size must be at least 1")
+    tokens = ct2_tokens(vocab)
+    if beam == 1:
+        penalty = 0.0
+    else:
+        penalty = float(alpha) if alpha else RAW_SCORE_PENALTY
+    return {"beam_size": beam, "num_hypotheses": 1, "patience": 1.0, "length_penalty": penalty,
+            "coverage_penalty": 0.0, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "disable_unk": False,
+            "sampling_topk": 1, "min_decoding_length": 0, "max_decoding_length": int(limit) - 1,
+            "max_input_length": 0, "end_token": tokens[vocab.eos_id], "return_end_token": False,
+            "suppress_sequences": suppressed(vocab)}
 
 
 def _linear(spec, weight, bias) -> None:
@@ -300,5 +357,6 @@ def export_ctranslate2(model_file_or_run, out_dir, quantization: str | None = No
     return export_model(model, vocab, out_dir, quantization)
 
 
-__all__ = ["QUANTIZATIONS", "check_exportable", "ct2_tokens", "suppressed", "position_table", "transformer_spec",
-           "converter_class", "convert", "export_model", "export_ctranslate2"]
+__all__ = ["QUANTIZATIONS", "RAW_SCORE_PENALTY", "check_exportable", "ct2_tokens", "suppressed",
+           "numformer_search_options", "position_table", "transformer_spec", "converter_class",
+           "convert", "export_model", "export_ctranslate2"]

@@ -42,6 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from . import InteropError
+from .hf_files import (BOOLEAN, INTEGER, NUMBER, OBJECT, STRING, TOKEN_ID, check_value, field, read_json_object,
+                       shown)
 from ..files import atomic_folder
 from ..data.errors import DataError
 from ..data.marian_vocab import MarianVocab, is_marian_vocab_bytes
@@ -202,26 +204,50 @@ def _refuse(where, setting: str, why: str):
     raise InteropError(f"{where} is a Marian variant numformer cannot represent: {setting} ({why})")
 
 
-def model_config_from_marian(config: dict, where="the model") -> ModelConfig:
-    """A Marian ``config.json`` (as a dict) -> numformer's ModelConfig; an InteropError (one line naming the
-    setting) for a variant numformer cannot represent."""
-    c = dict(config)
-    if c.get("model_type") != "marian":
+def marian_special_ids(config: dict, path, vocab_size: int, where="the model") -> tuple[int, int, int]:
+    """(pad, eos, decoder start) of a Marian ``config.json`` (the dict read from ``path``), each checked to be a
+    token id of the ``vocab_size``-row vocabulary; the decoder starts from pad when the file does not say
+    (MarianConfig's own default). An ``eos_token_id`` list of one id is that id; of several, a variant
+    numformer cannot represent."""
+    top = vocab_size - 1
+    pad = field(config, "pad_token_id", TOKEN_ID, path, low=0, high=top)
+    eos = config.get("eos_token_id")
+    if isinstance(eos, list):
+        if len(eos) != 1:
+            _refuse(where, f"eos_token_id {shown(eos)}", "numformer needs one eos id")
+        eos = check_value(eos[0], "eos_token_id", TOKEN_ID, path, low=0, high=top)
+    else:
+        eos = field(config, "eos_token_id", TOKEN_ID, path, low=0, high=top)
+    start = field(config, "decoder_start_token_id", TOKEN_ID, path, default=pad, low=0, high=top, nullable=True)
+    return pad, eos, start
+
+
+def model_config_from_marian(config: dict, where="the model", path=None) -> ModelConfig:
+    """A Marian ``config.json`` (as a dict, read from ``path``) -> numformer's ModelConfig. Every field it uses
+    is checked for its type and range first (:mod:`numformer.interop.hf_files`: one InteropError line naming
+    the file and the field); a variant numformer cannot represent is an InteropError naming the setting.
+    Absent fields MarianConfig has a default for take that default; the sizes and ids must be there
+    (``save_pretrained`` writes them all)."""
+    c = config
+    path = path if path is not None else f"{where}'s {CONFIG}"
+    model_type = field(c, "model_type", STRING, path, default=None, nullable=True)
+    if model_type != "marian":
         raise InteropError(f"{where} is not a Marian model: its config.json says model_type "
-                           f"{c.get('model_type')!r} (numformer imports MarianMTModel, model_type 'marian')")
-    act = c.get("activation_function", "gelu")  # MarianConfig's own default
+                           f"{shown(model_type)} (numformer imports MarianMTModel, model_type 'marian')")
+    act = field(c, "activation_function", STRING, path, default="gelu")  # MarianConfig's own default
     if act not in ACTIVATIONS:
         _refuse(where, f"activation_function {act!r}", "numformer's feed-forward block has relu and swish/silu")
-    if not c.get("scale_embedding", False):
+    if not field(c, "scale_embedding", BOOLEAN, path, default=False):
         _refuse(where, "scale_embedding false", "numformer always scales the embeddings by sqrt(d_model)")
-    if not c.get("share_encoder_decoder_embeddings", True):
+    if not field(c, "share_encoder_decoder_embeddings", BOOLEAN, path, default=True):
         _refuse(where, "share_encoder_decoder_embeddings false", "untied embeddings: numformer imports one shared "
                 "embedding, tied with the output projection")
-    if not c.get("tie_word_embeddings", True):
+    if not field(c, "tie_word_embeddings", BOOLEAN, path, default=True):
         _refuse(where, "tie_word_embeddings false", "an output projection apart from the embedding")
-    vocab_size = c.get("vocab_size")
-    if (c.get("decoder_vocab_size") or vocab_size) != vocab_size:
-        _refuse(where, f"decoder_vocab_size {c.get('decoder_vocab_size')} != vocab_size {vocab_size}",
+    vocab_size = field(c, "vocab_size", INTEGER, path, low=1)
+    decoder_vocab_size = field(c, "decoder_vocab_size", INTEGER, path, default=None, low=1, nullable=True)
+    if decoder_vocab_size not in (None, vocab_size):
+        _refuse(where, f"decoder_vocab_size {decoder_vocab_size} != vocab_size {vocab_size}",
                 "a separate target vocabulary")
     # keys of transformers 3.x's BART-based Marian: today's MarianMTModel ignores them, so a file that
     # sets them was made for a model transformers no longer computes
@@ -231,34 +257,36 @@ def model_config_from_marian(config: dict, where="the model") -> ModelConfig:
                             ("layernorm_embedding", True, "a LayerNorm on the embeddings"),
                             ("static_position_embeddings", False, "learned positions"),
                             ("add_bias_logits", True, "a trained logits bias")):
-        if key in c and bool(c[key]) == value:
+        if field(c, key, BOOLEAN, path, default=None, nullable=True) is value:
             _refuse(where, f"{key} {str(value).lower()}", f"{why}; transformers' MarianMTModel is post-LN with "
                     "fixed sinusoids and computes none of it")
+    sizes = {key: field(c, key, INTEGER, path, low=1) for key in (
+        "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+        "encoder_ffn_dim", "decoder_ffn_dim")}
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
-        if c.get(a) != c.get(b):
-            _refuse(where, f"{a} {c.get(a)} != {b} {c.get(b)}", "numformer's two stacks share these sizes")
+        if sizes[a] != sizes[b]:
+            _refuse(where, f"{a} {sizes[a]} != {b} {sizes[b]}", "numformer's two stacks share these sizes")
     for key in ("encoder_layerdrop", "decoder_layerdrop"):
-        if c.get(key, 0.0):
+        if field(c, key, NUMBER, path, default=0.0, low=0, high=1):
             _refuse(where, f"{key} {c[key]}", "LayerDrop: numformer runs every layer")
-    d = c.get("d_model")
-    if isinstance(d, int) and d % 2:
+    d = sizes["d_model"]
+    if d % 2:
         _refuse(where, f"d_model {d}", "odd: Marian's sinusoid layout is taken here for an even d_model")
-    pad, eos = c.get("pad_token_id"), c.get("eos_token_id")
-    if isinstance(eos, list):
-        eos = eos[0] if len(eos) == 1 else eos
-    if not isinstance(pad, int) or not isinstance(eos, int):
-        _refuse(where, f"pad_token_id {pad!r}, eos_token_id {eos!r}", "numformer needs one pad id and one eos id")
+    dropouts = {key: field(c, key, NUMBER, path, default=default, low=0, below=1) for key, default in (
+        ("dropout", 0.1), ("attention_dropout", 0.0), ("activation_dropout", 0.0))}  # MarianConfig's defaults
+    max_len = field(c, "max_position_embeddings", INTEGER, path, low=2)
+    pad, _, _ = marian_special_ids(c, path, vocab_size, where)
     try:
         cfg = ModelConfig(
-            vocab_size=vocab_size, d_model=d, d_ff=c.get("encoder_ffn_dim"), heads=c.get("encoder_attention_heads"),
-            layers=c.get("encoder_layers"), decoder_layers=c.get("decoder_layers"),
-            dropout=float(c.get("dropout", 0.1)), attn_dropout=float(c.get("attention_dropout", 0.0)),
-            relu_dropout=float(c.get("activation_dropout", 0.0)), pre_norm=False, tie_embeddings=True,
-            max_len=c.get("max_position_embeddings"), positional="sinusoidal", ln_eps=MARIAN_LN_EPS, pad_id=pad,
+            vocab_size=vocab_size, d_model=d, d_ff=sizes["encoder_ffn_dim"], heads=sizes["encoder_attention_heads"],
+            layers=sizes["encoder_layers"], decoder_layers=sizes["decoder_layers"],
+            dropout=float(dropouts["dropout"]), attn_dropout=float(dropouts["attention_dropout"]),
+            relu_dropout=float(dropouts["activation_dropout"]), pre_norm=False, tie_embeddings=True,
+            max_len=max_len, positional="sinusoidal", ln_eps=MARIAN_LN_EPS, pad_id=pad,
             activation=ACTIVATIONS[act], logits_bias=True, pad_row_gradient=False)
         return cfg.checked()
     except (UsageError, TypeError, ValueError) as exc:
-        raise InteropError(f"{where}'s config.json does not make a numformer model: {first_line(exc)}") from None
+        raise InteropError(f"{path} does not make a numformer model: {first_line(exc)}") from None
 
 
 def _ids_of(cfg: ModelConfig, vocab) -> dict:
@@ -316,18 +344,6 @@ def generation_config(cfg: ModelConfig, vocab) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- files
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InteropError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError:
-        raise InteropError(f"{path} is not JSON: {what} is damaged") from None
-    if not isinstance(data, dict):
-        raise InteropError(f"{path} is not a JSON object: {what} is damaged")
-    return data
-
-
 def read_hf_weights(folder) -> dict:
     """The weights of a Hugging Face model folder by name, as numpy arrays: ``model.safetensors`` (or its
     shards through ``model.safetensors.index.json``), else ``pytorch_model.bin`` (through torch). Half
@@ -337,8 +353,11 @@ def read_hf_weights(folder) -> dict:
     if (folder / SAFETENSORS).is_file():
         files = [folder / SAFETENSORS]
     elif (folder / SAFETENSORS_INDEX).is_file():
-        index = _read_json(folder / SAFETENSORS_INDEX, "the weights' index")
-        files = [folder / f for f in sorted(set((index.get("weight_map") or {}).values()))]
+        index_path = folder / SAFETENSORS_INDEX
+        weight_map = field(read_json_object(index_path), "weight_map", OBJECT, index_path)
+        files = [folder / check_value(f, f"weight_map[{name!r}]", STRING, index_path)
+                 for name, f in weight_map.items()]
+        files = sorted(set(files))
     state = {}
     if files:
         from safetensors.numpy import load_file  # noqa: PLC0415
@@ -356,8 +375,13 @@ def read_hf_weights(folder) -> dict:
                                "torch, or save the model with safetensors") from None
         try:
             loaded = torch.load(str(folder / TORCH_BIN), map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001
-            raise InteropError(f"cannot read the weights {folder / TORCH_BIN} ({first_line(exc)})") from None
+        except Exception:  # noqa: BLE001  (torch's message advises weights_only=False: never, for a file that fails)
+            raise InteropError(f"{folder / TORCH_BIN} is not a PyTorch weights file numformer can read (damaged, cut "
+                               "short, or holding more than tensors): save the model again with "
+                               "MarianMTModel.save_pretrained (safetensors)") from None
+        if not isinstance(loaded, dict) or not all(hasattr(v, "numpy") for v in loaded.values()):
+            raise InteropError(f"{folder / TORCH_BIN} holds no mapping of weight names to tensors: save the model "
+                               "again with MarianMTModel.save_pretrained")
         state = {k: (v.float() if v.dtype in (torch.float16, torch.bfloat16) else v).numpy() for k, v in loaded.items()}
     else:
         raise InteropError(f"{folder} holds no weights ({SAFETENSORS} or {TORCH_BIN}): save the model with "
@@ -417,11 +441,11 @@ def import_marian(source, out, log=None) -> Path:
     if not (folder / CONFIG).is_file():
         raise InteropError(f"{where} has no {CONFIG}: not a Hugging Face model folder (save it with "
                            "MarianMTModel.save_pretrained)")
-    config = _read_json(folder / CONFIG, "the model's config")
-    cfg = model_config_from_marian(config, where)
-    decoder_start = config.get("decoder_start_token_id", cfg.pad_id)
-    eos = config.get("eos_token_id")
-    eos = eos[0] if isinstance(eos, list) else eos
+    config_path = folder / CONFIG
+    config = read_json_object(config_path)
+    cfg = model_config_from_marian(config, where, config_path)
+    _, eos, decoder_start = marian_special_ids(config, config_path, cfg.vocab_size, where)
+    transformers_version = field(config, "transformers_version", STRING, config_path, default=None, nullable=True)
     vocab = MarianVocab.from_files(folder, eos_id=eos, pad_id=cfg.pad_id, bos_id=decoder_start,
                                    size=cfg.vocab_size)
     n_pieces = len(vocab.pieces)
@@ -442,6 +466,12 @@ def import_marian(source, out, log=None) -> Path:
     for name in SHARED_NAMES[1:]:
         state.pop(name, None)
     state["model.shared.weight"] = shared
+    for stack, n in (("encoder", cfg.layers), ("decoder", cfg.n_decoder_layers)):
+        # the last layer the config names, before the map of every layer is built (a config.json claiming
+        # a billion layers would otherwise build it)
+        if f"model.{stack}.layers.{n - 1}.fc1.weight" not in state:
+            raise InteropError(f"{where}'s weights have no layer {n - 1} of the {stack}, which config.json's "
+                               f"{stack}_layers {n} asks for: the weights are not the model config.json describes")
     mapped = parameter_map(cfg.layers, cfg.n_decoder_layers)
     known = {theirs for _, theirs, _ in mapped}
     extra = sorted(set(state) - known)
@@ -462,7 +492,7 @@ def import_marian(source, out, log=None) -> Path:
     meta = {"model_config": cfg.to_dict(), "vocab_size": cfg.vocab_size,
             "vocab_sha256": hashlib.sha256(blob).hexdigest(),
             "imported_from": {"format": "hf-marian", "source": where,
-                              "transformers_version": config.get("transformers_version"),
+                              "transformers_version": transformers_version,
                               "decoder_start_token_id": decoder_start, "eos_token_id": eos,
                               "pad_token_id": cfg.pad_id}}
     from ..checkpoint import save_checkpoint  # noqa: PLC0415
@@ -551,5 +581,5 @@ def vocab_of(blob: bytes | None, fallback_path=None):
 
 
 __all__ = ["marian_permutation", "marian_sinusoids", "parameter_map", "marian_to_numformer", "numformer_to_marian",
-           "model_config_from_marian", "marian_config_from_numformer", "generation_config", "read_hf_weights",
-           "fetch", "import_marian", "export_marian", "vocab_of"]
+           "marian_special_ids", "model_config_from_marian", "marian_config_from_numformer", "generation_config",
+           "read_hf_weights", "fetch", "import_marian", "export_marian", "vocab_of"]

@@ -18,7 +18,7 @@ from ..kernels.host import tune_host
 tune_host()  # before numpy loads, as train.py does: the warmup study trains
 
 from ..cli.arguments import OneLineParser  # noqa: E402
-from ..cli.errors import one_line_errors  # noqa: E402
+from ..cli.front import command_line  # noqa: E402
 from ..errors import NumformerError, UsageError, first_line  # noqa: E402
 from . import STUDIES, get  # noqa: E402
 
@@ -40,6 +40,7 @@ def named_study(argv) -> str | None:
     return next((a for a in argv if a in STUDIES), None)
 
 
+@command_line(PROG)
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
@@ -59,24 +60,23 @@ def main(argv=None) -> int:
         ap.error(f"name a study ({', '.join(STUDIES)}) or pass --list")
     if args.name not in STUDIES:
         ap.error(f"unknown study {args.name!r}: choose one of {', '.join(STUDIES)}")
-    with one_line_errors(PROG):
+    try:
+        import matplotlib  # noqa: F401, PLC0415
+    except ImportError:
+        raise UsageError("the studies draw with matplotlib: pip install 'numformer[plot]'") from None
+    study = get(args.name)
+    cfg = study.SMALL if args.small else study.FULL
+    if hasattr(study, "config_from_args"):
         try:
-            import matplotlib  # noqa: F401, PLC0415
-        except ImportError:
-            raise UsageError("the studies draw with matplotlib: pip install 'numformer[plot]'") from None
-        study = get(args.name)
-        cfg = study.SMALL if args.small else study.FULL
-        if hasattr(study, "config_from_args"):
-            try:
-                cfg = study.config_from_args(args, cfg)
-            except NumformerError as exc:  # a bad flag value: one line, exit status 2, like argparse's own
-                ap.error(first_line(exc))
-        print(f"{args.name}: {study.TITLE}\n{study.CITATION}\n", flush=True)
-        results = study.run(args.out, cfg, log=lambda line: print(line, flush=True))
-        print()
-        print(open(results["files"][1], encoding="utf-8").read())
-        for path in results["files"]:
-            print(path)
+            cfg = study.config_from_args(args, cfg)
+        except NumformerError as exc:  # a bad flag value: one line, exit status 2, like argparse's own
+            ap.error(first_line(exc))
+    print(f"{args.name}: {study.TITLE}\n{study.CITATION}\n", flush=True)
+    results = study.run(args.out, cfg, log=lambda line: print(line, flush=True))
+    print()
+    print(open(results["files"][1], encoding="utf-8").read())
+    for path in results["files"]:
+        print(path)
     return 0
 
 

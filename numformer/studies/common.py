@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import get_array_module, to_host
+from ..files import atomic_write_text
 from ..loss import LabelSmoothedCrossEntropy
+from ..plot import save_picture
 
 #: The ids below this are the vocabulary's specials (pad 0, unk 1, bos 2, eos 3): random tokens avoid them.
 FIRST_ORDINARY_ID = 4
@@ -119,8 +121,8 @@ def write_outputs(out, name: str, results: dict, check, picture, table) -> dict:
     results["failed"] = check(results)
     png, md, js = out / f"{name}.png", out / f"{name}.md", out / f"{name}.json"
     results["files"] = [str(picture(results, png)), str(md), str(js)]
-    md.write_text(table(results), encoding="utf-8")
-    js.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    atomic_write_text(md, table(results))
+    atomic_write_text(js, json.dumps(results, indent=1) + "\n")
     return results
 
 
@@ -128,7 +130,7 @@ def save_figure(fig, path) -> Path:
     """Lay out, write and close a study's figure; -> its path."""
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    save_picture(fig, path, dpi=110)
     pyplot().close(fig)
     return path
 

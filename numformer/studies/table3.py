@@ -41,12 +41,16 @@ layers), the synthetic copy task, 30 steps of 600 tokens, seeds 1 and 2, 10 dev 
 
 Resume: each finished (row, seed) writes ``OUT/table3/ROW-seedS/result.json`` (atomically) and drops its
 checkpoint; a started study reads the finished runs back and trains only the others, so a stopped study
-resumes at the row it was on. A run stopped inside its training (Ctrl-C or SIGTERM: the Trainer saves a
-checkpoint; a periodic one every 5 minutes otherwise) continues from its checkpoint through
-``Trainer.resume`` (bit-identical to an uninterrupted run on the CPU); a run folder without a checkpoint
-is started again clean. ``OUT/table3/study.json`` holds the settings results depend on (scale, budget,
-data and its vocabulary, batch size, schedule, decoding; not the rows or seeds, which may grow between
-starts): other settings refuse to start, in one line, rather than mix results.
+resumes at the row it was on. Those files are the study's record: the table (``OUT/table3.md``, ``.json``,
+``.png``, each written to a temporary beside it and renamed over it) is rendered from every finished run in
+the folder, so a start with other ``--rows`` (``--rows A`` after ``--rows D``) adds its rows to the table
+rather than dropping the ones run before; a row run again replaces its own results. A run stopped inside
+its training (Ctrl-C or SIGTERM: the Trainer saves a checkpoint; a periodic one every 5 minutes otherwise)
+continues from its checkpoint through ``Trainer.resume`` (bit-identical to an uninterrupted run on the
+CPU); a run folder without a checkpoint is started again clean. ``OUT/table3/study.json`` holds the
+settings results depend on (scale, budget, data and its vocabulary, batch size, schedule, decoding; not the
+rows or seeds, which may grow between starts): other settings refuse to start, in one line, rather than mix
+results.
 
 What numformer found (``FULL``, commit a15135d; ``table3.md`` has the table): base's dev PPL 80.7
 (80.3..81.0 over the two seeds), BLEU 7.6. Of the paper's directions, label smoothing's held (eps_ls 0: PPL
@@ -307,6 +311,18 @@ def read_result(folder: Path) -> dict | None:
         return None
 
 
+def finished_runs(out: Path) -> dict:
+    """Every finished (row, seed) in ``OUT/table3/`` -> its result: the study's record, whichever ``--rows``
+    and ``--seeds`` each start asked for (study.json holds the settings they share)."""
+    found = {}
+    folder = Path(out) / NAME
+    for run in sorted(folder.glob("*-seed*")) if folder.is_dir() else ():
+        r = read_result(run)
+        if isinstance(r, dict) and r.get("row") in TABLE3 and run == run_folder(out, r["row"], r.get("seed")):
+            found[(r["row"], r["seed"])] = r
+    return found
+
+
 def check_study_file(out: Path, current: dict) -> None:
     """Write OUT/table3/study.json on the first start; refuse (UsageError) when it holds other settings."""
     path = Path(out) / NAME / STUDY_FILE
@@ -394,12 +410,19 @@ def measure(cfg: Config = FULL, out="runs/studies", log=print) -> dict:
         r = train_one(row, seed, cfg, data, out, log)
         budget.step(f"{row} seed {seed}: {r['steps']} steps, dev PPL {_fmt(r['dev_ppl'])}, BLEU {_fmt(r['dev_bleu'])}"
                     + (f" (diverged: {r['diverged']})" if r["diverged"] else ""))
-    runs = [r for row in cfg.rows for seed in cfg.seeds
-            if (r := read_result(run_folder(out, row, seed))) is not None]
+    # The table holds every row run into this folder, not only this start's: a start with other --rows adds
+    # to it (the runs' result.json are the record; study.json guarantees they share the settings).
+    found = finished_runs(out)
+    rows = [row for row in TABLE3 if row in cfg.rows or any(r == row for r, _ in found)]
+    seeds = list(cfg.seeds) + sorted({s for _, s in found} - set(cfg.seeds))
+    kept = [row for row in rows if row not in cfg.rows]
+    if kept:
+        log(f"[{NAME}] the table keeps rows {', '.join(kept)} run before into {out / NAME} (their result.json)")
+    runs = [found[row, seed] for row in rows for seed in seeds if (row, seed) in found]
     base = base_config(cfg, data)
     return {"study": NAME, "config": asdict(cfg), "settings": settings(cfg), "data": data.source,
-            "base": base.to_dict(), "base_params": count_parameters(base), "rows": list(cfg.rows),
-            "seeds": list(cfg.seeds), "runs": runs, "seconds": round(sum(r["seconds"] for r in runs), 1),
+            "base": base.to_dict(), "base_params": count_parameters(base), "rows": rows,
+            "seeds": seeds, "runs": runs, "seconds": round(sum(r["seconds"] for r in runs), 1),
             "wall_seconds": round(budget.seconds, 1)}
 
 
@@ -667,9 +690,9 @@ def picture(results: dict, path) -> Path:
 
 def run(out, cfg: Config = FULL, log=print) -> dict:
     """Every (row, seed) into ``OUT/table3/ROW-seedS/`` (result.json, metrics.jsonl), then ``OUT/table3.png``,
-    ``.md`` and ``.json``."""
+    ``.md`` and ``.json`` of every row run into ``OUT``."""
     out = Path(out)
     results = measure(cfg, out, log)
     results["summary"] = summary(results)
     results["directions"] = directions(results)
-    return write_outputs(out, NAME, results, check, picture, table)
+    return write_outputs(out, NAME, results, check, picture, table)  # each file written beside, renamed over

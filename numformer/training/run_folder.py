@@ -19,13 +19,15 @@ without room for the checkpoints is reported before the first step, not after an
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from .. import run_files
 from ..checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from ..errors import UsageError
-from ..files import atomic_write_bytes, remove_stale_temporaries, write_json
+from ..files import atomic_write_bytes, partial_prefix, sweep_stale_partials, write_json
 from ..checkpoint.averaging import average_checkpoints
 from .run_lock import lock_run_folder
 
@@ -119,11 +121,11 @@ class RunFolder:
         """
         try:
             self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            probe = self.checkpoint_dir / ".write_probe.tmp"
-            with open(probe, "wb") as f:
+            fd, probe = tempfile.mkstemp(dir=self.checkpoint_dir, prefix=partial_prefix("write-probe"))
+            with os.fdopen(fd, "wb") as f:
                 f.write(b"numformer")
                 f.flush()
-            probe.unlink()
+            os.unlink(probe)
         except OSError as exc:
             raise CheckpointError(f"cannot write to {self.checkpoint_dir}: {exc.strerror or exc}: "
                                   "choose another --out or fix the folder's permissions") from None
@@ -175,8 +177,7 @@ class RunFolder:
         without training state, is a one-line CheckpointError.
         """
         for folder in (self.path, self.checkpoint_dir):
-            for tmp in remove_stale_temporaries(folder):
-                log(f"removed {tmp}, left by an interrupted write")
+            sweep_stale_partials(folder)  # says what it removed, in one line
         found = self.checkpoints()
         if not found:
             return None

@@ -24,10 +24,12 @@ two runs never share one.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -35,7 +37,7 @@ import weakref
 from pathlib import Path
 
 from .. import run_files
-from ..errors import UsageError
+from ..errors import NumformerError, UsageError
 
 _HELD: "weakref.WeakValueDictionary[str, RunLock]" = weakref.WeakValueDictionary()  # folder -> this process's lock
 
@@ -142,3 +144,41 @@ def in_use_message(folder, holder: dict | None) -> str:
         who = f"process {holder.get('pid')}{where} ({holder.get('command', '?')}) since {holder.get('since', '?')}"
     return (f"{folder} is in use by {who}: wait for it to finish (or stop it), or choose another --out; "
             "nothing in the folder was touched")
+
+
+@contextlib.contextmanager
+def refusal_leaves_folder_as_found(folder):
+    """``with refusal_leaves_folder_as_found(out):`` around what a run does before its first step (take the
+    lock, check the settings, prepare the corpus): when that is refused (a :class:`NumformerError`: a bad
+    flag value, a missing data file, a model file that is not one), the folder is put back as it was found.
+
+    What this run created there goes (``run.lock``, a half-prepared corpus, the folder itself if it was
+    new); what was there before is never touched. Only a process that holds the folder's lock undoes
+    anything: one refused because another process holds it (:class:`RunFolderInUse`) leaves it alone.
+    A bug (not a NumformerError) leaves everything for its crash report.
+    """
+    folder = Path(folder)
+    existed = folder.is_dir()
+    before = set(os.listdir(folder)) if existed else set()
+    try:
+        yield
+    except NumformerError:
+        held = _HELD.get(str(folder.resolve())) if folder.exists() else None
+        if held is not None and held.held:
+            _put_back(folder, existed, before, held)
+        raise
+
+
+def _put_back(folder: Path, existed: bool, before: set, lock: RunLock) -> None:
+    """Remove what was created in ``folder`` since ``before`` (the whole folder if it is new), then let go."""
+    new = [folder] if not existed else [folder / name for name in sorted(set(os.listdir(folder)) - before)]
+    left = []
+    for path in new:
+        try:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        except OSError:
+            left.append(str(path))
+    if left:  # the refusal's own line follows: this one says what could not be put back
+        print(f"numformer: could not remove {', '.join(left)}, which this refused run created: delete it by hand",
+              file=sys.stderr)
+    lock.release()

@@ -21,7 +21,7 @@ def test_a_checkpoint_written_over_itself_is_refused_and_kept(run_copy, capsys, 
     ck = _checkpoints(run_copy)[-1]
     before = ck.read_bytes()
     code, _, err = run_main(main, [command, str(ck), "--out", str(ck)], capsys)
-    assert_one_line_error(code, err, "numformer.checkpoint", "would overwrite the input")
+    assert_one_line_error(code, err, "python -m numformer.checkpoint", "would overwrite the input")
     assert ck.read_bytes() == before
 
 
@@ -31,7 +31,7 @@ def test_a_link_to_the_input_is_the_input(run_copy, tmp_path, capsys):
     link = tmp_path / "link.npz"
     os.symlink(ck, link)
     code, _, err = run_main(main, ["average", str(ck), "--out", str(link)], capsys)
-    assert_one_line_error(code, err, "numformer.checkpoint", "would overwrite the input")
+    assert_one_line_error(code, err, "python -m numformer.checkpoint", "would overwrite the input")
     assert ck.read_bytes() == before and link.is_symlink()
 
 
@@ -41,15 +41,15 @@ def test_the_run_folder_itself_or_the_model_file_it_serves_is_refused(run_copy, 
     assert code == 0, err                        # a new file in the run folder: allowed
     served = (run_copy / "averaged.npz").read_bytes()
     code, _, err = run_main(main, ["export", str(run_copy), "--out", str(run_copy / "averaged.npz")], capsys)
-    assert_one_line_error(code, err, "numformer.checkpoint", "would overwrite the input")
+    assert_one_line_error(code, err, "python -m numformer.checkpoint", "would overwrite the input")
     assert (run_copy / "averaged.npz").read_bytes() == served
     code, _, err = run_main(main, ["export", str(run_copy), "--format", "hf", "--out", str(run_copy)], capsys)
-    assert_one_line_error(code, err, "numformer.checkpoint", "would overwrite the input")
+    assert_one_line_error(code, err, "python -m numformer.checkpoint", "would overwrite the input")
 
 
 def test_an_empty_out_says_so(run_copy, capsys):
     code, _, err = run_main(main, ["export", str(run_copy), "--out", ""], capsys)
-    assert_one_line_error(code, err, "numformer.checkpoint", "--out is empty")
+    assert_one_line_error(code, err, "python -m numformer.checkpoint", "--out is empty")
 
 
 def test_an_input_inside_the_output_folder_is_refused(tmp_path):

@@ -85,7 +85,7 @@ def test_translate_cli_gives_one_line_per_input_line(lines, beam, random_run, tm
             assert hyp == "", (line, hyp)
         assert hyp == normalize_line(hyp)  # no tabs, no line separators, no runs of whitespace
         assert not any(c in hyp for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
-    assert not list(folder.glob(".*.tmp"))  # the atomic output left no temporary file
+    assert not list(folder.glob(".*numformer-partial-*"))  # the atomic output left no temporary file
 
 
 def test_translate_stdin_end_to_end(random_run):

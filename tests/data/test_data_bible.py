@@ -222,7 +222,7 @@ def test_missing_pysword_gives_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pysword.modules", None)
     with pytest.raises(DataError, match=r"pip install pysword"):
         bible.build_bible_corpus(tmp_path / "out")
-    assert bible_main(["--out", str(tmp_path / "out")]) == 1
+    assert bible_main(["--out", str(tmp_path / "out")]) == 2  # a DataError: the user's to fix
 
 
 def test_clean_osis():

@@ -4,8 +4,12 @@
   small trained reverse model and on random-weight models covering the spec's switches: pre-LN (final
   LayerNorms), SiLU, a frozen logits bias, untied embeddings, learned positions, another LayerNorm epsilon,
   heads of d_k != d_model / heads, and a model imported from Marian (the decoder starting from the pad row);
-* greedy ``translate_batch`` equals numformer's greedy search token for token, with numformer's per-sentence
-  length limit reproduced as CTranslate2's per-batch ``max_decoding_length`` (one call per limit);
+* every search goes through the one set of options :func:`numformer_search_options` gives (what bench/decode.py
+  uses too): greedy ``translate_batch`` equals numformer's greedy search token for token, with numformer's
+  per-sentence length limit reproduced as CTranslate2's per-call ``max_decoding_length`` (one call per limit),
+  also where numformer's output is empty (a model whose first token is EOS for half the sources; without
+  ``min_decoding_length=0`` the engine writes a token there instead, a planted bug that fails); beam search
+  with alpha 0 equals numformer's (with alpha > 0 the length penalties' forms differ: not compared);
 * planted bugs (no explicit position table, the embedding scale left out, a zero start embedding as CTranslate2's
   stock Marian loader sets) fail the comparison;
 * a model CTranslate2 cannot hold (d_k != d_v), an output folder in the way and an unknown quantization are
@@ -32,7 +36,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 from numformer.checkpoint import save_checkpoint, vocab_fingerprint  # noqa: E402
 from numformer.checkpoint.trained_model import load_model  # noqa: E402
 from numformer.data import SubwordVocab, make_synthetic  # noqa: E402
-from numformer.decoding.search import greedy_search, log_softmax, max_lengths  # noqa: E402
+from numformer.decoding.search import beam_search, greedy_search, log_softmax, max_lengths  # noqa: E402
 from numformer.decoding.translation import source_batch  # noqa: E402
 from numformer.interop import InteropError  # noqa: E402
 from numformer.interop import ctranslate2 as nct2  # noqa: E402
@@ -80,18 +84,19 @@ def mean_difference(model, vocab, translator, src, tgt) -> float:
     return float(np.abs(np.concatenate(ours) - np.concatenate(theirs)).mean())
 
 
-def engine_greedy(translator, vocab, src: list, limits) -> list:
-    """CTranslate2's greedy outputs (ids, without EOS) with numformer's rules: numformer's limit L tokens
-    counts the EOS it forces at the L-th, CTranslate2's ``max_decoding_length`` counts tokens without EOS, so
-    L - 1; pad and the start token are never generated (``suppress_sequences``). One call per distinct limit."""
+def engine_search(translator, vocab, src: list, limits, beam: int = 1, alpha: float = 0.0, without=()) -> list:
+    """CTranslate2's outputs (ids, without EOS) under numformer's rules: the options of
+    :func:`nct2.numformer_search_options` for each sentence's numformer limit (one call per distinct limit: the
+    engine's limit is per call). ``without``: options left out (a planted bug: CTranslate2's default instead)."""
     tokens = nct2.ct2_tokens(vocab)
     index = {t: i for i, t in enumerate(tokens)}
     out = [None] * len(src)
     for limit in sorted(set(int(x) for x in limits)):
         rows = [i for i, x in enumerate(limits) if x == limit]
-        found = translator.translate_batch([[tokens[k] for k in src[i]] for i in rows], beam_size=1,
-                                           max_decoding_length=limit - 1, max_input_length=0,
-                                           suppress_sequences=nct2.suppressed(vocab))
+        options = nct2.numformer_search_options(vocab, beam, alpha, limit)
+        for name in without:
+            del options[name]
+        found = translator.translate_batch([[tokens[k] for k in src[i]] for i in rows], **options)
         for i, r in zip(rows, found):
             out[i] = [index[t] for t in r.hypotheses[0]]
     return out
@@ -289,7 +294,7 @@ def test_greedy_equals_numformer_on_the_trained_model(reverse):
     model, vocab, translator, src = reverse
     assert len(src) == 86
     ours, limits = numformer_greedy(model, vocab, src, 1.0, 50)
-    assert engine_greedy(translator, vocab, src, limits) == ours
+    assert engine_search(translator, vocab, src, limits) == ours
     assert len({tuple(o) for o in ours}) > len(src) // 2    # varied outputs, not one answer for all
 
 
@@ -301,7 +306,71 @@ def test_greedy_equals_numformer_where_the_limit_cuts(small_vocab, tmp_path):
     src, _ = random_pairs(small_vocab, 30, seed=6)
     ours, limits = numformer_greedy(model, small_vocab, src, 0.5, 2)
     assert sum(len(o) == lim - 1 for o, lim in zip(ours, limits)) >= 10   # the limit did cut
-    assert engine_greedy(translator, small_vocab, src, limits) == ours
+    assert engine_search(translator, small_vocab, src, limits) == ours
+
+
+@pytest.fixture(scope="module")
+def eos_first(reverse, tmp_path_factory):
+    """The trained reverse model given a frozen logits bias that raises EOS by the median, over the 86 sources,
+    of its first-step margin (the best other token's logit minus EOS's): about half the sources' greedy outputs
+    are empty (EOS first), the others not. (model, vocab, translator, sources)."""
+    model, vocab, _, src = reverse
+    biased = Transformer(model.cfg.replace(logits_bias=True), seed=0)
+    biased.load_state_dict(dict(model.state_dict(), final_logits_bias=np.zeros(model.cfg.vocab_size, np.float32)))
+    biased.eval()
+    xs = source_batch(src, model.cfg.pad_id, vocab.eos_id)
+    first = np.asarray(biased(xs, np.full((len(src), 1), vocab.bos_id)), dtype=np.float64)[:, 0, :]
+    first[:, [model.cfg.pad_id, vocab.bos_id]] = -np.inf          # never generated (ban_special)
+    margin = np.delete(first, vocab.eos_id, axis=1).max(axis=1) - first[:, vocab.eos_id]
+    biased.final_logits_bias[vocab.eos_id] = np.float32(np.median(margin))
+    return biased, vocab, engine(biased, vocab, tmp_path_factory.mktemp("ct2_eos") / "ct2"), src
+
+
+def test_greedy_equals_numformer_where_numformer_outputs_nothing(eos_first):
+    model, vocab, translator, src = eos_first
+    ours, limits = numformer_greedy(model, vocab, src, 1.0, 50)
+    empty = sum(not o for o in ours)
+    assert 10 <= empty <= len(src) - 10, empty          # measured: 43 of 86 empty, the others not
+    assert engine_search(translator, vocab, src, limits) == ours
+
+
+def test_without_min_decoding_length_0_the_engine_fills_every_empty_output(eos_first):
+    """The planted bug: CTranslate2's default ``min_decoding_length=1`` bans EOS at the first step."""
+    model, vocab, translator, src = eos_first
+    ours, limits = numformer_greedy(model, vocab, src, 1.0, 50)
+    theirs = engine_search(translator, vocab, src, limits, without=("min_decoding_length",))
+    assert all(len(t) >= 1 for o, t in zip(ours, theirs) if not o)
+    assert [t for o, t in zip(ours, theirs) if o] == [o for o in ours if o]   # the rest is untouched
+
+
+def numformer_beam(model, vocab, src: list, beam: int, alpha: float, a: float = 1.0, b: int = 50):
+    xs = source_batch(src, model.cfg.pad_id, vocab.eos_id)
+    return [hyps[0].tokens for hyps in beam_search(model, xs, vocab.bos_id, vocab.eos_id, beam, alpha, a, b)]
+
+
+@pytest.mark.parametrize("which", ["trained", "eos-first"])
+def test_beam_search_with_alpha_0_equals_numformer(reverse, eos_first, which):
+    """With alpha 0 no length penalty's form is in the way: beam 4 gives numformer's best hypothesis, empty ones
+    included (measured: 86 of 86 on both; with alpha 0.6 the penalties' two forms agree on 72 of the 86
+    eos-first sources, which is why no equality is asserted there)."""
+    model, vocab, translator, src = reverse if which == "trained" else eos_first
+    ours = numformer_beam(model, vocab, src, 4, 0.0)
+    limits = max_lengths(source_batch(src, model.cfg.pad_id, vocab.eos_id), model.cfg.pad_id, 1.0, 50,
+                         model.cfg.max_len)
+    assert engine_search(translator, vocab, src, limits, beam=4, alpha=0.0) == ours
+
+
+def test_the_search_options_are_numformers_rules(reverse):
+    _, vocab, _, _ = reverse
+    greedy = nct2.numformer_search_options(vocab, 1, 0.6, 12)
+    assert (greedy["beam_size"], greedy["min_decoding_length"], greedy["max_decoding_length"],
+            greedy["length_penalty"], greedy["max_input_length"]) == (1, 0, 11, 0.0, 0)
+    assert greedy["end_token"] == "</s>" and greedy["return_end_token"] is False
+    assert greedy["suppress_sequences"] == [["<pad>"], ["<s>"]]
+    assert nct2.numformer_search_options(vocab, 4, 0.6, 12)["length_penalty"] == 0.6
+    assert nct2.numformer_search_options(vocab, 4, 0.0, 12)["length_penalty"] == nct2.RAW_SCORE_PENALTY
+    with pytest.raises(InteropError, match="limit of 1 token"):
+        nct2.numformer_search_options(vocab, 1, 0.0, 1)
 
 
 # -- (c) planted bugs --------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from numformer.model import Transformer  # noqa: E402
 from numformer.presets import ModelConfig  # noqa: E402
 from support import assert_one_line_error, run_main  # noqa: E402
 
-PROG = "numformer.checkpoint"
+PROG = "python -m numformer.checkpoint"
 MAX_NEW = 12  # output budget of both searches: at most 12 tokens, eos forced at the 12th
 
 

@@ -29,7 +29,7 @@ from numformer.presets import ModelConfig  # noqa: E402
 from support import assert_one_line_error, run_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-PROG = "numformer.checkpoint"
+PROG = "python -m numformer.checkpoint"
 LOGITS_TOL, GRAD_TOL = 1e-10, 1e-9
 # dL/d(key bias) is exactly zero (q . b_k shifts a query's scores alike; softmax ignores it): both sides
 # give round-off, bounded relative to the key projection's weight gradient (tests/checks/test_torch_parity.py)

@@ -220,12 +220,12 @@ def test_sigkill_mid_step_or_mid_checkpoint_write_loses_nothing(moment, whole, t
     names = [p.name for p in ckpts(run)]
     assert names == ["step_0000010.npz", "step_0000020.npz"]
     load_checkpoint(ckpts(run)[-1])
-    leftovers = list((run / "checkpoints").glob(".step_0000030.npz.*.tmp"))
+    leftovers = list((run / "checkpoints").glob(".step_0000030.npz.numformer-partial-*"))
     assert len(leftovers) == (1 if moment == "mid-write" else 0)  # the half-written file never got the real name
     with open(run / "metrics.jsonl", "a") as f:  # a kill can also cut a metrics line in half
         f.write('{"step": 23, "train_lo')
     resume(run)
-    assert not list((run / "checkpoints").glob(".*.tmp"))  # the leftover was cleaned up
+    assert not list((run / "checkpoints").glob(".*numformer-partial-*"))  # the leftover was cleaned up
     assert_same_run(whole, run)
 
 

@@ -31,6 +31,9 @@ The result is written as a corpus folder (``train.src train.tgt valid.*
 test.*``, source = English, target = Spanish) plus ``meta.json``, which is
 written last and marks a complete build; later calls return at once. The
 folder is ``environment.cache_root() / "bible-en-es"`` unless one is given.
+``meta.json`` also records what the build read (:mod:`numformer.data.source_fingerprint`: path, size
+and modification time of each module's ``.conf`` and data files): when the installed modules changed
+since (an upgrade of the packages), the corpus is built again, and the log line names the file.
 ``python -m numformer.data.bible`` builds it and prints the counts
 (:mod:`.__main__`).
 """
@@ -44,10 +47,11 @@ from pathlib import Path
 from ... import environment
 from ...files import atomic_write_text
 from ..alignment import estimate_length_model, length_deviation
+from ..source_fingerprint import changes, fingerprint, is_fingerprint, summary
 from ..text_files import CORPUS_FILES, SPLITS, write_parallel_dir
 from .osis import clean_osis
 from .pairing import SUSPECT_MEDIAN, align_book
-from .sword import SRC_MODULE, TGT_MODULE, canon_books, open_modules, read_book
+from .sword import SRC_MODULE, TGT_MODULE, canon_books, find_sword_dir, module_files, open_modules, read_book
 
 CORPUS_NAME = "bible-en-es"
 #: Bumped whenever cleaning, alignment or filtering change: old caches are rebuilt.
@@ -142,7 +146,7 @@ def build_pairs(sword_path=None) -> tuple[dict[str, tuple[list[str], list[str]]]
     return splits, meta
 
 
-def build_bible_corpus(cache_dir=None, force: bool = False, sword_path=None) -> Path:
+def build_bible_corpus(cache_dir=None, force: bool = False, sword_path=None, log=None) -> Path:
     """Build (or find in the cache) the ``bible-en-es`` corpus folder.
 
     Args:
@@ -152,6 +156,7 @@ def build_bible_corpus(cache_dir=None, force: bool = False, sword_path=None) -> 
         force: rebuild even if a complete build of this format is there.
         sword_path: a SWORD data folder (with ``mods.d/``) holding both
             modules; default ``$SWORD_PATH``, ``/usr/share/sword``, ``~/.sword``.
+        log: called with one line when a cached build is rebuilt because its modules changed.
     Returns:
         The folder, ready for :func:`numformer.data.load_parallel_dir`.
     Raises:
@@ -160,9 +165,13 @@ def build_bible_corpus(cache_dir=None, force: bool = False, sword_path=None) -> 
     """
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if not force and cache_is_complete(folder):
-        return folder
+        changed = modules_changed(folder, sword_path)
+        if changed is None:
+            return folder
+        (log or (lambda *a: None))(f"{CORPUS_NAME}: {changed} since {folder} was built: building it again")
     start = time.perf_counter()
     splits, meta = build_pairs(sword_path)
+    meta["sources"] = fingerprint(module_files(Path(meta["sword_path"])))
     folder.mkdir(parents=True, exist_ok=True)
     meta_path = folder / "meta.json"
     # meta.json marks a complete build: remove it first so an interrupted
@@ -172,6 +181,41 @@ def build_bible_corpus(cache_dir=None, force: bool = False, sword_path=None) -> 
     meta["build_seconds"] = round(time.perf_counter() - start, 2)
     atomic_write_text(meta_path, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
     return folder
+
+
+def modules_changed(folder: Path, sword_path=None) -> str | None:
+    """What changed in the SWORD modules since the build in ``folder`` (one line's worth), or None when
+    they are the files it was read from, or are gone (then the build is all that is left of them: kept).
+
+    A build from before ``meta.json`` recorded its files is compared by the modules' versions, and when
+    they agree the files' record is added to it (the cache is not rebuilt for want of a record)."""
+    sword_dir = find_sword_dir(sword_path)
+    if sword_dir is None:
+        return None
+    meta = load_meta(folder)
+    now = fingerprint(module_files(sword_dir))
+    recorded = meta.get("sources")
+    if not is_fingerprint(recorded):
+        versions = {m: _conf_version(sword_dir, m) for m in (SRC_MODULE, TGT_MODULE)}
+        built = {meta.get(side, {}).get("module"): meta.get(side, {}).get("version") for side in ("source", "target")}
+        differ = [f"{m} {built.get(m)} -> {v}" for m, v in versions.items() if built.get(m) != v]
+        if differ:
+            return f"the SWORD modules changed version ({', '.join(differ)})"
+        meta["sources"] = now
+        atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        return None
+    found = [c for c in changes(recorded, now) if not c.gone]
+    return summary(found) if found else None
+
+
+def _conf_version(sword_dir: Path, module: str) -> str | None:
+    """The ``Version=`` of a module's ``.conf`` (what pysword reports as its version), None without one."""
+    for conf in module_files(sword_dir):
+        if conf.suffix == ".conf" and f"[{module}]" in (text := conf.read_text(encoding="utf-8", errors="replace")):
+            for line in text.splitlines():
+                if line.strip().lower().startswith("version="):
+                    return line.split("=", 1)[1].strip()
+    return None
 
 
 def load_meta(folder) -> dict:

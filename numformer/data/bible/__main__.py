@@ -3,20 +3,21 @@ corpus (or find it in the cache) and print its counts."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-from ..errors import DataError
+from ...cli.front import command_line, parser as command_parser
 from ..text_files import SPLITS
 from . import CORPUS_NAME, MAX_DEVIATION, build_bible_corpus, cache_is_complete, default_cache_dir, load_meta
 
 
+@command_line("python -m numformer.data.bible")
 def main(argv=None) -> int:
-    """``python -m numformer.data.bible [--out DIR] [--force]``: build and print counts."""
-    parser = argparse.ArgumentParser(prog="python -m numformer.data.bible",
-                                     description="Build the bible-en-es corpus (English -> Spanish) from SWORD modules.")
+    """``python -m numformer.data.bible [--out DIR] [--force]``: build and print counts (a DataError: one
+    line, exit 2)."""
+    parser = command_parser("python -m numformer.data.bible",
+                            description="Build the bible-en-es corpus (English -> Spanish) from SWORD modules.")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"folder for the corpus files (default {default_cache_dir()})")
     parser.add_argument("--force", action="store_true", help="rebuild even when a cached build exists")
@@ -25,11 +26,7 @@ def main(argv=None) -> int:
     folder = args.out if args.out is not None else default_cache_dir()
     cached = not args.force and cache_is_complete(folder)
     start = time.perf_counter()
-    try:
-        folder = build_bible_corpus(folder, force=args.force, sword_path=args.sword_path)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    folder = build_bible_corpus(folder, force=args.force, sword_path=args.sword_path)
     elapsed = time.perf_counter() - start
     meta = load_meta(folder)
     counts, stats = meta["counts"], meta["stats"]

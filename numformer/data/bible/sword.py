@@ -34,6 +34,44 @@ def candidate_sword_paths(sword_path=None) -> list[Path]:
     return ([first] if first is not None else []) + [Path("/usr/share/sword"), Path.home() / ".sword"]
 
 
+def _conf_of(mods_d: Path, module: str) -> Path | None:
+    """The ``.conf`` file in ``mods_d`` that declares ``module`` (``[engWEB2015eb]``), None when none does."""
+    for conf in sorted(mods_d.glob("*.conf")):
+        try:
+            text = conf.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if f"[{module}]" in text:
+            return conf
+    return None
+
+
+def find_sword_dir(sword_path=None) -> Path | None:
+    """The first SWORD data folder (:func:`candidate_sword_paths`) declaring both modules, without pysword:
+    where :func:`open_modules` would read them; None when none does."""
+    for path in candidate_sword_paths(sword_path):
+        if (path / "mods.d").is_dir() and all(_conf_of(path / "mods.d", m) for m in (SRC_MODULE, TGT_MODULE)):
+            return path
+    return None
+
+
+def module_files(sword_dir: Path) -> list[Path]:
+    """The files the two modules are read from in ``sword_dir``: each ``.conf`` and every file of its
+    ``DataPath`` (what an upgrade of the packages rewrites); the corpus's fingerprint is taken of these."""
+    files = []
+    for module in (SRC_MODULE, TGT_MODULE):
+        conf = _conf_of(sword_dir / "mods.d", module)
+        if conf is None:
+            continue
+        files.append(conf)
+        for line in conf.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.strip().lower().startswith("datapath="):
+                data = sword_dir / line.split("=", 1)[1].strip()
+                files += sorted(p for p in data.rglob("*") if p.is_file()) if data.is_dir() else []
+                break
+    return files
+
+
 def open_modules(sword_path=None):
     """Return ``(src_bible, tgt_bible, sword_dir, confs)`` from the first SWORD
     data folder that holds both modules; DataError with the fix otherwise.

@@ -1,0 +1,54 @@
+"""The one front of every command line: ``@command_line(PROG)`` on a command's ``main(argv)``.
+
+Every command a user runs (train.py, translate.py, ``python -m numformer.checkpoint``, ``numformer.studies``,
+``numformer.prepare``, ``numformer.data.bible``, ``numformer.plot``, ``numformer.attention_maps``,
+``grad_checks``, the benches in bench/) ends the same way, because its whole ``main``, argument parsing
+included, runs inside :func:`numformer.cli.errors.one_line_errors`:
+
+* a bad flag: one line ``prog: error: ... (see prog --help)``, exit 2 (:class:`OneLineParser`, which
+  :func:`parser` returns; its sub-commands inherit it);
+* a user's mistake (a :class:`~numformer.errors.NumformerError` raised where the bad file or setting was
+  read): one line saying what is wrong and what to do, the error's exit status;
+* anything else is a bug of numformer's: one line saying so and naming the file its traceback went to,
+  exit 1.
+
+A command is wrapped once, here, rather than each growing its own ``try``/``except``: a new command gets
+all three by the decorator alone, and tests/cli/test_one_front.py finds every module with a
+``__main__`` guard and checks it wears it.
+"""
+from __future__ import annotations
+
+import functools
+
+from .arguments import OneLineParser
+from .errors import one_line_errors
+
+# Set on a wrapped main: the program name its errors start with (what the front's test looks for).
+FRONT_ATTRIBUTE = "numformer_front"
+
+
+def command_line(prog: str):
+    """Decorator: ``main(argv=None) -> int`` runs inside ``one_line_errors(prog)``.
+
+    The wrapped function returns the exit status (0, or the code a failure exits with) rather than ending
+    the process, so that tests and other commands can call it: ``sys.exit(main())`` at the module's end
+    is unchanged. A ``SystemExit`` raised inside (argparse's errors and ``--help``, the one-line errors)
+    becomes that return value.
+    """
+    def wrap(main):
+        @functools.wraps(main)
+        def run(argv=None) -> int:
+            try:
+                with one_line_errors(prog):
+                    return main(argv)
+            except SystemExit as done:
+                code = done.code
+                return code if isinstance(code, int) else (0 if code is None else 1)
+        setattr(run, FRONT_ATTRIBUTE, prog)
+        return run
+    return wrap
+
+
+def parser(prog: str, description: str = "", **kwargs) -> OneLineParser:
+    """The argument parser of a command: a usage error is one line, exit 2 (sub-parsers are the same class)."""
+    return OneLineParser(prog=prog, description=description, **kwargs)
