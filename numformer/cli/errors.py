@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 import tempfile
 import time
@@ -25,6 +26,10 @@ from ..errors import BUG_EXIT, INTERRUPTED_EXIT, NumformerError, first_line
 # An OSError that says the machine, not the program, is at fault (a full disk, a read-only file system):
 # one line as well. Any other OSError that escapes was not expected where it happened: a bug.
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+# An OSError on a path that says the path given is the wrong kind of place: a file where a folder must go
+# (or the reverse), a folder the user may not write, a name too long. The paths numformer opens come from
+# its flags, so such an error names the user's path: one line saying to check it, not a bug report.
+PATH_ERRNOS = frozenset({errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG})
 
 
 def error_line(exc: BaseException) -> str:
@@ -50,7 +55,8 @@ def write_crash_log(prog: str, exc: BaseException, folder=None) -> Path | None:
         except OSError:
             pass
     try:
-        fd, name = tempfile.mkstemp(prefix=f"numformer-{Path(prog).stem}-crash-", suffix=".log")
+        stem = re.sub(r"[^A-Za-z0-9_.]+", "-", Path(prog).name.removesuffix(".py").removeprefix("python -m "))
+        fd, name = tempfile.mkstemp(prefix=f"numformer-{stem}-crash-", suffix=".log")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError:
@@ -95,6 +101,10 @@ def one_line_errors(prog: str):
         if exc.errno in ENVIRONMENT_ERRNOS:
             print(f"{prog}: error: {error_line(exc)}: free space or choose another place, then run again",
                   file=sys.stderr)
+            sys.exit(2)
+        if exc.errno in PATH_ERRNOS and exc.filename is not None:
+            print(f"{prog}: error: {error_line(exc)}: check the path given (a file where a folder goes, or the "
+                  "reverse, or a place you may not write), then run again", file=sys.stderr)
             sys.exit(2)
         _bug(prog, exc, report.crash_folder)
     except Exception as exc:  # noqa: BLE001  (not a user error: a bug, reported as one)

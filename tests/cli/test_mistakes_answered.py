@@ -108,3 +108,15 @@ def test_a_refused_run_in_an_existing_folder_removes_only_what_it_created(hf_fol
     code, _, err = run_main(train.main, copy_args(out, 2, "--init-from", str(hf_folder)), capsys)
     assert code == 2, err
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_output_folder_that_is_a_file_is_one_line_not_a_bug(copy_run, tmp_path, capsys, where):
+    from numformer.plot import main as plot_main
+
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    out = file if where == "a file" else file / "plots"
+    code, _, err = run_main(plot_main, [str(copy_run), "--out", str(out)], capsys)
+    assert_one_line_error(code, err, "python -m numformer.plot", "check the path given")
+    assert file.read_text() == "mine"
