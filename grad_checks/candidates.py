@@ -17,7 +17,7 @@ import numpy as np
 from numformer.gradcheck import TINY, LayerContractError, analytic_gradients, validate_gradients
 from numformer.user_code import exception_line, where
 
-from .clock import StudentCodeTimeout, deadline
+from numformer.user_code_clock import StudentCodeTimeout, deadline
 from .exercise import Exercise, OutputMismatch
 
 EXACT = 1e-10   # worst relative error of a gradient equal to numformer's up to round-off
@@ -49,7 +49,7 @@ class Outcome:
 def run_class(ex: Exercise, cls: type, seed: int = 0, file=None, time_limit: float | None = None) -> tuple:
     """(cases, outcomes) of the layer class ``cls`` on the exercise's cases.
 
-    ``time_limit`` (seconds): a student's code runs under a clock (grad_checks/clock.py), building the layers
+    ``time_limit`` (seconds): a student's code runs under a clock (numformer/user_code_clock.py), building the layers
     and each case; one that does not return in time raises StudentCodeTimeout, which stops the grading (None:
     no clock, for numformer's own code: the reference, the mistakes, the mutants).
     """

@@ -25,7 +25,7 @@ numformer's terms weighed differently name each wrong term; else each gradient i
 wrong, and for a wrong one which entries (with the worst one described: all zeros, a constant
 factor, float32). An exception, NotImplementedError, a wrong shape or NaN in the student's code
 is one line each, never a traceback; so is a case that does not return within the time limit
-(grad_checks/clock.py), which stops the grading.
+(numformer/user_code_clock.py), which stops the grading.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from numformer.kernels import kernel_mode
 
 from .candidates import (APPROX, EXACT, Outcome, closest, compare, constant_factor, floor, relative_errors,
                          run_class, run_function, verdict)
-from .clock import DEFAULT_TIME_LIMIT, deadline
+from numformer.user_code_clock import DEFAULT_TIME_LIMIT, deadline
 from .exercise import Exercise
 from .locate import (located_sentence, same_error, same_error_sentence, single_edit, weighed_sentence, weighed_terms,
                      wrong_entries)
@@ -172,7 +172,7 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
     layer class, or a whole layer class as it is (what ``train.py --swap`` trains with, helpers and all).
 
     Every run of the answer (building the layers, each case, each case's finite differences) has ``time_limit``
-    seconds (grad_checks/clock.py; None or 0: none): one that does not return raises StudentCodeTimeout, naming
+    seconds (numformer/user_code_clock.py; None or 0: none): one that does not return raises StudentCodeTimeout, naming
     the case and the line of ``file`` it was at."""
     cls = answer if isinstance(answer, type) else ex.layer_class(answer)
     with kernel_mode("plain"):

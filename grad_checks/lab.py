@@ -28,7 +28,7 @@ from numformer.cli.errors import one_line_errors
 from numformer.files import atomic_write_text
 
 from . import exercises
-from .clock import DEFAULT_TIME_LIMIT
+from numformer.user_code_clock import DEFAULT_TIME_LIMIT
 from .exercise import LEVELS, skeleton
 from .hints import HintError, hint
 from .progress import folder_status, status_table

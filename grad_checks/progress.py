@@ -14,7 +14,7 @@ from pathlib import Path
 from numformer.swap import SwapError
 
 from . import exercises
-from .clock import DEFAULT_TIME_LIMIT
+from numformer.user_code_clock import DEFAULT_TIME_LIMIT
 from .hints import HintError, exercise_named_in
 from .student_file import check_file
 
@@ -43,7 +43,7 @@ def files_by_exercise(folder: Path) -> dict:
 
 def folder_status(folder, time_limit: float | None = DEFAULT_TIME_LIMIT) -> list:
     """Every exercise, in the order to learn them, with the file in ``folder`` that answers it and its grade
-    (each case of each file with ``time_limit`` seconds, as ``check`` gives it: grad_checks/clock.py)."""
+    (each case of each file with ``time_limit`` seconds, as ``check`` gives it: numformer/user_code_clock.py)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder (the exercise files are written with "
@@ -93,7 +93,7 @@ def swap_specs(folder, time_limit: float | None = DEFAULT_TIME_LIMIT) -> tuple:
     found). Every file that answers an exercise must grade exact, or this refuses in one line (SwapError):
     a model built from the student's layers is only comparable with numformer's when every one of them is
     right. Exercises with no layer of their own (softmax: attention calls it) are graded but not swapped. Each
-    case of each file has ``time_limit`` seconds (grad_checks/clock.py)."""
+    case of each file has ``time_limit`` seconds (numformer/user_code_clock.py)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise SwapError(f"--swap all={folder}: no such folder (write the exercises into it with "

@@ -11,7 +11,7 @@ from pathlib import Path
 from numformer.user_code import UserCodeError, load_file
 
 from . import exercises
-from .clock import DEFAULT_TIME_LIMIT, deadline
+from numformer.user_code_clock import DEFAULT_TIME_LIMIT, deadline
 from .grading import grade
 
 PROG = "python -m grad_checks"
@@ -39,7 +39,7 @@ def check_file(path: str, exercise: str | None = None, seed: int = 0, finite_dif
     """Load and grade one file -> (Grade or None, exit status, message).
 
     The file's own code (its import) and each case of the grading have ``time_limit`` seconds
-    (grad_checks/clock.py): code that does not return raises StudentCodeTimeout (exit status 2), naming the
+    (numformer/user_code_clock.py): code that does not return raises StudentCodeTimeout (exit status 2), naming the
     case and the line of the file it was at."""
     p = Path(path)
     if not p.is_file():

@@ -7,10 +7,11 @@ backward on the exercise's cases; no finite differences, so it takes a moment).
 """
 from __future__ import annotations
 
+from numformer import user_code_clock as clock
 from numformer.swap import SwapError
+from numformer.user_code_clock import StudentCodeTimeout
 
-from . import clock, exercises
-from .clock import StudentCodeTimeout
+from . import exercises
 from .grading import grade
 from .progress import swap_specs
 
@@ -27,7 +28,7 @@ def grade_swap(layer: str, user_class: type, file: str) -> str:
     grades against numformer's on the exercise's cases.
 
     A layer that is not written yet (NotImplementedError) is refused: a SwapError. So is one whose code does
-    not return on a case within the default time limit (grad_checks/clock.py): training with it would hang
+    not return on a case within the default time limit (numformer/user_code_clock.py): training with it would hang
     the same way. A wrong one is trained with anyway, after a warning: seeing what a wrong backward does to
     training is a fair experiment.
     """

@@ -31,6 +31,7 @@ import sys
 import types
 from pathlib import Path
 
+from . import user_code_clock
 from .errors import UsageError, mark_collective
 from .layers import registry
 from .user_code import UserCodeError, exception_line, load_file
@@ -164,9 +165,11 @@ def load_class(path, class_name: str, layer: str | None = None) -> type:
     known = swappable()
     if layer not in known:
         raise SwapError(f"unknown layer {layer!r} for --swap: choose from {', '.join(known)}")
-    try:
-        module = load_file(path)
-    except UserCodeError as exc:
+    try:  # the file's own top-level code runs here: under the clock, as the grading runs its layers
+        with user_code_clock.deadline(user_code_clock.DEFAULT_TIME_LIMIT, f"importing {Path(path).name}", path,
+                                      advice=f"fix it, and check it with python -m grad_checks check {path}"):
+            module = load_file(path)
+    except (UserCodeError, user_code_clock.StudentCodeTimeout) as exc:
         raise SwapError(f"--swap {layer}: {exc}") from None
     cls = getattr(module, class_name, None)
     if cls is None:

@@ -55,7 +55,7 @@ def load_file(path) -> object:
     return module
 
 
-def _library_dirs() -> tuple:
+def library_dirs() -> tuple:
     """Folders whose frames are not the user's: numformer, grad_checks, numpy and the standard library."""
     global _LIBRARY_DIRS
     if _LIBRARY_DIRS is None:
@@ -80,7 +80,7 @@ def where(exc: BaseException, file=None) -> str:
         mine = [f for f in frames if str(Path(f.filename).resolve()) == target]
         chosen = mine[-1] if mine else None
     if chosen is None:
-        lib = _library_dirs()
+        lib = library_dirs()
         outside = [f for f in frames if not str(Path(f.filename).resolve()).startswith(lib)]
         chosen = outside[-1] if outside else frames[-1]
     return f"{Path(chosen.filename).name}:{chosen.lineno} in {chosen.name}"

@@ -193,3 +193,16 @@ def test_a_swapped_layer_that_raises_while_training_is_one_line(tmp_path, capsys
     assert "WARNING: its backward grades ERROR" in out  # graded first: trained anyway, as asked
     assert_one_line_error(code, err, "train.py", "your LayerNorm.backward from")
     assert "RuntimeError at mine.py:4 in backward: my bug" in err
+
+
+def test_a_swapped_file_whose_own_code_never_returns_is_stopped_in_one_line(tmp_path, capsys, monkeypatch):
+    from numformer import user_code_clock
+
+    monkeypatch.setattr(user_code_clock, "DEFAULT_TIME_LIMIT", 1.0)
+    path = _spec_file(tmp_path, "import time\nwhile True:\n    time.sleep(0.01)\n")
+    code, _, err = run_main(train.main, copy_args(tmp_path / "run", 2, "--swap", f"LayerNorm={path}:LayerNorm"),
+                            capsys)
+    assert_one_line_error(code, err, "train.py", f"importing {path.name} did not return within 1 s: stopped at "
+                                                 f"{path}:3")
+    assert f"check it with python -m grad_checks check {path}" in err
+    assert not (tmp_path / "run").exists()

@@ -1,4 +1,4 @@
-"""Student code under a clock (issue 40; grad_checks/clock.py): a student's backward that never returns stops
+"""Student code under a clock (issue 40; numformer/user_code_clock.py): a student's backward that never returns stops
 ``python -m grad_checks check FILE`` (and ``exercise --status DIR``, and ``train.py --swap``'s grading) at the
 time limit with one line naming the case and the FILE:LINE it was executing, exit status 2, nothing left
 running; a right file passes under the default limit; a bad flag of grad_checks' own is one line, no usage
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import lab_files
-from grad_checks import clock, exercises, lab
+from grad_checks import exercises, lab
+from numformer import user_code_clock as clock
 from grad_checks.__main__ import main as grad_checks_main
 from grad_checks.swap_grading import grade_swap
 from numformer.swap import SwapError

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from numformer.errors import UsageError
-from numformer.user_code import _library_dirs
+from numformer.user_code import library_dirs
 
 DEFAULT_TIME_LIMIT = 60.0  # seconds per case; see the module docstring for the measurements behind it
 ADVICE = "fix it, or give it longer with --time-limit SECONDS (0: no limit)"
@@ -53,9 +53,9 @@ class StudentCodeTimeout(UsageError):
     case and the file:line it was executing. ``case``, ``seconds``, ``where`` and ``file`` (the student's) are
     kept for callers that word their own line (``train.py --swap``'s grading)."""
 
-    def __init__(self, case: str, seconds: float, where: str, file=None):
+    def __init__(self, case: str, seconds: float, where: str, file=None, advice: str = ADVICE):
         self.case, self.seconds, self.where, self.file = case, seconds, where, file
-        super().__init__(f"{self.stopped()}: {ADVICE}")
+        super().__init__(f"{self.stopped()}: {advice}")
 
     def stopped(self) -> str:
         """``case 2 of 3 (padded batch) did not return within 60 s: stopped at FILE:LINE in NAME (...)``."""
@@ -84,7 +84,7 @@ def _frame_in(frame, file) -> str:
         for f in stack:
             if Path(f.f_code.co_filename).resolve() == target:
                 return f"{file}:{f.f_lineno} in {f.f_code.co_name}"
-    library = _library_dirs()
+    library = library_dirs()
     chosen = next((f for f in stack if not str(Path(f.f_code.co_filename).resolve()).startswith(library)), stack[0])
     return f"{chosen.f_code.co_filename}:{chosen.f_lineno} in {chosen.f_code.co_name}"
 
@@ -98,14 +98,15 @@ def can_stop() -> bool:
 class deadline:  # noqa: N801  (used as a context manager, named like one)
     """``with deadline(seconds, "case 2 of 3 (padded batch)", file):`` runs the block with a deadline.
 
-    ``seconds`` None or 0: no limit (to step through the code in a debugger, say). At the deadline the block
+    ``advice``: what the line tells the student to do (the default names ``--time-limit``, which the
+    grading commands take). ``seconds`` None or 0: no limit (to step through the code in a debugger, say). At the deadline the block
     is stopped where it is and :class:`StudentCodeTimeout` is raised from the ``with``; ``file`` is the
     student's file, whose line the message names. Not reentrant (one clock at a time; grading never nests
     them).
     """
 
-    def __init__(self, seconds: float | None, case: str, file=None):
-        self.seconds, self.case, self.file = seconds, case, file
+    def __init__(self, seconds: float | None, case: str, file=None, advice: str = ADVICE):
+        self.seconds, self.case, self.file, self.advice = seconds, case, file, advice
         self.armed = False
         self.where = None
 
@@ -123,7 +124,7 @@ class deadline:  # noqa: N801  (used as a context manager, named like one)
             return  # the block has returned and __exit__ is disarming the clock: nothing to stop
         self.where = _frame_in(frame, self.file)
         if time.monotonic() - self.started >= self.seconds + GIVE_UP - _AGAIN / 2:
-            _end_process(StudentCodeTimeout(self.case, self.seconds, self.where, self.file))
+            _end_process(StudentCodeTimeout(self.case, self.seconds, self.where, self.file, self.advice))
         raise _Deadline
 
     def __exit__(self, kind, exc, tb):
@@ -136,7 +137,7 @@ class deadline:  # noqa: N801  (used as a context manager, named like one)
         if left > 0:  # someone else's timer was running: it goes on, less the time spent here
             signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - self.started), 1e-3), interval)
         if isinstance(exc, _Deadline):
-            raise StudentCodeTimeout(self.case, self.seconds, self.where or "?", self.file) from None
+            raise StudentCodeTimeout(self.case, self.seconds, self.where or "?", self.file, self.advice) from None
         return False
 
 
