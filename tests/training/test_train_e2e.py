@@ -20,7 +20,7 @@ from worst_error import record_worst
 
 ROOT = Path(__file__).resolve().parents[2]
 REVERSE_STEPS = 2000
-EXACT_MIN = 0.90
+EXACT_MIN = 0.75  # the worst of five CPU configurations measured 0.852: see the test's docstring
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,12 @@ def metrics(run):
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_reverse_reaches_90_percent_exact_match(reverse_run):
-    """Measured 0.966 of the 500 test sentences reversed exactly on an AVX2 machine (0.888 at 1,000 steps, 0.916 at
-    1,500); the bound leaves 6.6 points for another CPU's trajectory (docs/guarantees.md)."""
+def test_reverse_reaches_75_percent_exact_match(reverse_run):
+    """The share of the 500 test sentences reversed exactly after 2,000 steps moves with the CPU's arithmetic,
+    the valid loss hardly (0.728 to 0.734): measured on a Zen 3 without AVX-512 under five configurations of
+    tests/cpu_matrix.py, 0.852 (2 threads, native; 3 threads), 0.904 (OpenBLAS Sandybridge), 0.960 (numpy
+    baseline), 0.966 (1 thread, OpenBLAS Haswell: CI's xdist workers). The bound sits one spread (11 points)
+    below the worst measured (docs/guarantees.md); a model that did not learn the task scores 0."""
     test_src, test_ref = make_synthetic("reverse", 20000, 500, 500, seed=1)["test"]
     inp = reverse_run / "test.src"
     inp.write_text("\n".join(test_src) + "\n")
