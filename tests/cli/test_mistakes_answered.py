@@ -120,3 +120,16 @@ def test_an_output_folder_that_is_a_file_is_one_line_not_a_bug(copy_run, tmp_pat
     code, _, err = run_main(plot_main, [str(copy_run), "--out", str(out)], capsys)
     assert_one_line_error(code, err, "python -m numformer.plot", "check the path given")
     assert file.read_text() == "mine"
+
+
+def test_a_pytorch_weights_file_of_random_bytes_is_one_line_without_torchs_advice(copy_run, tmp_path, capsys):
+    pytest.importorskip("torch")  # a pytorch_model.bin is read through torch (installed by .ci/setup)
+    folder = tmp_path / "hf"
+    assert main(["export", str(copy_run), "--format", "hf", "--out", str(folder)]) == 0
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(bytes(range(256)) * 64)
+    out = tmp_path / "m.npz"
+    code, _, err = run_main(main, ["import", str(folder), "--out", str(out)], capsys)
+    assert_one_line_error(code, err, PROG, f"{folder / 'pytorch_model.bin'} is not a PyTorch weights file")
+    assert "weights_only" not in err
+    assert not out.exists()
