@@ -42,12 +42,12 @@ os.umask(_UMASK)
 
 
 @contextlib.contextmanager
-def atomic_file(path, durable: bool = True):
+def atomic_file(path, durable: bool = True, needed: int | None = None):
     """``with atomic_file(path) as f:`` a binary file object whose contents become ``path`` when the block
     ends without an exception (else the temporary is removed and ``path`` is untouched).
 
     ``durable``: fsync the file and its folder (what a crash must not undo); False for files that
-    are cheap to rebuild.
+    are cheap to rebuild. ``needed``: the file's size where known beforehand (a full disk names it).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,24 +66,21 @@ def atomic_file(path, durable: bool = True):
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
-            raise out_of_space(path, written) from None
+            raise out_of_space(path, written, needed) from None
         raise
     if durable:
         _fsync_folder(path.parent)
 
 
-def atomic_write(path, write, durable: bool = True) -> None:
+def atomic_write(path, write, durable: bool = True, needed: int | None = None) -> None:
     """Call ``write(file_object)`` on a temporary file beside ``path``, then rename it to ``path``."""
-    with atomic_file(path, durable) as f:
+    with atomic_file(path, durable, needed) as f:
         write(f)
 
 
 def atomic_write_bytes(path, data: bytes, durable: bool = True) -> Path:
     """Write ``data`` to ``path`` atomically; returns the path. A full disk names the size it needed."""
-    try:
-        atomic_write(path, lambda f: f.write(data), durable)
-    except OutOfSpace as exc:
-        raise out_of_space(path, 0, len(data)) from exc.__cause__
+    atomic_write(path, lambda f: f.write(data), durable, needed=len(data))
     return Path(path)
 
 

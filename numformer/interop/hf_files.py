@@ -71,16 +71,21 @@ def _json_type(value) -> str:
         type(value), "a number")
 
 
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes; InteropError naming it when it cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InteropError(f"{path} cannot be read ({exc.strerror or type(exc).__name__}): check the file and "
+                           "its permissions") from None
+
+
 def read_json_object(path) -> dict:
     """The JSON object (a dict) in the file ``path``; InteropError naming the file when it cannot be read, is
     empty, is not UTF-8 text, is not JSON (malformed or truncated: where the parser stopped), or holds
     another JSON type than an object."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InteropError(f"{path} cannot be read ({exc.strerror or type(exc).__name__}): check the file and "
-                           "its permissions") from None
+    raw = _read_bytes(path)
     if not raw.strip():
         raise InteropError(f"{path} is empty where a JSON object is expected: {FIX}")
     try:
@@ -139,11 +144,7 @@ def read_sentencepiece(path) -> bytes:
     from ..data.vocab import _spm  # noqa: PLC0415  (sentencepiece only where a model is read)
 
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InteropError(f"{path} cannot be read ({exc.strerror or type(exc).__name__}): check the file and "
-                           "its permissions") from None
+    data = _read_bytes(path)
     if not data:
         raise InteropError(f"{path} is empty where a sentencepiece model is expected: {FIX}")
     processor = _spm().SentencePieceProcessor()

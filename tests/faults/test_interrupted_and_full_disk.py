@@ -25,6 +25,16 @@ def arranged(name, tmp_path, fault_inputs):
     return row, out
 
 
+def faulted(name, tmp_path, fault_inputs, fault):
+    """Run the row with ``fault`` armed: (its output folder, that folder's files before, exit status, stderr,
+    the path the fault met), the fault checked to have fired."""
+    row, out = arranged(name, tmp_path, fault_inputs)
+    before = snapshot(out)
+    code, err, met = run(row.argv, tmp_path, fault)
+    assert met is not None, f"the fault never fired: {name} does not write through numformer.files ({err[-500:]})"
+    return out, before, code, err, met
+
+
 def error_lines(err):
     """stderr's lines, less progress and log lines a command prints before it fails."""
     return [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("data:", "numformer: removed"))]
@@ -32,10 +42,7 @@ def error_lines(err):
 
 @pytest.mark.parametrize("name", ROW_NAMES)
 def test_ctrl_c_leaves_the_target_and_no_temporary(name, tmp_path, fault_inputs):
-    row, out = arranged(name, tmp_path, fault_inputs)
-    before = snapshot(out)
-    code, err, met = run(row.argv, tmp_path, "sigint")
-    assert met is not None, f"the fault never fired: {name} does not write through numformer.files ({err[-500:]})"
+    out, before, code, err, met = faulted(name, tmp_path, fault_inputs, "sigint")
     assert code == 130, (code, err[-2000:])
     assert error_lines(err)[-1].endswith("interrupted") and "Traceback" not in err, err[-2000:]
     assert partials(out) == []
@@ -45,10 +52,7 @@ def test_ctrl_c_leaves_the_target_and_no_temporary(name, tmp_path, fault_inputs)
 
 @pytest.mark.parametrize("name", ROW_NAMES)
 def test_a_full_disk_is_one_line_naming_the_file_and_nothing_changes(name, tmp_path, fault_inputs):
-    row, out = arranged(name, tmp_path, fault_inputs)
-    before = snapshot(out)
-    code, err, met = run(row.argv, tmp_path, "enospc")
-    assert met is not None, f"the fault never fired: {name} does not write through numformer.files ({err[-500:]})"
+    out, before, code, err, met = faulted(name, tmp_path, fault_inputs, "enospc")
     assert code == 2, (code, err[-2000:])
     lines = error_lines(err)
     assert len(lines) == 1 and "no space left on the disk of" in lines[0] and str(met) in lines[0], err[-2000:]
