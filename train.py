@@ -18,7 +18,7 @@ the data, build the model and the trainer, train, test); the work is in numforme
 corpus (numformer/data/prepared.py), the training step and loop (numformer/training/trainer.py). Under
 mpirun (several processes, mpi4py installed) the processes train one model together
 (numformer/training/distributed.py, numformer/training/replicas.py): rank 0 alone reads and writes the
-run folder and prints; every rank exits with the same status (numformer/cli/processes.py).
+run folder and prints; every rank exits with the same status (numformer/training/processes.py).
 
 Exit status: 0 done; 2 bad input or settings, or a run folder in use by another process (one line on
 stderr, nothing started); 3 training stopped after a run of non-finite steps (the last good
@@ -32,6 +32,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from numformer.kernels.host import tune_host
 
@@ -45,7 +46,6 @@ from numformer.checkpoint.trained_model import load_model
 from numformer.cli.arguments import (OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int,
                                      probability)
 from numformer.cli.front import command_line
-from numformer.cli.processes import parse_on_rank0, processes, wait_for_every_rank
 from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
 from numformer.errors import INTERRUPTED_EXIT
@@ -62,13 +62,31 @@ from numformer.presets import ModelConfig, get_preset
 from numformer.presets import POSITIONAL, PRESETS
 from numformer.swap import check_layout, swapped_from_specs
 from numformer.training.config import GPU_RECIPES, TrainConfig, default_out, default_preset, settle, source_of
-from numformer.training.replicas import share_run
+from numformer.training.processes import parse_on_rank0, processes, wait_for_every_rank
+from numformer.training.replicas import SharedRun, share_run
 from numformer.training.run_folder import RunFolder
 from numformer.training.run_lock import refusal_leaves_folder_as_found
 from numformer.training.tensorboard_log import require_writer
 from numformer.training.trainer import Trainer
 
 TRAIN_DEFAULTS, MODEL_DEFAULTS, DECODE_DEFAULTS = TrainConfig(), ModelConfig(), DecodeOptions()
+
+
+class OpenedRun(NamedTuple):
+    """What rank 0 opens before training (:func:`open_run`): the run folder, locked by this process, and
+    what every rank trains from."""
+
+    folder: RunFolder
+    shared: SharedRun
+
+
+class InitFrom(NamedTuple):
+    """The model file ``--init-from`` fine-tunes, as :func:`~numformer.checkpoint.trained_model.load_model`
+    reads it."""
+
+    model: Transformer
+    vocab: object       # a sentencepiece or a Marian vocabulary
+    path: Path          # the file read (of a run folder: its fresh average, else its newest checkpoint)
 
 
 def parse_args(argv=None):
@@ -201,8 +219,9 @@ def main(argv=None) -> int:
         preset = args.preset or default_preset(device, args.corpus)
         out = Path(args.out) if args.out else default_out(vars(args), preset)
         opened = world.on_main(open_run, args, device, out, world.size, procs.report)  # rank 0: locked, prepared
+        folder = opened.folder if opened is not None else None  # the other ranks never touch the run folder
         try:
-            run, mcfg, data = share_run(world, opened[1:] if opened is not None else None)
+            run, mcfg, data = share_run(world, opened.shared if opened is not None else None)
             if args.prepare_only:
                 return 0
             tcfg = run.train
@@ -213,12 +232,12 @@ def main(argv=None) -> int:
                 model.load_state_dict(load_checkpoint(run.init_from, with_optimizer=False).model)
             model = model.to(xp)
             print_plan(model, run, tcfg, args, device, world)
-            trainer = Trainer(model, data, tcfg, opened[0] if opened is not None else out,
+            trainer = Trainer(model, data, tcfg, folder if folder is not None else out,
                               progress=not args.no_progress, world=world, name=run.preset)
             if args.resume and not trainer.resume():
                 print("no checkpoint to resume from: starting fresh")
             if world.is_main:
-                opened[0].write_settings(run.record(device, data.source, mcfg.to_dict(), world.size)
+                folder.write_settings(run.record(device, data.source, mcfg.to_dict(), world.size)
                                          | ({"swap": args.swap} if args.swap else {}))
             if trainer.done():
                 print(f"already at step {trainer.optimizer.step_count}: nothing left to train "
@@ -232,15 +251,15 @@ def main(argv=None) -> int:
             world.barrier()  # the other ranks wait, without spinning, while rank 0 tests
             return 0
         finally:
-            if opened is not None:
-                opened[0].close()
+            if folder is not None:
+                folder.close()
 
 
 def open_run(args, device: str, out: Path, processes: int, report):
     """Rank 0: the run's settings worked out from the flags (and, with --resume, its run.json) and checked
     once, its folder locked, the corpus and vocabulary prepared into it. A new run's settings are checked
     before its folder is even created; a run refused on the way leaves its folder as it found it.
-    -> (RunFolder, RunSettings, ModelConfig, PreparedData)."""
+    -> :class:`OpenedRun`."""
     with refusal_leaves_folder_as_found(out):
         return _open_run(args, device, out, processes, report)
 
@@ -260,27 +279,27 @@ def _open_run(args, device: str, out: Path, processes: int, report):
     if saved is not None and saved.get("processes", 1) != processes:
         print(f"note: {out} was trained with {saved.get('processes', 1)} process(es), now {processes}: "
               "each step now takes a different number of batches")
-    init = load_model(run.init_from) if run.init_from and saved is None else None  # to fine-tune: config, vocab
+    init = InitFrom(*load_model(run.init_from)) if run.init_from and saved is None else None  # to fine-tune
     if init is not None:
-        print(f"init: {init[2]} ({init[0].num_parameters() / 1e6:.1f}M parameters, vocabulary "
-              f"{init[1].size} {'Marian' if getattr(init[1], 'kind', 'spm') == 'marian' else 'sentencepiece'})")
+        print(f"init: {init.path} ({init.model.num_parameters() / 1e6:.1f}M parameters, vocabulary "
+              f"{init.vocab.size} {'Marian' if getattr(init.vocab, 'kind', 'spm') == 'marian' else 'sentencepiece'})")
     data = prepare(out, run.source["corpus"], run.source["data"], run.source["task"], args.vocab_size,
                    seed=run.train.seed, vocab_sample=args.vocab_sample, log=lambda line: print(f"data: {line}"),
-                   wmt_dir=args.wmt_dir, given_vocab=init[1] if init is not None else None)
+                   wmt_dir=args.wmt_dir, given_vocab=init.vocab if init is not None else None)
     how = f"memory-mapped from {data.folder}, prepared before" if data.reused else f"prepared into {data.folder}"
     print(f"data: {data.source}: {len(data.ids['train'])} training pairs, vocabulary {data.vocab.size} ({how}; "
           f"{data.seconds:.1f} s)")
     if init is not None:  # the model file's architecture; dropout and label smoothing may be set for training
-        run.init_from = str(init[2].resolve())
-        if args.max_len is None and run.train.max_len > init[0].cfg.max_len:  # the model's table bounds the pairs
-            run.train.max_len = init[0].cfg.max_len
+        run.init_from = str(init.path.resolve())
+        if args.max_len is None and run.train.max_len > init.model.cfg.max_len:  # the model's table bounds the pairs
+            run.train.max_len = init.model.cfg.max_len
             print(f"init: training pairs of up to {run.train.max_len} subwords a side (the model's positional table)")
-        mcfg = init[0].cfg.replace(**{k: v for k, v in run.model.items() if k in ("dropout", "label_smoothing")})
+        mcfg = init.model.cfg.replace(**{k: v for k, v in run.model.items() if k in ("dropout", "label_smoothing")})
     elif run.init_from:  # a resumed fine-tuning run: the architecture its run.json recorded
         mcfg = ModelConfig.from_dict(saved["model_config"])
     else:
         mcfg = get_preset(run.preset, vocab_size=data.vocab.size, pad_id=data.vocab.pad_id, **run.model)
-    return folder, run, mcfg, data
+    return OpenedRun(folder, SharedRun(run, mcfg, data))
 
 
 def check_runnable(train, device: str) -> None:

@@ -15,45 +15,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from . import run_files
-from .backend import to_host
 from .cli.arguments import positive_int
 from .cli.front import command_line, parser
+from .decoding.translation import DecodeOptions, translate_ids
 from .errors import UsageError
-from .layers import ScaledDotProductAttention
+from .picture_data import record_attention
 from .plot import save_picture
-from .decoding.translation import DecodeOptions, source_batch, translate_ids
-
-
-def record_attention(model, src_ids: list, tgt_ids: list, bos_id: int, eos_id: int) -> dict:
-    """Teacher-forced forward pass recording attention weights.
-
-    -> {"encoder": [(heads, S, S) per layer], "decoder": [(heads, T, T)], "cross": [(heads, T, S)]}
-    as host float arrays; S counts the source EOS, T the BOS.
-    """
-    pad = model.cfg.pad_id
-    attn = [m for m in model.modules() if isinstance(m, ScaledDotProductAttention)]
-    was_training = model.training
-    model.eval()
-    for m in attn:
-        m.record_weights = True
-    try:
-        src = source_batch([src_ids], pad, eos_id)
-        tgt_in = np.array([[bos_id] + list(tgt_ids)], dtype=np.int64)
-        model(model.xp.asarray(src), model.xp.asarray(tgt_in))
-        maps = {
-            "encoder": [to_host(layer.self_attn.attention.weights[0]) for layer in model.encoder.layers],
-            "decoder": [to_host(layer.self_attn.attention.weights[0]) for layer in model.decoder.layers],
-            "cross": [to_host(layer.cross_attn.attention.weights[0]) for layer in model.decoder.layers],
-        }
-    finally:
-        for m in attn:
-            m.record_weights = False
-            m.weights = None
-        model.train(was_training)
-    return maps
 
 
 def draw(maps: list, row_labels: list, col_labels: list, title: str, path: Path) -> Path:

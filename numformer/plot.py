@@ -24,6 +24,7 @@ from . import run_files
 from .cli.front import command_line, parser
 from .errors import UsageError
 from .files import atomic_write
+from .picture_data import layer_of
 
 
 def read_jsonl(path) -> list[dict]:
@@ -133,14 +134,6 @@ def plot_grad_flow(stats: list[dict], out: Path, title: str = "", key: str = "gr
     fig.colorbar(im, ax=ax, label=f"log10 {key.replace('_', ' ')}")
     ax.set_title(title or f"gradient flow: {key.replace('_', ' ')} per tensor")
     return _save(fig, out / ("grad_flow.png" if key == "grad_norm" else f"{key}.png"))
-
-
-def layer_of(name: str) -> str:
-    """The layer a parameter belongs to: 'encoder.layers.0.ffn.w_1.weight' -> 'encoder.layers.0'."""
-    parts = name.split(".")
-    if len(parts) > 2 and parts[1] == "layers":
-        return ".".join(parts[:3])
-    return parts[0]
 
 
 def plot_update_ratio(stats: list[dict], out: Path, title: str = "") -> Path | None:

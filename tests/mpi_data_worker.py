@@ -39,8 +39,8 @@ def main() -> int:
     if hide and world.rank == 1:
         prepare_module.open_shared_train = lambda *a: None  # share_run looks it up when it runs
     args = train.parse_args(["--data", corpus, "--out", out, "--preset", "tiny", "--max-steps", "1", "--no-progress"])
-    settled = world.on_main(train.open_run, args, "cpu", Path(out), world.size, ErrorReport())  # rank 0: (its locked folder, ...)
-    run, _, data = share_run(world, settled[1:] if settled is not None else None)
+    opened = world.on_main(train.open_run, args, "cpu", Path(out), world.size, ErrorReport())  # rank 0: its locked folder, ...
+    run, _, data = share_run(world, opened.shared if opened is not None else None)
     tcfg = run.train
     pairs = data.ids["train"]
     plan = plan_batches(*pairs.lengths, tcfg.max_tokens, shuffle_seed=tcfg.seed, epoch=0, max_len=tcfg.max_len)

@@ -4,6 +4,7 @@
 hangs on the step), ``config`` (the settings of a run and how flags settle into them), ``epochs``
 (where training stands in the data), ``metrics`` (the log lines), ``validation``, ``run_folder`` and
 ``run_lock`` (what a run writes, and the lock that makes it one process's), ``distributed``,
-``data_parallel`` and ``replicas`` (several processes training one model), ``loss_scaling`` (fp16),
-``gradient_statistics``, ``tensorboard_log`` and ``progress`` (what a person watches).
+``data_parallel``, ``replicas`` and ``processes`` (several processes training one model, and how they
+leave together), ``loss_scaling`` (fp16), ``gradient_statistics``, ``tensorboard_log``, ``progress``
+and ``forecast`` (what a person watches).
 """

@@ -92,13 +92,10 @@ PAPER_STEP_TOKENS = 50000
 #    warmup 4000, 100k / 300k steps, checkpoints every 10 minutes; big averages the last 20 checkpoints
 #    (Section 6.1), so it keeps 20.
 #  * small (the CPU main job): 4000 warmup steps would be most of a 25-minute run (~2,500 steps), and on
-#    a CPU more, smaller updates beat fewer large ones (a PyTorch run of the same model on this CPU:
-#    warmup >= 1000 or 8k-token batches trained visibly worse in 5 minutes), so batches of 3,000 padded
-#    tokens, warmup 500 and 0.7x Eq. 3. With the torch.nn.Transformer initialisation (layers/init.py)
-#    0.7x still measured best (valid perplexity at step 500: 99 at 0.7x, 109 at 1.0x).
-#  * tiny: synthetic smoke runs of minutes: batches of 2,000 tokens, warmup 200, 0.5x Eq. 3: at 1.0x
-#    (a peak of 6.3e-3 for d_model 128) the reverse task's loss jumped around and its exact-match rate
-#    after 3,000 steps spread over 0.87-1.0 across seeds 1-3; at 0.5x it was 0.98 / 0.99 / 0.98.
+#    a CPU more, smaller updates train better than fewer large ones: batches of 3,000 padded tokens,
+#    warmup 500 and 0.7x Eq. 3 (the measurements behind these: docs/training.md, "Recipes per preset").
+#  * tiny: synthetic smoke runs of minutes: batches of 2,000 tokens, warmup 200, 0.5x Eq. 3, where 1.0x
+#    (a peak of 6.3e-3 for d_model 128) leaves the reverse task's result to the seed (docs/training.md).
 RECIPES: dict[str, dict] = {
     "base": dict(step_tokens=PAPER_STEP_TOKENS, max_steps=100000, save_every=0, save_every_minutes=10),
     "big": dict(step_tokens=PAPER_STEP_TOKENS, max_steps=300000, save_every=0, save_every_minutes=10, keep_last=20,
@@ -130,7 +127,6 @@ PAPER_CORPORA = ("wmt14-en-de", "wmt14-en-fr")
 #: Dropout of a preset on one language pair where the paper changed it. Section 6.1: "The Transformer (big)
 #: model trained for English-to-French used dropout rate P_drop = 0.1, instead of 0.3."
 PAIR_DROPOUT = {("big", "wmt14-en-fr"): 0.1}
-MODEL_FLAGS = ("pre_norm", "untied", "dropout", "label_smoothing", "init", "positional")
 
 
 def default_preset(device: str, corpus: str | None = None) -> str:

@@ -20,10 +20,24 @@ from __future__ import annotations
 
 import signal
 import threading
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from .data_parallel import broadcast_arrays_
+
+if TYPE_CHECKING:
+    from ..data.prepared import PreparedData
+    from ..presets import ModelConfig
+    from .config import RunSettings
+
+
+class SharedRun(NamedTuple):
+    """What every rank trains from (:func:`share_run`): the run's settings, the model's, the prepared data."""
+
+    run: RunSettings
+    model_config: ModelConfig
+    data: PreparedData
 
 
 def sync_replicas(world, optimizer, progress: dict, buffers=()) -> dict:
@@ -85,8 +99,8 @@ class StopRequests:
         return float(summed[1])
 
 
-def share_run(world, settled):
-    """Rank 0's ``settled`` = (RunSettings, ModelConfig, PreparedData) on every rank.
+def share_run(world, settled: SharedRun | None) -> SharedRun:
+    """Rank 0's ``settled`` on every rank (the other ranks pass None).
 
     The other ranks never read the run folder or the corpus: they get the settings and the vocabulary
     over MPI and memory-map the dataset rank 0 prepared (one copy of its pages per host); a rank that
@@ -111,7 +125,7 @@ def share_run(world, settled):
     shared = world.broadcast_object(shared)
     pairs = None if world.is_main else open_shared_train(shared["folder"], shared["manifest"])
     if world.allreduce_scalars([0.0 if world.is_main or pairs is not None else 1.0])[0] > 0:
-        train = settled[2].ids["train"] if world.is_main else None
+        train = settled.data.ids["train"] if world.is_main else None
         arrays = world.broadcast_object(None if train is None else tuple(
             np.asarray(a) for a in (train.src_ids, train.src_offsets, train.tgt_ids, train.tgt_offsets)))
         if pairs is None and not world.is_main:
@@ -121,4 +135,4 @@ def share_run(world, settled):
     run = dict(shared["run"])
     run["train"] = TrainConfig(**run["train"])
     data = PreparedData(vocab_from_bytes(shared["vocab"]), {}, {"train": pairs}, shared["source"])
-    return RunSettings(**run), ModelConfig.from_dict(shared["mcfg"]), data
+    return SharedRun(RunSettings(**run), ModelConfig.from_dict(shared["mcfg"]), data)

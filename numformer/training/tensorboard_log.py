@@ -31,7 +31,7 @@ import numpy as np
 
 from ..backend import to_host
 from ..errors import UsageError
-from ..plot import layer_of
+from ..picture_data import layer_of, record_attention
 
 INSTALL = "pip install 'numformer[tensorboard]'"
 #: metrics.jsonl key -> TensorBoard tag (other numbers go to run/KEY, validation ones to valid/...)
@@ -156,8 +156,6 @@ class TensorBoardLog:
         """The fixed pair's attention maps at ``step``, one image per layer and kind."""
         if self.sentence is None:
             return
-        from ..attention_maps import record_attention  # noqa: PLC0415
-
         src, tgt = self.sentence
         maps = record_attention(self.model, src, tgt, self.vocab.bos_id, self.vocab.eos_id)
         for kind, layers in maps.items():

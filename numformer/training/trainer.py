@@ -90,7 +90,7 @@ class Trainer:
         self.optimizer = Adam(model.parameters(), schedule=self.schedule)
         self.vocab = data.vocab
         self._vocab_sha256 = vocab_fingerprint(data.vocab)
-        self.data_position = EpochWalk(data, cfg.max_tokens, cfg.seed, cfg.max_len, model.cfg.max_len, self.log)
+        self.training_batches = EpochWalk(data, cfg.max_tokens, cfg.seed, cfg.max_len, model.cfg.max_len, self.log)
         self.elapsed = 0.0          # the training clock (seconds of training steps; validation not counted)
         self.skipped_steps = 0      # non-finite steps skipped over the whole run
         self.nonfinite_in_a_row = 0
@@ -113,12 +113,12 @@ class Trainer:
     @property
     def epoch(self) -> int:
         """The epoch of the next batch."""
-        return self.data_position.epoch
+        return self.training_batches.epoch
 
     @property
     def batch_pos(self) -> int:
         """The position of the next batch in its epoch's plan."""
-        return self.data_position.batch_pos
+        return self.training_batches.batch_pos
 
     @property
     def interrupted(self) -> bool:
@@ -184,10 +184,10 @@ class Trainer:
         last_save, record = self.elapsed, {}
         forecast = StepTimeForecast(self.name, "cpu" if self.xp is np else "cuda", self.optimizer.step_count,
                                     cfg.max_steps, cfg.max_minutes, cfg.accum * world.size)
-        with self._numerics(), StopRequests(world) as stop, _closing(bar), _closing(self.tensorboard):
+        with self._numerics(), StopRequests(world) as stop, _closing_optional(bar), _closing_optional(self.tensorboard):
             while not self.done() and not stop.requested:
                 t0 = time.perf_counter()
-                batches, keys = self.data_position.next_batches(cfg.accum * world.size)
+                batches, keys = self.training_batches.next_batches(cfg.accum * world.size)
                 result = self.train_step(batches, keys)
                 dt = time.perf_counter() - t0
                 self.elapsed = stop.agree(self.elapsed + dt)  # several ranks: rank 0's clock, anyone's stop
@@ -370,7 +370,7 @@ class Trainer:
 
     def _restore_progress(self, progress: dict) -> None:
         self.optimizer.step_count = progress["step"]
-        self.data_position.seek(progress["epoch"], progress["batch_pos"])
+        self.training_batches.seek(progress["epoch"], progress["batch_pos"])
         self.elapsed = progress["elapsed"]
         self.skipped_steps = progress.get("skipped_steps", 0)
         self.window = LogWindow.from_list(progress.get("log_window"))  # the first log line after a resume
@@ -387,10 +387,11 @@ def _quiet(*args, **kwargs) -> None:
 
 
 @contextlib.contextmanager
-def _closing(bar):
-    """Close the progress bar or the TensorBoard log (if any) however the loop ends."""
+def _closing_optional(closable):
+    """``contextlib.closing`` for what may be None (the progress bar, the TensorBoard log): closed however
+    the loop ends."""
     try:
-        yield bar
+        yield closable
     finally:
-        if bar is not None:
-            bar.close()
+        if closable is not None:
+            closable.close()

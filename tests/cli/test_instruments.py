@@ -3,10 +3,11 @@ import numpy as np
 import pytest
 
 import train
-from numformer.attention_maps import attention_pictures, record_attention
+from numformer.attention_maps import attention_pictures
 from numformer.checkpoint.trained_model import load_model
 from numformer.plot import main as plot_main
 from numformer.plot import plot_run
+from numformer.picture_data import record_attention
 
 
 @pytest.fixture(scope="module")

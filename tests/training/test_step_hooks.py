@@ -75,7 +75,7 @@ def test_the_step_calls_its_hooks_at_their_places_and_returns_its_result(tmp_pat
     trainer = make_trainer(tmp_path)
     calls = []
     trainer.hooks = StepHooks(Recorder("r", calls))
-    batches, keys = trainer.data_position.next_batches(2)
+    batches, keys = trainer.training_batches.next_batches(2)
     result = trainer.train_step(batches, keys)
     assert result.status is StepStatus.OK and trainer.optimizer.step_count == 1
     assert result.tokens == sum(b.n_tgt_tokens for b in batches) and np.isfinite(result.loss)
@@ -89,7 +89,7 @@ def test_a_non_finite_step_changes_nothing(tmp_path):
     p = trainer.optimizer.params[0]
     p.data[...] = np.nan
     before = [q.data.copy() for q in trainer.optimizer.params[1:]]
-    batches, keys = trainer.data_position.next_batches(2)
+    batches, keys = trainer.training_batches.next_batches(2)
     result = trainer.train_step(batches, keys)
     assert result.status is StepStatus.NONFINITE and trainer.optimizer.step_count == 0
     assert all(np.array_equal(a, q.data) for a, q in zip(before, trainer.optimizer.params[1:]))

@@ -16,9 +16,9 @@ import time
 import traceback
 
 from ..backend import resolve_device
+from ..cli.errors import one_line_errors
 from ..errors import BUG_EXIT, exit_code_of, is_collective
-from ..training.distributed import SINGLE, init_world, launched_rank
-from .errors import one_line_errors
+from .distributed import SINGLE, init_world, launched_rank
 
 # Before MPI is running there is nothing to wait on: a rank other than 0 that fails the same way as rank 0
 # waits this long before exiting, so that rank 0's one-line message is out before mpirun ends the job.
