@@ -8,9 +8,12 @@ A study module holds: ``NAME``, ``TITLE``, ``CITATION`` (the paper and the figur
 ``MINUTES`` (its stated time on 2 cores), a ``Config`` dataclass with ``FULL`` (the study) and ``SMALL``
 (what its CI test runs), ``measure(cfg, ...)`` (numbers only), ``check(results)`` (the qualitative finding
 as bounds; returns what fails) and ``run(out, cfg)`` (measure, draw, write). Its docstring states the
-claim, the shapes and seeds, what numformer found, where it differs, the command and the time. A study with
-flags of its own also has ``add_arguments(parser)`` and ``config_from_args(args, cfg) -> cfg`` (table3's
-``--rows``, ``--steps`` ...), which ``python -m numformer.studies`` calls when that study is named.
+paper, the claim, what it runs, the shapes and seeds, where it differs, the command and the stated time;
+what numformer found, and at which commit, is docs/studies.md's. A study with flags of its own also has
+``add_arguments(parser)`` and ``config_from_args(args, cfg) -> cfg`` (table3's ``--rows``, ``--steps`` ...),
+which ``python -m numformer.studies`` calls when that study is named. A study too large for one file keeps
+its jobs in sibling modules that it imports (``table3_config``, ``table3_flags``, ``table3_record``,
+``table3_compare``, ``table3_report``), and its module still holds every name above.
 
 A finding that does not reproduce is a result: each study says what differs (initialisation, data,
 scale) rather than being tuned until it agrees.

@@ -30,32 +30,19 @@ Adam steps (Eq. 3, warm-up 50, factor 1) on batches of 32 pairs; SLQ with 4 Rade
 the top from 40 steps; densities smoothed by a Gaussian of width 0.05 (in the normalised unit) on a common
 grid; seed 1.
 
-What numformer found (FULL; ``hessian-blocks.md`` has every number):
+What numformer found: the measured spectra, distances and control ratios, and the commit they were measured
+at, are in docs/studies.md (section hessian-blocks), not here; ``OUT/hessian-blocks.md`` is what a run of
+this code writes.
 
-* At initialisation the blocks differ most in scale: the embedding's eigenvalues reach 0.41 and -0.50, the
-  encoder's projections' 0.02-0.11, LayerNorm's and the feed-forward's 0.01. Every block is indefinite.
-* In shape, LayerNorm's spectrum stands apart from every other block's (JS 0.26-0.34; 0.64-0.79 with the
-  paper's unit) while the projections and the embedding are alike (0.02-0.12). The feed-forward block of
-  layer 2 is nearly the same as layer 1's (JS 0.016, against 0.10 to the other kinds: 6.2x), LayerNorm's
-  1.15x; but layer 2's query is as far from layer 1's query (0.106) as the query is from the other kinds
-  (0.098). With the paper's unit (lambda_10) all three controls are closer to their kind: 2.9x, 8.4x, 1.46x.
-* After 200 steps (training loss 9.5 -> 6.8, about the level of predicting token frequencies) every encoder
-  block's curvature has fallen some ten-thousand-fold (largest eigenvalues about 1e-6) while the
-  embedding's has not (0.54): the blocks now differ by five orders of magnitude in scale, and less in
-  shape (mean JS 0.137 -> 0.048).
-
-Where it differs: Zhang et al. find BERT's blockwise spectra strongly heterogeneous at initialisation, far
-more than a CNN's. numformer's small encoder-decoder shows heterogeneity mostly in scale (the embedding's
-curvature against the rest's, growing with training), LayerNorm's distinct shape, and kind-specific shapes
-only under the paper's lambda_10 unit: with the largest eigenvalue as the unit the query's spectrum varies
-between layers as much as between kinds, and the check (largest-magnitude unit, ratio above 1.3 for every
-control) fails for the query and LayerNorm. In blocks of 128 to 16,000 parameters lambda_10 lies inside
-the bulk of the spectrum, where it is small and noisy, which is why the check does not use it. One seed, one
-batch, a model of 0.6M parameters and 200 steps against BERT's; no CNN to compare with.
+Where it differs: Zhang et al. measure BERT (and compare with CNNs); here a small encoder-decoder of 0.6M
+parameters, one seed, one batch, 200 steps of training, and no CNN to compare with. The check uses each
+block's largest eigenvalue magnitude as the unit rather than the paper's lambda_10: in blocks of 128 to
+16,000 parameters lambda_10 lies inside the bulk of the spectrum, where it is small and noisy (both units
+are reported).
 
 Command: ``python -m numformer.studies hessian-blocks [--out DIR]`` (``--small``: the CI's configuration).
-Time: stated at most 10 minutes on 2 cores; measured 5.8 minutes (346 s) on the project's 2-core AMD EPYC,
-nothing else running.
+Time: stated at most ``MINUTES`` (10) minutes on 2 cores, what the progress lines measure against;
+docs/studies.md has the measured time.
 """
 from __future__ import annotations
 
@@ -97,7 +84,7 @@ CONTROLS = {
                                           "encoder.layers.1.ffn_residual.norm.bias"]),
 }
 #: a kind's mean JS distance to the other kinds over its control's to it, at initialisation (largest-magnitude
-#: unit; measured FULL 0.93 / 6.2 / 1.15 (query / FFN / LayerNorm), SMALL 2.6 / 5.9 / 1.8)
+#: unit); docs/studies.md, hessian-blocks, has the ratios measured for FULL and SMALL
 HETEROGENEITY_MIN = 1.3
 
 
