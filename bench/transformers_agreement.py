@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     import torch  # noqa: PLC0415
     from transformers import MarianMTModel, MarianTokenizer  # noqa: PLC0415
 
-    from numformer.checkpoint.command import main as checkpoint_main  # noqa: PLC0415
+    from numformer.checkpoint_command import main as checkpoint_main  # noqa: PLC0415
     from numformer.checkpoint.run_model_file import newest_model_file  # noqa: PLC0415
     from numformer.checkpoint.trained_model import load_model  # noqa: PLC0415
     from numformer.data.text_files import normalize_line  # noqa: PLC0415

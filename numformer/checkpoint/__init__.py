@@ -20,8 +20,12 @@ machine without it) and no pickles (``np.load(allow_pickle=False)``):
 (:mod:`numformer.checkpoint.safetensors_file`), told apart by content. Around the file: averaging
 (:mod:`numformer.checkpoint.averaging`), exporting (:mod:`numformer.checkpoint.export`), which file of a run folder
 is its model (:mod:`numformer.checkpoint.run_model_file`), a trained model with its config and vocabulary
-loaded from a file or run folder (:mod:`numformer.checkpoint.trained_model`), and the command line
-``python -m numformer.checkpoint`` (:mod:`numformer.checkpoint.command`).
+loaded from a file or run folder (:mod:`numformer.checkpoint.trained_model`), and the names the output of
+``python -m numformer.checkpoint`` is given (:mod:`numformer.checkpoint.output_format`).
+
+This package is the floor below :mod:`numformer.interop` (which reads and writes model files) and never
+imports it; the command line ``python -m numformer.checkpoint`` sits above both, in
+:mod:`numformer.checkpoint_command`.
 """
 from __future__ import annotations
 

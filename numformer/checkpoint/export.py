@@ -1,48 +1,50 @@
 """Exporting a trained model as one file, ``.npz`` or ``.safetensors``: weights, config and vocabulary,
-no optimizer state (``python -m numformer.checkpoint export``); or, ``--format hf``, as a Hugging Face
-Marian folder (:func:`numformer.interop.marian.export_marian`: ``MarianMTModel.from_pretrained`` and
-``MarianTokenizer.from_pretrained`` load it)."""
+no optimizer state (``python -m numformer.checkpoint export``). The folders of other libraries (``--format
+hf``, ``--format ctranslate2``) are written by :mod:`numformer.interop`, from :func:`model_to_export` too."""
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
-from .. import run_files
-from . import CheckpointError, load_checkpoint, save_checkpoint
+from . import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from ..layers import Linear
 from ..model import Transformer
 from ..presets import ModelConfig
-from .output_format import output_format
-from .run_model_file import newest_model_file
+from .output_format import FILE_SUFFIXES, output_format
+from .run_model_file import newest_model_file, vocab_beside
 from .safetensors_file import save_safetensors
 
 # The meta entries a model file keeps; the rest (RNG, data position, timings) only resumes training.
 MODEL_META = ("model_config", "vocab_size", "vocab_sha256", "step", "data", "averaged_from")
 
 
-#: The formats export writes: one file (npz, safetensors) or a Hugging Face Marian folder (hf).
-FORMATS = ("npz", "safetensors", "hf")
+#: The one-file formats export writes (the folders are :data:`~numformer.checkpoint.output_format.FOLDER_FORMATS`).
+FORMATS = tuple(FILE_SUFFIXES.values())
 
 
-def export_model(source, out, fmt: str | None = None) -> Path:
-    """Write the model a run folder or checkpoint names (see :func:`numformer.checkpoint.run_model_file.newest_model_file`)
-    as one file, or as a Hugging Face Marian folder. ``fmt``: "npz", "safetensors" or "hf" (default: from
-    ``out``'s suffix, npz or safetensors). The vocabulary is the file's own, else the run folder's ``spm.model``."""
-    fmt = output_format(out, fmt, allowed=FORMATS)
+def model_to_export(source) -> tuple[Path, Checkpoint, bytes]:
+    """(model file, its checkpoint without optimizer state, the serialized vocabulary) of the model a run folder
+    or model file names (:func:`numformer.checkpoint.run_model_file.newest_model_file`). The vocabulary is the
+    file's own, else the run folder's ``spm.model`` (its sha256 then recorded in the meta when absent)."""
     src = newest_model_file(source)
     ck = load_checkpoint(src, with_optimizer=False)
     if "model_config" not in ck.meta:
         raise CheckpointError(f"{src} has no model config in its metadata: not a numformer training checkpoint")
     vocab = ck.vocab
     if vocab is None:
-        run_dir = src.parent.parent if src.parent.name == run_files.CHECKPOINTS else src.parent
-        spm = run_dir / run_files.VOCAB
+        spm = vocab_beside(src)
         if not spm.is_file():
             raise CheckpointError(f"{src} carries no vocabulary and {spm} does not exist: export from the run folder")
         vocab = spm.read_bytes()
         ck.meta.setdefault("vocab_sha256", hashlib.sha256(vocab).hexdigest())
-    if fmt == "hf":
-        return _export_hf(src, ck, vocab, out)
+    return src, ck, vocab
+
+
+def export_model(source, out, fmt: str | None = None) -> Path:
+    """Write the model a run folder or checkpoint names (see :func:`model_to_export`) as one file. ``fmt``:
+    "npz" or "safetensors" (default: from ``out``'s suffix)."""
+    fmt = output_format(out, fmt, allowed=FORMATS)
+    src, ck, vocab = model_to_export(source)
     meta = {k: ck.meta[k] for k in MODEL_META if k in ck.meta}
     meta["exported_from"] = str(src)
     if fmt == "npz":
@@ -50,18 +52,6 @@ def export_model(source, out, fmt: str | None = None) -> Path:
     else:
         save_safetensors(out, ck.model, meta, vocab, _linear_weight_names(meta["model_config"]))
     return Path(out)
-
-
-def _export_hf(src, ck, vocab: bytes, out) -> Path:
-    """The Hugging Face Marian folder of a checkpoint (numformer.interop.marian holds the mapping)."""
-    from ..interop.marian import export_marian, vocab_of  # noqa: PLC0415
-
-    try:
-        cfg = ModelConfig.from_dict(ck.meta["model_config"]).checked()
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{src} has an unreadable model config ({exc}): it was written by another "
-                              "numformer version or is corrupt") from None
-    return export_marian(ck.model, cfg, vocab_of(vocab), out)
 
 
 def _linear_weight_names(model_config: dict) -> list:

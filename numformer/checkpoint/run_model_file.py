@@ -1,5 +1,6 @@
 """Which file is the model a path names: a model file as it is; for a run folder, its average
-(``RUN/averaged.npz``) when that averages the run's newest checkpoint, else the newest checkpoint.
+(``RUN/averaged.npz``) when that averages the run's newest checkpoint, else the newest checkpoint; and where
+the vocabulary beside a model file is.
 
 What ``translate.py``, ``python -m grad_checks --checkpoint``, ``python -m numformer.attention_maps`` and
 ``python -m numformer.checkpoint export`` load when given a run folder.
@@ -52,6 +53,14 @@ def newest_model_file(path) -> Path:
         if fresh:
             return averaged
     return found[-1]
+
+
+def vocab_beside(model_file) -> Path:
+    """The ``spm.model`` of the run folder a model file sits in (``RUN/checkpoints/step_*.npz`` or ``RUN/*.npz``):
+    where the vocabulary of a checkpoint that does not carry its own is."""
+    path = Path(model_file)
+    run_dir = path.parent.parent if path.parent.name == run_files.CHECKPOINTS else path.parent
+    return run_dir / run_files.VOCAB
 
 
 def foreign_model_folder(path: Path) -> str | None:

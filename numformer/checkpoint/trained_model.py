@@ -18,7 +18,7 @@ from ..data.marian_vocab import vocab_from_bytes
 from ..errors import first_line
 from ..model import Transformer
 from ..presets import ModelConfig
-from .run_model_file import newest_model_file
+from .run_model_file import newest_model_file, vocab_beside
 
 
 def check_vocab(vocab, meta: dict, vocab_path, what) -> None:
@@ -37,11 +37,11 @@ def check_vocab(vocab, meta: dict, vocab_path, what) -> None:
 def load_model(checkpoint, vocab_path=None, device: str | None = None):
     """(model in eval mode on ``device``, vocab, model file path) from a model file or a run folder.
 
-    The vocabulary: ``vocab_path`` when given; else the one the file carries (every checkpoint and
-    exported model written since vocabularies were embedded: one file is a whole model), a
+    The vocabulary: ``vocab_path`` when given; else the one the file carries (a
     :class:`~numformer.data.SubwordVocab` or, for a model imported from Hugging Face Marian, a
-    :class:`~numformer.data.marian_vocab.MarianVocab`; else ``spm.model`` beside the run (older
-    checkpoints). It must be the one the model was trained with (size, and sha256 when the file recorded it).
+    :class:`~numformer.data.marian_vocab.MarianVocab`); else ``spm.model`` of the run folder the file sits in
+    (:func:`~numformer.checkpoint.run_model_file.vocab_beside`), for a checkpoint that carries none. It must be
+    the one the model was trained with (size, and sha256 when the file recorded it).
     """
     path = newest_model_file(checkpoint)  # a run folder: its fresh average, else its newest checkpoint
     ck = load_checkpoint(path, with_optimizer=False)
@@ -61,10 +61,7 @@ def load_model(checkpoint, vocab_path=None, device: str | None = None):
                                   f"the run's {run_files.VOCAB} or use another checkpoint") from None
         check_vocab(vocab, ck.meta, "(the one in the file)", f"checkpoint {path}")
     else:
-        if vocab_path is None:
-            run_dir = path.parent.parent if path.parent.name == run_files.CHECKPOINTS else path.parent
-            vocab_path = run_dir / run_files.VOCAB
-        vocab_path = Path(vocab_path)
+        vocab_path = vocab_beside(path) if vocab_path is None else Path(vocab_path)
         if not vocab_path.is_file():
             raise DataError(f"vocabulary {vocab_path} not found: pass --vocab PATH to the run's {run_files.VOCAB}")
         vocab = SubwordVocab.load(vocab_path)

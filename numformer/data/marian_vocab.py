@@ -40,9 +40,10 @@ import struct
 from pathlib import Path
 from typing import Sequence
 
-
 from .errors import DataError
-from .vocab import _spm, cut_at_eos
+from .hf_files import (BOOLEAN, FIX, INTEGER, STRING, TOKEN_STRING, InteropError, check_value, field,
+                       read_json_object, read_sentencepiece)
+from .vocab import cut_at_eos, sentencepiece_module
 
 #: The first bytes of a serialized MarianVocab (a sentencepiece model starts with a protobuf tag instead).
 MAGIC = b"NFMARIAN"
@@ -80,7 +81,7 @@ def load_vocab_file(path):
 
 
 def _processor(proto: bytes, what: str):
-    spm = _spm()
+    spm = sentencepiece_module()
     processor = spm.SentencePieceProcessor()
     try:
         processor.LoadFromSerializedProto(bytes(proto))
@@ -152,12 +153,8 @@ class MarianVocab:
                    size: int | None = None) -> "MarianVocab":
         """Read ``source.spm``, ``target.spm``, ``vocab.json`` (and ``tokenizer_config.json`` when there)
         from a Marian model folder (``MarianTokenizer.save_pretrained``'s files). They are a user's files:
-        each is read through :mod:`numformer.interop.hf_files`, so that an empty, truncated or foreign file and
+        each is read through :mod:`numformer.data.hf_files`, so that an empty, truncated or foreign file and
         a field of the wrong type are one InteropError line naming the file (and the field)."""
-        # imported here: the interop package is needed only where a Hugging Face folder is read
-        from ..interop import InteropError  # noqa: PLC0415
-        from ..interop.hf_files import (  # noqa: PLC0415
-            BOOLEAN, FIX, INTEGER, STRING, TOKEN_STRING, check_value, field, read_json_object, read_sentencepiece)
 
         folder = Path(folder)
         missing = [n for n in (SOURCE_SPM, TARGET_SPM, VOCAB_JSON) if not (folder / n).is_file()]

@@ -37,7 +37,8 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _TOO_HIGH = re.compile(r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set it to a value <= (\d+)")
 
 
-def _spm():
+def sentencepiece_module():
+    """The ``sentencepiece`` package, imported where a model is trained or read; DataError when it is missing."""
     try:
         import sentencepiece
     except ImportError:
@@ -132,7 +133,7 @@ class SubwordVocab:
         model is retrained once with M, the largest size the data allows;
         the result's ``requested_size`` records the original request.
         """
-        spm = _spm()
+        spm = sentencepiece_module()
         lines = [line for line in lines if line and line.strip()]
         if not lines:
             raise DataError("cannot train a subword vocabulary: the training text has no non-empty line")
@@ -181,7 +182,7 @@ class SubwordVocab:
     @classmethod
     def load(cls, path) -> "SubwordVocab":
         """Load a ``.model`` file written by :meth:`train`."""
-        spm = _spm()
+        spm = sentencepiece_module()
         path = Path(path)
         if not path.is_file():
             raise DataError(f"sentencepiece model not found: {path}: train one with SubwordVocab.train or fix the path")
@@ -199,7 +200,7 @@ class SubwordVocab:
     @classmethod
     def from_bytes(cls, data: bytes) -> "SubwordVocab":
         """Inverse of :meth:`to_bytes`."""
-        spm = _spm()
+        spm = sentencepiece_module()
         processor = spm.SentencePieceProcessor()
         processor.LoadFromSerializedProto(bytes(data))
         return cls(processor)

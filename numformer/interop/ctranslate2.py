@@ -66,11 +66,12 @@ from pathlib import Path
 import numpy as np
 
 from . import InteropError
+from ..checkpoint.trained_model import load_model
 from ..files import atomic_folder
 from ..layers.positional import sinusoid_table
 
 #: ``Converter.convert``'s weight types (ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES), written here so
-#: that the refusal of another name needs no ctranslate2 import.
+#: that the refusal of another name needs no ctranslate2 import; ``export --quantization`` offers these.
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 
 
@@ -349,8 +350,6 @@ def export_ctranslate2(model_file_or_run, out_dir, quantization: str | None = No
     weights stored as ``quantization`` (None: as they are, float32; ``"int8"``, ``"float16"``, ...: see
     :data:`QUANTIZATIONS`). Returns ``out_dir``. Errors are NumformerErrors with one line: a model CTranslate2
     cannot hold, ctranslate2 not installed, an existing non-empty ``out_dir``, an unknown quantization."""
-    from ..checkpoint.trained_model import load_model  # noqa: PLC0415
-
     check_quantization(quantization)
     _import_ctranslate2()
     model, vocab, _ = load_model(model_file_or_run, device="cpu")

@@ -9,7 +9,7 @@ import pytest
 import train
 import translate
 from grad_checks.__main__ import main as grad_checks_main
-from numformer.checkpoint.command import main
+from numformer.checkpoint_command import main
 from support import assert_one_line_error, copy_args, run_main
 
 PROG = "python -m numformer.checkpoint"

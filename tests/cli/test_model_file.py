@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 import train  # noqa: E402
 from numformer import checkpoint as checkpoint_module  # noqa: E402
 from numformer.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from numformer.checkpoint.command import main as checkpoint_command  # noqa: E402
+from numformer.checkpoint_command import main as checkpoint_command  # noqa: E402
 from numformer.checkpoint.run_model_file import newest_model_file  # noqa: E402
 from numformer.checkpoint.trained_model import load_model  # noqa: E402
 from numformer.decoding.search import log_softmax  # noqa: E402

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from numformer.checkpoint.command import main
+from numformer.checkpoint_command import main
 from numformer.files import refuse_output_over_inputs
 from numformer.errors import UsageError
 from support import assert_one_line_error, run_main

@@ -3,7 +3,7 @@ import shutil
 
 import pytest
 
-from numformer.checkpoint.command import main as checkpoint_main
+from numformer.checkpoint_command import main as checkpoint_main
 
 
 @pytest.fixture(scope="session")

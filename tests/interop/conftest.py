@@ -25,7 +25,7 @@ def marian(tmp_path_factory, tokenizer_dir):
     """``marian(activation)`` -> a :class:`MarianCase` (one per activation, built on first use)."""
     import json
 
-    from numformer.checkpoint.command import main
+    from numformer.checkpoint_command import main
 
     cases = {}
 

@@ -466,7 +466,7 @@ def test_the_export_command_writes_a_ctranslate2_model(reverse_model, tmp_path, 
     """``python -m numformer.checkpoint export MODEL --format ctranslate2`` (and a misplaced --quantization)."""
     import ctranslate2
 
-    from numformer.checkpoint.command import main
+    from numformer.checkpoint_command import main
     from support import run_main
 
     model_file = reverse_model[0]

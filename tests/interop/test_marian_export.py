@@ -16,7 +16,7 @@ from transformers import MarianMTModel, MarianTokenizer  # noqa: E402
 
 from marian_files import SRC_WORDS, exact_positions, sentences  # noqa: E402
 from numformer.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from numformer.checkpoint.command import main  # noqa: E402
+from numformer.checkpoint_command import main  # noqa: E402
 from numformer.data.marian_vocab import vocab_from_bytes  # noqa: E402
 from numformer.decoding.translation import DecodeOptions, translate_ids, translate_lines  # noqa: E402
 from numformer.model import Transformer  # noqa: E402

@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from numformer.checkpoint import load_checkpoint  # noqa: E402
-from numformer.checkpoint.command import main  # noqa: E402
+from numformer.checkpoint_command import main  # noqa: E402
 from numformer.interop.marian import marian_permutation, marian_to_numformer  # noqa: E402
 from numformer.loss import LabelSmoothedCrossEntropy  # noqa: E402
 from numformer.model import Transformer  # noqa: E402

@@ -112,7 +112,7 @@ def test_tokenizer_files_that_disagree_with_the_model_are_one_line(tokenizer_dir
 
 
 def test_a_safetensors_export_carries_the_marian_vocabulary(marian, tmp_path):
-    from numformer.checkpoint.command import main
+    from numformer.checkpoint_command import main
 
     case = marian("relu")
     assert main(["export", str(case.npz), "--out", str(tmp_path / "m.safetensors")]) == 0

@@ -82,7 +82,7 @@ def test_average(tmp_path):
 
 
 def test_average_command(tmp_path):
-    from numformer.checkpoint.command import main
+    from numformer.checkpoint_command import main
 
     run = tmp_path / "run"
     for i in range(4):

@@ -1,9 +1,10 @@
 """Reading the files of a Hugging Face model folder that a user hands to numformer: every refusal one line.
 
 A Marian folder (``config.json``, ``vocab.json``, ``tokenizer_config.json``, ``source.spm``, ``target.spm``,
-``model.safetensors.index.json`` where the weights are sharded) may have been edited by hand, cut short by a failed copy, or be some other file under the right name. Every
-read goes through the helpers here, so that whatever is wrong ends as one :class:`InteropError` line naming
-the file (and the field), never as a traceback from deep inside the import:
+``model.safetensors.index.json`` where the weights are sharded) may have been edited by hand, cut short by a
+failed copy, or be some other file under the right name. Every read goes through the helpers here, so that
+whatever is wrong ends as one :class:`InteropError` line naming the file (and the field), never as a
+traceback from deep inside the import:
 
 * :func:`read_json_object`: the file as a JSON object (an empty file, bytes that are not UTF-8 text, malformed
   or truncated JSON, and JSON of another top-level type are each refused, naming the file);
@@ -12,7 +13,8 @@ the file (and the field), never as a traceback from deep inside the import:
 * :func:`read_sentencepiece`: a sentencepiece model file, its bytes checked by loading them.
 
 The messages end in :data:`FIX`: a file written by ``save_pretrained`` passes, so the remedy is always the
-same.
+same. The readers sit with the data because the Marian vocabulary (:mod:`numformer.data.marian_vocab`) reads
+its tokenizer files through them; the Marian import (:mod:`numformer.interop`) reads the rest.
 """
 from __future__ import annotations
 
@@ -22,7 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import InteropError
+from ..errors import NumformerError
+from .vocab import sentencepiece_module
+
+
+class InteropError(NumformerError, ValueError):
+    """A model from elsewhere that numformer cannot read or write (or cannot fetch); the message is one line.
+    :mod:`numformer.interop` raises it too and exports it."""
+
 
 #: What every message here ends with: these files are written by transformers, not by hand.
 FIX = "fix the file or re-save the model with save_pretrained"
@@ -141,13 +150,12 @@ def field(config: dict, name: str, kind: Kind, path, default=REQUIRED, low=None,
 def read_sentencepiece(path) -> bytes:
     """The bytes of the sentencepiece model file ``path``, checked by loading them (an empty file, random bytes,
     a truncated model and another kind of file are refused, naming the file)."""
-    from ..data.vocab import _spm  # noqa: PLC0415  (sentencepiece only where a model is read)
 
     path = Path(path)
     data = _read_bytes(path)
     if not data:
         raise InteropError(f"{path} is empty where a sentencepiece model is expected: {FIX}")
-    processor = _spm().SentencePieceProcessor()
+    processor = sentencepiece_module().SentencePieceProcessor()
     try:
         processor.LoadFromSerializedProto(data)
     except (OSError, RuntimeError, TypeError, ValueError):
@@ -158,6 +166,5 @@ def read_sentencepiece(path) -> bytes:
     return data
 
 
-__all__ = ["FIX", "REQUIRED", "Kind", "INTEGER", "TOKEN_ID", "NUMBER", "BOOLEAN", "STRING", "OBJECT", "TOKEN_STRING",
-           "shown",
-           "read_json_object", "check_value", "field", "read_sentencepiece"]
+__all__ = ["InteropError", "FIX", "REQUIRED", "Kind", "INTEGER", "TOKEN_ID", "NUMBER", "BOOLEAN", "STRING", "OBJECT",
+           "TOKEN_STRING", "shown", "read_json_object", "check_value", "field", "read_sentencepiece"]

@@ -1,27 +1,32 @@
 """The command line ``python -m numformer.checkpoint``: ``average`` checkpoints into one model file
-(Section 6.1), ``export`` a model as one ``.npz`` or ``.safetensors`` file or as a Hugging Face Marian
-folder, ``import`` a Hugging Face Marian model (opus-mt) as a numformer model file.
+(Section 6.1), ``export`` a model as one ``.npz`` or ``.safetensors`` file, as a Hugging Face Marian folder
+or as a CTranslate2 folder, ``import`` a Hugging Face Marian model (opus-mt) as a numformer model file.
 
     python -m numformer.checkpoint average --out OUT.npz CK1.npz CK2.npz ...
     python -m numformer.checkpoint average --last N RUN_DIR --out RUN_DIR/averaged.npz
     python -m numformer.checkpoint export RUN --format safetensors --out model.safetensors
     python -m numformer.checkpoint export RUN --format hf --out hf_model/
     python -m numformer.checkpoint import Helsinki-NLP/opus-mt-en-de --out opus-en-de.npz
+
+It sits above both the model file (:mod:`numformer.checkpoint`) and the formats of other libraries
+(:mod:`numformer.interop`, which read and write model files); ``numformer/checkpoint/__main__.py`` runs it.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .. import run_files
-from ..cli.arguments import positive_int
-from ..cli.front import command_line, parser
-from ..files import refuse_output_over_inputs
-from . import CheckpointError, save_checkpoint
-from .export import FORMATS, export_model
-from .output_format import output_format
-from .run_model_file import newest_model_file
-from .averaging import average_checkpoints
-
+from . import run_files
+from .checkpoint import CheckpointError, save_checkpoint
+from .checkpoint.averaging import average_checkpoints
+from .checkpoint.export import FORMATS, export_model
+from .checkpoint.output_format import FOLDER_FORMATS, output_format
+from .checkpoint.run_model_file import newest_model_file
+from .cli.arguments import positive_int
+from .cli.front import command_line, parser
+from .files import refuse_output_over_inputs
+from .interop.ctranslate2 import QUANTIZATIONS, export_ctranslate2
+from .interop.marian_export import export_marian_model
+from .interop.marian_import import import_marian
 
 PROG = "python -m numformer.checkpoint"
 
@@ -39,12 +44,11 @@ def main(argv=None) -> int:
     avg.add_argument("--out", required=True, help=f"file to write (e.g. RUN/{run_files.AVERAGED})")
     exp = sub.add_parser("export", help="write a model (weights, config, vocabulary) as one file")
     exp.add_argument("source", help=f"a run folder (its {run_files.AVERAGED}, else newest checkpoint) or a checkpoint")
-    exp.add_argument("--format", choices=[*FORMATS, "ctranslate2"],
+    exp.add_argument("--format", choices=[*FORMATS, *FOLDER_FORMATS],
                      help="npz, safetensors (default: from --out's suffix), hf: a folder MarianMTModel and "
                           "MarianTokenizer load (needs the interop extra to be used, not to be written), or "
                           "ctranslate2: a CTranslate2 model folder (needs ctranslate2)")
-    exp.add_argument("--quantization", choices=["int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
-                                                "float16", "bfloat16", "float32"],
+    exp.add_argument("--quantization", choices=QUANTIZATIONS,
                      help="with --format ctranslate2: the weights' type in the CTranslate2 model (default float32)")
     exp.add_argument("--out", required=True, help="file to write (model.npz or model.safetensors; a new folder for hf)")
     imp = sub.add_parser("import", help="a Hugging Face Marian model (opus-mt) as a numformer model file")
@@ -58,18 +62,17 @@ def main(argv=None) -> int:
         refuse_output_over_inputs(args.out, [args.source, src])
         fmt = output_format(args.out, args.format)
         if fmt == "ctranslate2":
-            from ..interop.ctranslate2 import export_ctranslate2  # noqa: PLC0415
-
             export_ctranslate2(src, args.out, args.quantization)
         else:
             if args.quantization is not None:
                 raise CheckpointError("--quantization is for --format ctranslate2 only: leave it out")
-            export_model(src, args.out, fmt)
+            if fmt == "hf":
+                export_marian_model(src, args.out)
+            else:
+                export_model(src, args.out, fmt)
         print(f"exported {src} to {args.out}")
         return 0
     if args.command == "import":
-        from ..interop.marian import import_marian  # noqa: PLC0415
-
         refuse_output_over_inputs(args.out, [args.source])
         output_format(args.out, allowed=("npz",))  # a numformer model file (export turns it into the others)
         import_marian(args.source, args.out, log=print)
