@@ -147,12 +147,12 @@ class SoftmaxFunction(Module):
     """Presents the functions softmax / softmax_backward (what attention runs) to the checker."""
 
     def forward(self, x):
-        self._cache_y = softmax_fn(x)
-        return self._cache_y
+        y = softmax_fn(x)
+        self.save_for_backward(y=y)
+        return y
 
     def backward(self, dy):
-        y, self._cache_y = self._cache_y, None
-        return softmax_backward(dy, y)
+        return softmax_backward(dy, self.pop_saved("y"))
 
 
 def softmax(rng):

@@ -20,6 +20,11 @@ from . import environment
 from .errors import NumformerError
 
 DEFAULT_DTYPE = np.float32
+# The score a masked key gets before the softmax (Eq. 1, Section 3.2.3): large, finite and negative, so a row
+# whose every key is masked is uniform, not NaN. Here, not in layers/attention.py, because the plain math
+# and its fast twin (numformer.kernels.attention) must fill the same value, and the machinery never imports
+# the math.
+MASKED_SCORE = -1e9
 _DTYPES = {"float32": np.float32, "float64": np.float64}
 
 _cupy = None  # the cupy module once a CUDA device has been asked for

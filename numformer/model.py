@@ -212,7 +212,6 @@ class Transformer(Module):
         self.final_logits_bias = None
         if cfg.logits_bias:  # not trained, but part of the model file: a persistent buffer (numformer.module)
             self.register_buffer("final_logits_bias", np.zeros(v, dtype=dtype), persistent=True)
-        self._cache_masks = None
 
     @staticmethod
     def _positions(cfg: ModelConfig, rng, dtype):

@@ -9,7 +9,10 @@ passes *add* into ``Parameter.grad``.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections import OrderedDict
+from types import MappingProxyType
 
 import numpy as np
 
@@ -50,20 +53,39 @@ class Parameter:
 
 
 class Module:
-    """Base class of every layer: parameters, children, train/eval, state dicts.
+    """Base class of every layer: parameters, children, train/eval, state dicts, and the layer contract.
 
-    Subclasses implement ``forward(...)`` (caching what backward needs, only in
-    training mode) and ``backward(dy)`` (returning input gradients and adding
-    parameter gradients into ``Parameter.grad``). Arrays that are not trained
-    but must move with the model (the positional table) are registered with
-    :meth:`register_buffer`; a *persistent* buffer (Marian's frozen logits bias,
-    ``final_logits_bias``) is also saved and loaded with the weights.
+    Subclasses implement ``forward(...)`` and ``backward(dy)`` (returning input gradients and adding
+    parameter gradients into ``Parameter.grad``). Arrays that are not trained but must move with the model
+    (the positional table) are registered with :meth:`register_buffer`; a *persistent* buffer (Marian's
+    frozen logits bias, ``final_logits_bias``) is also saved and loaded with the weights.
+
+    **What a layer keeps, and who may watch it.** In training mode a forward keeps what its backward needs
+    with :meth:`save_for_backward` (``self.save_for_backward(x=x)``), by name; the backward takes it back
+    with :meth:`pop_saved`, which frees it; in eval mode nothing is kept (decoding holds no activations).
+    Anyone may read what a layer holds through :attr:`saved` (a read-only view: ``linear.saved["x"]``),
+    and each layer's docstring names its saved tensors: they are its public contract, not a private
+    detail. A tool that must observe or change what a layer does (per-sentence statistics, the Hessian's
+    held ReLU sets, the studies) installs a *tap* for the length of a ``with`` block (:meth:`tap`); the
+    layer's own methods are never replaced, so a layer written later is observable by every tool.
     """
+
+    _taps = None  # {"forward": [...], "backward": [...]} while a tap is installed on this instance
 
     def __init__(self):
         object.__setattr__(self, "training", True)
         object.__setattr__(self, "_buffers", [])
         object.__setattr__(self, "_persistent", [])
+        object.__setattr__(self, "_saved", {})
+
+    def __init_subclass__(cls, **kwargs):
+        """Every class's own ``forward`` and ``backward`` pass through its instances' taps (a no-op check
+        when none is installed): taps reach a layer written later without its author doing anything."""
+        super().__init_subclass__(**kwargs)
+        for kind in ("forward", "backward"):
+            method = cls.__dict__.get(kind)
+            if callable(method) and not hasattr(method, "tapped_method"):
+                setattr(cls, kind, _through_taps(kind, method))
 
     def register_buffer(self, name: str, array, persistent: bool = False) -> None:
         """``self.name = array``, an array that is not trained: it has no gradient and is not among
@@ -173,13 +195,60 @@ class Module:
             p.zero_grad()
 
     def clear_cache(self) -> None:
-        """Drop activations cached by forward (frees memory after a step)."""
+        """Drop what every forward kept for backward (frees memory after a step)."""
         for m in self.modules():
-            m._clear_cache()
+            m.release_saved()
 
-    def _clear_cache(self) -> None:
-        for name in [k for k in vars(self) if k.startswith("_cache")]:
-            setattr(self, name, None)
+    # -- the layer contract: what forward keeps for backward, and taps --------
+    def save_for_backward(self, **tensors) -> None:
+        """Keep ``tensors`` (arrays or values, by name) for backward, in training mode only; replaces what
+        an earlier forward kept. In eval mode nothing is kept."""
+        self._saved = dict(tensors) if self.training else {}
+
+    @property
+    def saved(self):
+        """What the last training forward kept for backward, by name (a read-only mapping; empty in eval
+        mode and after backward). The names are the layer's contract, listed in its docstring."""
+        return MappingProxyType(self._saved)
+
+    def pop_saved(self, *names):
+        """Backward's side of :meth:`save_for_backward`: the named tensors (one name: the array itself;
+        several: a tuple), and everything kept is freed. A backward without a training forward is a bug of
+        the caller, said as such."""
+        saved, self._saved = self._saved, {}
+        missing = [n for n in names if n not in saved]
+        if missing:
+            raise RuntimeError(f"{type(self).__name__}.backward without a forward in training mode before it "
+                               f"(nothing saved as {missing[0]!r})")
+        return saved[names[0]] if len(names) == 1 else tuple(saved[n] for n in names)
+
+    def release_saved(self) -> None:
+        """Forget what forward kept (the memory goes back)."""
+        self._saved = {}
+
+    @contextlib.contextmanager
+    def tap(self, forward=None, backward=None):
+        """A context in which this layer's ``forward`` (``backward``) runs through ``forward(module, run,
+        *args, **kwargs)``: ``run(*args, **kwargs)`` is the layer's own method (or the tap installed before),
+        and what the tap returns is the result. A tap observes (reads ``module.saved``, the arguments, the
+        result) or holds (returns something else, keeps other tensors with :meth:`save_for_backward`). Taps
+        nest; the last installed runs first; each is removed at the end of its block::
+
+            with layer.tap(backward=lambda m, run, dy: (seen.append(m.saved["x"]), run(dy))[1]):
+                model.backward(dlogits)
+        """
+        functions = [(kind, f) for kind, f in (("forward", forward), ("backward", backward)) if f is not None]
+        if self._taps is None:
+            object.__setattr__(self, "_taps", {"forward": [], "backward": []})
+        for kind, f in functions:
+            self._taps[kind].append(f)
+        try:
+            yield self
+        finally:
+            for kind, f in functions:
+                self._taps[kind].remove(f)
+            if not any(self._taps.values()):
+                object.__setattr__(self, "_taps", None)
 
     # -- devices and dtypes --------------------------------------------------
     def to(self, xp=None, dtype=None) -> "Module":
@@ -234,3 +303,20 @@ class Module:
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(f"shape mismatch for {name}: checkpoint {tuple(value.shape)}, model {tuple(target.shape)}")
             target[...] = to_xp(value, get_array_module(target), target.dtype)  # in place: the array the layer holds
+
+
+def _through_taps(kind: str, method):
+    """``method`` (a class's own forward or backward) run through the instance's taps of that kind, when
+    any is installed and this class's method is the one the instance calls (a subclass calling
+    ``super().forward`` is tapped once, at its own level)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        taps = self._taps
+        if not taps or not taps[kind] or getattr(type(self), kind) is not run:
+            return method(self, *args, **kwargs)
+        call = functools.partial(method, self)
+        for tap in taps[kind]:  # the first installed innermost
+            call = functools.partial(tap, self, call)
+        return call(*args, **kwargs)
+    run.tapped_method = method
+    return run

@@ -40,7 +40,8 @@ def read_jsonl(path) -> list[dict]:
     return [r for r in records if isinstance(r, dict)]
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (the ``plot`` extra: pip install 'numformer[plot]')."""
     try:
         import matplotlib  # noqa: PLC0415  (an optional extra: pip install 'numformer[plot]')
     except ImportError:
@@ -58,7 +59,7 @@ def _save(fig, path: Path, suptitle: str = "") -> Path:
         fig.suptitle(suptitle)
     fig.tight_layout()
     save_picture(fig, path, dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -72,7 +73,7 @@ def save_picture(fig, path, dpi: int) -> Path:
 
 def plot_curves(metrics: list[dict], out: Path, title: str = "") -> Path:
     """Loss, learning rate, validation BLEU and throughput against the step."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
 
     def series(key):
@@ -117,7 +118,7 @@ def plot_grad_flow(stats: list[dict], out: Path, title: str = "", key: str = "gr
     """Heatmap: rows = parameter tensors in network order, columns = logged steps, colour = log10(key)."""
     if not stats:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     names = list(stats[0]["params"])
     steps = [s["step"] for s in stats]
     grid = np.array([[s["params"].get(n, {}).get(key, np.nan) for s in stats] for n in names], dtype=float)
@@ -140,7 +141,7 @@ def plot_update_ratio(stats: list[dict], out: Path, title: str = "") -> Path | N
     """Per layer: ||last Adam update|| / ||weights|| over steps (norms combined over the layer's tensors)."""
     if not stats or "update_norm" not in next(iter(stats[0]["params"].values())):
         return None
-    plt = _pyplot()
+    plt = pyplot()
     layers: dict[str, list] = {}
     for n in stats[0]["params"]:
         layers.setdefault(layer_of(n), []).append(n)
@@ -166,7 +167,7 @@ def plot_activations(stats: list[dict], out: Path, title: str = "") -> Path | No
     """Std of each sub-layer output and the dead-ReLU share over steps."""
     if not stats or not stats[0].get("activations"):
         return None
-    plt = _pyplot()
+    plt = pyplot()
     steps = [s["step"] for s in stats]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for name in stats[0]["activations"]:
@@ -189,7 +190,7 @@ def plot_noise_scale(stats: list[dict], out: Path, title: str = "") -> Path | No
     rows = [s for s in stats if s.get("noise")]
     if not rows:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     steps = [s["step"] for s in rows]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     groups = list(rows[0]["noise"]["groups"]) + ["total"]
@@ -232,7 +233,7 @@ def plot_compare(runs: list, out, title: str = "") -> Path:
     The gradient norm comes from each run's grad_stats.jsonl (``--log-grads``), the rest from metrics.jsonl.
     Used for the warmup comparison in the README (post-LN vs pre-LN, with and without warmup).
     """
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     for run in map(Path, runs):
         stats = read_jsonl(run / run_files.GRAD_STATS)

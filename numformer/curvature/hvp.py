@@ -7,7 +7,8 @@ mean over the batch's target tokens (Section 5.4), of one fixed batch.
 
 What makes the difference quotient a Hessian: the loss must be smooth along the probe. Dropout is off (the
 model must be built without it: refused otherwise), and every ReLU keeps the active set it had at the point
-(``[x > 0]`` at theta, recorded once): within that piece the network is smooth, ReLU's second derivative is
+(``[x > 0]`` at theta, recorded once from what each ReLU saves for its backward, then held by a forward tap:
+:meth:`numformer.module.Module.tap`): within that piece the network is smooth, ReLU's second derivative is
 zero, so the piece's Hessian at theta is the Hessian at theta (which exists wherever no ReLU input is
 exactly 0), and no probe crosses a kink whatever its size.
 
@@ -18,6 +19,8 @@ one product the Richardson way, from the same product at ``h`` and ``h / 2`` (th
 four-fold): ``|Hv(h) - Hv(h / 2)| * 4 / 3`` bounds it as long as truncation dominates.
 """
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -58,32 +61,35 @@ class BlockHessian:
         return int(sum(self.sizes))
 
     # -- the point's ReLU active sets, held ---------------------------------------------------------------
+    def _relus(self):
+        return [m for m in self.model.modules() if isinstance(m, ReLU)]
+
     def _record_relu_sets(self) -> dict:
+        """{id(relu): its active set [x > 0] at the point}, read from what each ReLU saved for backward
+        (``positive``) in a forward at the point."""
         sets = {}
-        relus = [m for m in self.model.modules() if isinstance(m, ReLU)]
-        for m in relus:
-            def recording(x, _m=m, _forward=m.forward):
-                sets[id(_m)] = x > 0
-                return _forward(x)
-            object.__setattr__(m, "forward", recording)
-        try:
+
+        def record(m, forward, x):
+            y = forward(x)
+            sets[id(m)] = m.saved["positive"]
+            return y
+        with contextlib.ExitStack() as taps:
+            for m in self._relus():
+                taps.enter_context(m.tap(forward=record))
             self._loss_and_backward()
-        finally:
-            for m in relus:
-                m.__dict__.pop("forward", None)
         return sets
 
-    def _held(self):
-        """Put every ReLU on its recorded active set (instance attributes); returns a function undoing it."""
-        relus = [m for m in self.model.modules() if isinstance(m, ReLU)]
-        for m in relus:
-            def forced(x, _m=m):
-                positive = self._sets[id(_m)]
-                if _m.training:
-                    _m._cache_positive = positive
-                return x * positive
-            object.__setattr__(m, "forward", forced)
-        return lambda: [m.__dict__.pop("forward", None) for m in relus]
+    def _held(self) -> contextlib.ExitStack:
+        """A context in which every ReLU stays on its recorded active set S: ``y = x * S``, and S is what
+        it saves for its backward (``dx = dy * S``), whatever the sign of x under the probe."""
+        def hold(m, forward, x):
+            positive = self._sets[id(m)]
+            m.save_for_backward(positive=positive)
+            return x * positive
+        taps = contextlib.ExitStack()
+        for m in self._relus():
+            taps.enter_context(m.tap(forward=hold))
+        return taps
 
     # -- the gradient of the block -----------------------------------------------------------------------
     def _loss_and_backward(self):
@@ -99,15 +105,14 @@ class BlockHessian:
     def gradient(self, shift=None):
         """The block's gradient (flat) at the point, or at the point + ``shift`` (flat); ReLU sets held."""
         saved = [p.data.copy() for p in self.params] if shift is not None else None
-        undo = self._held()
         try:
-            if shift is not None:
-                for p, part in zip(self.params, self._split(shift)):
-                    p.data += part
-            self._loss_and_backward()
-            return self.xp.concatenate([p.grad.reshape(-1) for p in self.params]).astype(np.float64)
+            with self._held():
+                if shift is not None:
+                    for p, part in zip(self.params, self._split(shift)):
+                        p.data += part
+                self._loss_and_backward()
+                return self.xp.concatenate([p.grad.reshape(-1) for p in self.params]).astype(np.float64)
         finally:
-            undo()
             if saved is not None:
                 for p, s in zip(self.params, saved):
                     p.data[...] = s

@@ -1,20 +1,22 @@
 """The kernels: fast versions of pieces of the math, and the one switch that turns them off.
 
-``numformer/layers/``, ``loss.py``, ``optim.py`` and ``decode.py`` hold the plain math: each piece of
-a forward or backward pass is a function written as the paper's equations (for example
-:func:`numformer.layers.attention.attention_backward`). This package holds faster versions of some
-of those functions, each named after its plain twin with ``_fast`` (``attention_backward_fast``):
-the same inputs, the same outputs (equal to the plain ones up to float rounding; tested at real
-training sizes in ``tests/kernels/test_kernels.py``), computed with host threads, cache-sized
-blocks, ``out=`` buffers and fused passes. A layer calls a piece of math through :func:`kernel`::
+``numformer/layers/``, ``loss.py``, ``optim.py`` and ``decoding/search.py`` hold the plain math: each piece
+of a forward or backward pass is a function written as the paper's equations (for example
+:func:`numformer.layers.attention.attention_backward`). This package holds faster versions of some of
+those functions, each named after its plain twin with ``_fast`` (``attention_backward_fast``): the same
+inputs, the same outputs (equal to the plain ones up to float rounding; tested at real training sizes in
+``tests/kernels/test_kernels.py``), computed with host threads, cache-sized blocks, ``out=`` buffers and
+fused passes. A layer calls a piece of math through :func:`kernel`::
 
     dq, dk, dv = kernel(attention_backward)(dout, q, k, v, p, p_used, masked, scale, dropout_backward)
 
 which returns the fast version registered for ``attention_backward`` when kernels are on, the plain
-function itself when they are off. The training kernels (attention, LayerNorm, the embedding's
-scatter-add, the loss, Adam) run on host (numpy) arrays and hand cupy arrays to the plain math (the
-GPU runs its own kernels for every array operation); the two decoding kernels go through ``xp`` and
-run on both.
+function itself when they are off. The kernel files register their functions by the plain function's
+dotted name (:mod:`numformer.kernels.twins`): the math imports this switch, the switch imports the kernel
+files, and no kernel file imports the math, so the arrows run one way. The training kernels (attention,
+LayerNorm, the embedding's scatter-add, the loss, Adam) take host (numpy) arrays; with cupy arrays the
+switch runs the plain math (the GPU runs its own kernels for every array operation). The two decoding
+kernels go through ``xp`` and run on both.
 
 The switch: ``NUMFORMER_KERNELS=plain`` in the environment, or ``numformer.kernels.use_kernels("plain")``
 (``"fast"`` is the default), runs the whole model on the plain math, on CPU and GPU; the process
@@ -23,14 +25,13 @@ the environment says ``plain``. ``NUMFORMER_KERNELS_OFF=attention,loss`` leaves 
 files (to measure what each buys: ``bench/kernel_speed.py``, ``docs/speed.md``).
 
 Files, one per piece of math: ``attention``, ``layernorm``, ``embedding``, ``loss``, ``adam`` and
-``decoding`` (the per-step pieces of the searches). Dropout, ReLU and the linear maps have no kernel:
-their threaded and fused versions measured slower than the plain math at the training shapes, so
-they were removed. The host thread pool the kernels split work over is :mod:`numformer.kernels.host.threads`.
+``decoding`` (the per-step pieces of the searches); :mod:`numformer.kernels.twins` is their table. Dropout,
+ReLU and the linear maps have no kernel (docs/speed.md has the measurements). The host thread pool the
+kernels split work over is :mod:`numformer.kernels.host.threads`.
 """
 from __future__ import annotations
 
 import contextlib
-import importlib
 
 from .. import environment
 from ..errors import NumformerError
@@ -51,39 +52,43 @@ def _check(mode: str) -> str:
 
 
 _mode = _check(environment.kernel_mode())
-_fast = {}      # plain function -> its fast version
 _off = frozenset()  # kernel files left out (measurements of what each one buys)
-_loaded = False
-
-
-def replaces(plain):
-    """Decorator: register the decorated function as the fast version of ``plain``."""
-    def register(fast):
-        _fast[plain] = fast
-        fast.plain = plain
-        return fast
-    return register
+_chosen = {}        # plain function -> what kernel() returns for it in fast mode (built once)
 
 
 def _load() -> None:
-    """Import the kernel modules once (they register themselves with :func:`replaces`)."""
-    global _loaded
-    if not _loaded:
-        for name in _FAST_MODULES:
-            importlib.import_module(f"{__name__}.{name}")
-        _loaded = True
+    """Import the kernel files (each registers its functions in :data:`numformer.kernels.twins.TWINS`);
+    Python imports each once. Loaded on the first call in fast mode, not on import: the plain mode never
+    pays for them."""
+    from . import adam, attention, decoding, embedding, layernorm, loss  # noqa: F401,PLC0415
+
+
+def _choose(plain):
+    """The fast twin of ``plain`` (or a function choosing between the two by ``when``), else ``plain``."""
+    from .twins import TWINS, name_of  # noqa: PLC0415  (imports numpy: not before tune_host, see host/)
+
+    _load()
+    twin = TWINS.get(name_of(plain))
+    if twin is None or twin.file in _off:
+        return plain
+    if twin.when is None:
+        return twin.fast
+    fast, when = twin.fast, twin.when
+
+    def fast_where_it_applies(*args, **kwargs):
+        return fast(*args, **kwargs) if when(*args, **kwargs) else plain(*args, **kwargs)
+    fast_where_it_applies.fast = fast
+    return fast_where_it_applies
 
 
 def kernel(plain):
     """The function to run for the piece of math ``plain``: its fast version, or ``plain`` itself."""
     if _mode == "plain":
         return plain
-    if not _loaded:
-        _load()
-    fast = _fast.get(plain, plain)
-    if _off and fast.__module__.rsplit(".", 1)[-1] in _off:
-        return plain
-    return fast
+    chosen = _chosen.get(plain)
+    if chosen is None:
+        chosen = _chosen[plain] = _choose(plain)
+    return chosen
 
 
 def set_disabled(names) -> frozenset:
@@ -96,13 +101,25 @@ def set_disabled(names) -> frozenset:
     if unknown:
         raise KernelModeError(f"unknown kernel {sorted(unknown)[0]!r}: choose from {', '.join(_FAST_MODULES)}")
     previous, _off = _off, names
+    _chosen.clear()
     return previous
 
 
 def registered() -> dict:
-    """{plain function: fast function} for every kernel (loads them)."""
+    """{plain function's dotted name: fast function} for every kernel (loads them)."""
+    from .twins import TWINS  # noqa: PLC0415
+
     _load()
-    return dict(_fast)
+    return {name: twin.fast for name, twin in TWINS.items()}
+
+
+def fast_twin(plain):
+    """The fast function registered for ``plain`` (None when it has none), whatever the mode."""
+    from .twins import TWINS, name_of  # noqa: PLC0415
+
+    _load()
+    twin = TWINS.get(name_of(plain))
+    return None if twin is None else twin.fast
 
 
 def get_kernels() -> str:

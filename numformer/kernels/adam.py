@@ -12,18 +12,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import is_cupy_array
-from ..optim import adam_update
-from . import replaces
+from .twins import replaces
 from .host.threads import parallel_tasks
 
 ADAM_BLOCK = 1 << 17  # elements per block
 
 
-@replaces(adam_update)
+@replaces("numformer.optim.adam_update", when=lambda params, *a, **k: not (params and is_cupy_array(params[0])))
 def adam_update_fast(params, grads, ms, vs, step_size: float, b1: float, b2: float, bc2_sqrt: float, eps: float,
                      zero_grad: bool = False) -> None:
-    if params and is_cupy_array(params[0]):
-        return adam_update(params, grads, ms, vs, step_size, b1, b2, bc2_sqrt, eps, zero_grad)
 
     def update(pc, gc, mc, vc):
         tmp = np.multiply(gc, 1.0 - b1)

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import is_cupy_array
-from ..layers.attention import MASKED_SCORE, attention_backward, attention_forward
-from . import replaces
+from ..backend import MASKED_SCORE, is_cupy_array
+from .twins import replaces
 from .host.threads import parallel_ranges
 
 BLAS_SMALL_GEMM = 1 << 18  # m*n*k up to which OpenBLAS runs a GEMM on the calling thread only
@@ -46,10 +45,9 @@ def _heads_layout(b: int, h: int, t: int, d: int, dtype):
     return np.empty((b, t, h, d), dtype=dtype).transpose(0, 2, 1, 3)
 
 
-@replaces(attention_forward)
+@replaces("numformer.layers.attention.attention_forward",
+          when=lambda q, k, v, masked, scale, dropout=None: dropout is None and not is_cupy_array(q))
 def attention_forward_fast(q, k, v, masked, scale: float, dropout=None):
-    if dropout is not None or is_cupy_array(q):
-        return attention_forward(q, k, v, masked, scale, dropout)
     b, h, tq, dk = q.shape
     tk, dv = k.shape[2], v.shape[3]
     if masked is not None and not masked.any():
@@ -74,10 +72,10 @@ def attention_forward_fast(q, k, v, masked, scale: float, dropout=None):
     return out, p, p
 
 
-@replaces(attention_backward)
+@replaces("numformer.layers.attention.attention_backward",
+          when=lambda dout, q, k, v, p, p_used, masked, scale, dropout_backward=None: (dropout_backward is None
+                                                                                 and not is_cupy_array(dout)))
 def attention_backward_fast(dout, q, k, v, p, p_used, masked, scale: float, dropout_backward=None):
-    if dropout_backward is not None or is_cupy_array(dout):
-        return attention_backward(dout, q, k, v, p, p_used, masked, scale, dropout_backward)
     b, h, tq, dk = q.shape
     tk, dv_ = k.shape[2], v.shape[3]
     if masked is not None and not masked.any():

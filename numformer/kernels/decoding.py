@@ -1,7 +1,7 @@
 """Fast pieces of the searches of :mod:`numformer.decoding.search` (Section 6.1): fewer passes over the
 (rows, vocab) scores per step.
 
-* :func:`beam_candidates_fast` (replaces ``decode.beam_candidates``): log-softmax, the ban on padding/BOS,
+* :func:`beam_candidates_fast` (replaces ``numformer.decoding.search.beam_candidates``): log-softmax, the ban on padding/BOS,
   the forced EOS and the beam scores folded into the logits in place, then the best ``n`` candidates
   per sentence. The plain form is ``cand = scores[:, :, None] + log_softmax(logits)`` and a sort of
   each k*V row; here the (m, k*V) candidate matrix is the logits buffer itself (no new (m, k*V) arrays: the logits are not needed afterwards), and
@@ -10,7 +10,7 @@
   columns are dealt into G groups, the n groups with the largest maxima hold the n largest entries
   (if an entry of the top n lay in another group, the n better groups' maxima would be n entries
   above it), so only those n groups are searched (measured 5.7 -> 1.7 ms on (120, 32000) float32).
-* :func:`greedy_pick_fast` (replaces ``decode.greedy_pick``): the arg-max token of each row and its
+* :func:`greedy_pick_fast` (replaces ``numformer.decoding.search.greedy_pick``): the arg-max token of each row and its
   log-probability, without forming the log-softmax (the arg-max of the logits is the arg-max of the
   log-probabilities).
 
@@ -21,9 +21,8 @@ Shapes: logits (m*k, V) for m sentences of k beams, or (B, V); scores (m, k).
 """
 from __future__ import annotations
 
-from ..decoding import search as decode
 from ..backend import get_array_module, is_cupy_array
-from . import replaces
+from .twins import replaces
 
 
 def _log_normaliser(logits):
@@ -42,7 +41,7 @@ def _ban(logp, pad_id: int, bos_id: int) -> None:
     logp[..., bos_id] = -xp.inf
 
 
-@replaces(decode.greedy_pick)
+@replaces("numformer.decoding.search.greedy_pick")
 def greedy_pick_fast(logits, pad_id: int, bos_id: int, eos_id: int, force_eos):
     """(N, V) logits -> (next token (N,), its log-probability (N,)); the logits are overwritten.
 
@@ -57,7 +56,7 @@ def greedy_pick_fast(logits, pad_id: int, bos_id: int, eos_id: int, force_eos):
     return nxt, gained
 
 
-@replaces(decode.beam_candidates)
+@replaces("numformer.decoding.search.beam_candidates")
 def beam_candidates_fast(logits, scores, n: int, pad_id: int, bos_id: int, eos_id: int, force_eos):
     """The ``n`` best extensions of each sentence's beams, best first; the logits are overwritten.
 

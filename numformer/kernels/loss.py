@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import is_cupy_array
-from ..loss import smoothed_cross_entropy, smoothed_cross_entropy_backward
-from . import replaces
+from .twins import on_host, replaces
 from .host.threads import parallel_rows
 
 LOSS_BLOCK = 1 << 17  # elements per block (about L2-sized)
 
 
-@replaces(smoothed_cross_entropy)
+@replaces("numformer.loss.smoothed_cross_entropy", when=on_host)
 def smoothed_cross_entropy_fast(z, y, eps: float, keep_probs: bool = True, overwrite: bool = False):
-    if is_cupy_array(z):
-        return smoothed_cross_entropy(z, y, eps, keep_probs, overwrite)
     n, v = z.shape
     z_y = np.take_along_axis(z, y[:, None], axis=1)[:, 0]   # before z may be overwritten
     zmax, zsum, sumexp = (np.empty(n, dtype=z.dtype) for _ in range(3))
@@ -46,10 +42,8 @@ def smoothed_cross_entropy_fast(z, y, eps: float, keep_probs: bool = True, overw
     return loss, nll, p
 
 
-@replaces(smoothed_cross_entropy_backward)
+@replaces("numformer.loss.smoothed_cross_entropy_backward", when=on_host)
 def smoothed_cross_entropy_backward_fast(p, y, eps: float, weight):
-    if is_cupy_array(p):
-        return smoothed_cross_entropy_backward(p, y, eps, weight)
     shift = eps / p.shape[1]
 
     def block(pb, wb):

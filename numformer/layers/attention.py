@@ -14,15 +14,13 @@ import math
 
 import numpy as np
 
-from ..backend import DEFAULT_DTYPE, get_array_module
+from ..backend import DEFAULT_DTYPE, MASKED_SCORE, get_array_module
 from ..kernels import kernel
 from ..module import Module
 from .init import DEFAULT_SCHEME
 from .kv_cache import KVCache
 from .registry import layer_class
 from .softmax import softmax, softmax_backward
-
-MASKED_SCORE = -1e9
 
 
 def attention_forward(q, k, v, masked, scale: float, dropout=None):
@@ -66,6 +64,8 @@ class ScaledDotProductAttention(Module):
     Shapes: q (B, h, Tq, d_k), k (B, h, Tk, d_k), v (B, h, Tk, d_v),
     mask broadcastable to (B, h, Tq, Tk) -> out (B, h, Tq, d_v).
     Optional dropout on the attention weights (not in the paper; off by default).
+    Saved for backward: ``q``, ``k``, ``v``, ``p`` (the weights), ``p_used`` (after dropout), ``masked``,
+    ``scale`` and ``dropout`` (the layer whose mask backward replays, or None).
     """
 
     def __init__(self, dropout: float = 0.0, rng=None):
@@ -73,7 +73,6 @@ class ScaledDotProductAttention(Module):
         self.dropout = layer_class("Dropout")(dropout, rng)
         self.weights = None  # last attention weights, kept only when record_weights is set
         self.record_weights = False
-        self._cache = None
 
     def forward(self, q, k, v, mask=None):
         xp = get_array_module(q)
@@ -83,14 +82,13 @@ class ScaledDotProductAttention(Module):
         out, p, p_used = kernel(attention_forward)(q, k, v, masked, scale, dropout)
         if self.record_weights:
             self.weights = p
-        if self.training:
-            self._cache = (q, k, v, p, p_used, masked, scale, dropout)
+        self.save_for_backward(q=q, k=k, v=v, p=p, p_used=p_used, masked=masked, scale=scale, dropout=dropout)
         return out
 
     def backward(self, dout):
         """dout (B, h, Tq, d_v) -> (dq, dk, dv) with the shapes of q, k, v."""
-        q, k, v, p, p_used, masked, scale, dropout = self._cache
-        self._cache = None
+        q, k, v, p, p_used, masked, scale, dropout = self.pop_saved("q", "k", "v", "p", "p_used", "masked", "scale",
+                                                                    "dropout")
         return kernel(attention_backward)(dout, q, k, v, p, p_used, masked, scale,
                                           None if dropout is None else dropout.backward)
 

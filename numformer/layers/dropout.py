@@ -55,7 +55,8 @@ def dropout_backward(dy, mask):
 
 
 class Dropout(Module):
-    """Zero elements with probability ``p`` in training mode; identity in eval mode or when p = 0."""
+    """Zero elements with probability ``p`` in training mode; identity in eval mode or when p = 0.
+    Saved for backward: ``mask``, the kept elements scaled by 1 / (1 - p) (None when inactive)."""
 
     def __init__(self, p: float, rng=None):
         super().__init__()
@@ -63,7 +64,6 @@ class Dropout(Module):
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p = float(p)
         self.rng = rng
-        self._cache_mask = None
 
     def _moved(self, xp) -> None:
         """Module.to(): a generator of this layer's own moves with it (a shared one is moved by its owner too)."""
@@ -76,13 +76,14 @@ class Dropout(Module):
     def forward(self, x, add=None):
         """x (any shape) -> dropout(x) (+ ``add``, an array of x's shape: the residual path)."""
         if not self.active():
-            self._cache_mask = None
+            self.save_for_backward(mask=None)
             return x if add is None else x + add
         if self.rng is None:
             raise ValueError("Dropout with p > 0 needs a RandomState (rng=...)")
-        y, self._cache_mask = dropout_forward(x, self.rng, self.p, add)
+        y, mask = dropout_forward(x, self.rng, self.p, add)
+        self.save_for_backward(mask=mask)
         return y
 
     def backward(self, dy):
-        mask, self._cache_mask = self._cache_mask, None
+        mask = self.pop_saved("mask")
         return dy if mask is None else dropout_backward(dy, mask)

@@ -53,7 +53,8 @@ def without_padding_rows(ids, dy, padding_idx: int):
 class Embedding(Module):
     """Lookup ``W[ids] * scale``; weights ~ N(0, d_model^-1/2) so scaled rows have unit variance.
 
-    ``padding_idx``: the row whose lookups give it no gradient (None: every row gets gradient, the paper's)."""
+    ``padding_idx``: the row whose lookups give it no gradient (None: every row gets gradient, the paper's).
+    Saved for backward: ``ids``, on the weight's device."""
 
     def __init__(self, vocab_size: int, d_model: int, scale: bool = True, weight: Parameter | None = None,
                  rng=None, dtype=DEFAULT_DTYPE, padding_idx: int | None = None):
@@ -64,21 +65,18 @@ class Embedding(Module):
         if padding_idx is not None and not 0 <= padding_idx < vocab_size:
             raise ValueError(f"padding_idx {padding_idx} is not a row of the {vocab_size}-row embedding")
         self.padding_idx = padding_idx
-        self._cache_ids = None
 
     def forward(self, ids):
         """ids (...,) int -> (..., d_model)."""
         ids = get_array_module(self.weight.data).asarray(ids)  # host ids for a device weight are moved
         out = self.weight.data[ids] * self.scale
-        if self.training:
-            self._cache_ids = ids
+        self.save_for_backward(ids=ids)
         return out
 
     def backward(self, dy):
         """dy (..., d_model) -> None (ids have no gradient); scatter-adds dy * scale into W, except into row
         ``padding_idx`` (when set) from the positions that looked it up."""
-        ids, self._cache_ids = self._cache_ids, None
-        ids, dy = ids.reshape(-1), dy.reshape(-1, self.d_model)
+        ids, dy = self.pop_saved("ids").reshape(-1), dy.reshape(-1, self.d_model)
         if self.padding_idx is not None:
             dy = without_padding_rows(ids, dy, self.padding_idx)
         kernel(embedding_backward)(self.weight.grad, ids, dy, self.scale)

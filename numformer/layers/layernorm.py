@@ -38,25 +38,23 @@ def layernorm_backward(dy, xhat, r, gamma):
 
 
 class LayerNorm(Module):
-    """Normalise the last axis, then scale and shift (gain 1, bias 0 at start)."""
+    """Normalise the last axis, then scale and shift (gain 1, bias 0 at start).
+    Saved for backward: ``xhat`` (n, d) and ``r`` (n, 1), the input's rows normalised and their 1 / std."""
 
     def __init__(self, d: int, eps: float = 1e-5, dtype=DEFAULT_DTYPE):
         super().__init__()
         self.d, self.eps = d, float(eps)
         self.weight = Parameter(np.ones(d, dtype=dtype))   # gamma
         self.bias = Parameter(np.zeros(d, dtype=dtype))    # beta
-        self._cache = None
 
     def forward(self, x):
         """x (..., d) -> y (..., d)."""
         y, xhat, r = kernel(layernorm_forward)(x.reshape(-1, self.d), self.weight.data, self.bias.data, self.eps)
-        if self.training:
-            self._cache = (xhat, r)
+        self.save_for_backward(xhat=xhat, r=r)
         return y.reshape(x.shape)
 
     def backward(self, dy):
-        xhat, r = self._cache
-        self._cache = None
+        xhat, r = self.pop_saved("xhat", "r")
         dx, dgamma, dbeta = kernel(layernorm_backward)(dy.reshape(-1, self.d), xhat, r, self.weight.data)
         self.weight.grad += dgamma
         self.bias.grad += dbeta

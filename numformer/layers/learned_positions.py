@@ -43,6 +43,7 @@ class LearnedPositionalEmbedding(Module):
     Called like :class:`~numformer.layers.positional.PositionalEncoding` (``offset`` for incremental
     decoding). ``weight``: a table to share (tying, as the token embedding's ``weight``); ``rng``: the
     generator of the initial table (the model passes one derived from its seed).
+    Saved for backward: ``offset``, the first row read.
     """
 
     def __init__(self, d_model: int, max_len: int = 1024, dtype=DEFAULT_DTYPE, rng=None,
@@ -55,20 +56,15 @@ class LearnedPositionalEmbedding(Module):
         if weight.shape != (max_len, d_model):
             raise ValueError(f"shared positional table has shape {weight.shape}, expected {(max_len, d_model)}")
         self.weight = weight
-        self._cache_offset = None
 
     def forward(self, x, offset: int = 0):
         """x (batch, time, d_model) -> x + P rows offset..offset+time-1."""
         t = x.shape[-2]
         check_positions(offset + t, self.max_len)
-        if self.training:
-            self._cache_offset = offset
+        self.save_for_backward(offset=offset)
         return x + self.weight.data[offset: offset + t]
 
     def backward(self, dy):
         """dy (batch, time, d_model) -> dx = dy; adds dy summed over the batch into P's rows of the forward."""
-        offset, self._cache_offset = self._cache_offset, None
-        if offset is None:
-            raise RuntimeError("LearnedPositionalEmbedding.backward without a forward in training mode")
-        _, dx = learned_positions_backward(self.weight.grad, dy, offset)
+        _, dx = learned_positions_backward(self.weight.grad, dy, self.pop_saved("offset"))
         return dx

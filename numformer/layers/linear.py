@@ -28,7 +28,8 @@ def linear_backward(dy, x, w, with_bias: bool):
 
 
 class Linear(Module):
-    """Affine map on the last axis; uniform weights (``init.py``'s scheme and role), zero bias."""
+    """Affine map on the last axis; uniform weights (``init.py``'s scheme and role), zero bias.
+    Saved for backward: ``x`` (n, d_in), the input's rows."""
 
     def __init__(self, d_in: int, d_out: int, bias: bool = True, rng=None, dtype=DEFAULT_DTYPE,
                  init: str = DEFAULT_SCHEME, role: str = "ffn"):
@@ -38,21 +39,18 @@ class Linear(Module):
         self.d_in, self.d_out = d_in, d_out
         self.weight = Parameter(rng.uniform(-bound, bound, (d_in, d_out)).astype(dtype))
         self.bias = Parameter(np.zeros(d_out, dtype=dtype)) if bias else None
-        self._cache_x = None
 
     def forward(self, x):
         """x (..., d_in) -> (..., d_out)."""
         x2 = x.reshape(-1, self.d_in)
         y = linear_forward(x2, self.weight.data, None if self.bias is None else self.bias.data)
-        if self.training:
-            self._cache_x = x2
+        self.save_for_backward(x=x2)
         return y.reshape(*x.shape[:-1], self.d_out)
 
     def backward(self, dy):
         """dy (..., d_out) -> dx (..., d_in); adds dW and db into the gradients."""
-        dx, dw, db = linear_backward(dy.reshape(-1, self.d_out), self._cache_x, self.weight.data,
-                                             self.bias is not None)
-        self._cache_x = None
+        dx, dw, db = linear_backward(dy.reshape(-1, self.d_out), self.pop_saved("x"), self.weight.data,
+                                     self.bias is not None)
         self.weight.grad += dw
         if self.bias is not None:
             self.bias.grad += db

@@ -14,27 +14,24 @@ from .embedding import vocab_matrix
 
 
 class OutputProjection(Module):
-    """``logits = h @ W.T`` with W (vocab, d_model), no bias."""
+    """``logits = h @ W.T`` with W (vocab, d_model), no bias. Saved for backward: ``h`` (..., d_model)."""
 
     def __init__(self, d_model: int, vocab_size: int, weight: Parameter | None = None, rng=None,
                  dtype=DEFAULT_DTYPE):
         super().__init__()
         self.weight = vocab_matrix(vocab_size, d_model, weight, rng, dtype)
         self.d_model, self.vocab_size = d_model, vocab_size
-        self._cache_h = None
 
     def forward(self, h):
         """h (..., d_model) -> logits (..., vocab)."""
         lead = h.shape[:-1]
         logits = matmul(h.reshape(-1, self.d_model), self.weight.data.T)  # plain @ unless a lower precision is set
-        if self.training:
-            self._cache_h = h
+        self.save_for_backward(h=h)
         return logits.reshape(*lead, self.vocab_size)
 
     def backward(self, dlogits):
         """dlogits (..., vocab) -> dh (..., d_model); adds dlogits^T h into W."""
-        h2 = self._cache_h.reshape(-1, self.d_model)
+        h2 = self.pop_saved("h").reshape(-1, self.d_model)
         d2 = dlogits.reshape(-1, self.vocab_size)
         self.weight.grad += matmul(d2.T, h2)
-        self._cache_h = None
         return matmul(d2, self.weight.data).reshape(*dlogits.shape[:-1], self.d_model)

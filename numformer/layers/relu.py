@@ -21,17 +21,11 @@ def relu_backward(dy, positive):
 
 
 class ReLU(Module):
-    """``max(0, x)``; keeps the active set ``[x > 0]`` of a training forward for backward, readable
-    as :attr:`active_set`."""
-
-    def __init__(self):
-        super().__init__()
-        self._cache_positive = None
+    """``max(0, x)``. Saved for backward: ``positive``, the active set ``[x > 0]`` (also :attr:`active_set`)."""
 
     def forward(self, x):
         y, positive = relu_forward(x)
-        if self.training:
-            self._cache_positive = positive
+        self.save_for_backward(positive=positive)
         return y
 
     @property
@@ -39,9 +33,7 @@ class ReLU(Module):
         """The active set ``[x > 0]`` (bool, x's shape) of the last forward in training mode, until backward
         uses it; None otherwise. The finite-difference checks compare it between the two sides of a probe:
         when it differs, the probe straddles the kink at 0 and measures nothing (numformer.gradcheck.kinks)."""
-        return self._cache_positive
+        return self.saved.get("positive")
 
     def backward(self, dy):
-        dx = relu_backward(dy, self._cache_positive)
-        self._cache_positive = None
-        return dx
+        return relu_backward(dy, self.pop_saved("positive"))

@@ -36,19 +36,13 @@ def silu_backward(dy, x, s):
 
 
 class SiLU(Module):
-    """``x * sigmoid(x)``; keeps the input and its sigmoid of a training forward for backward."""
-
-    def __init__(self):
-        super().__init__()
-        self._cache = None
+    """``x * sigmoid(x)``. Saved for backward: ``x`` and ``s``, the input and its sigmoid."""
 
     def forward(self, x):
         y, s = silu_forward(x)
-        if self.training:
-            self._cache = (x, s)
+        self.save_for_backward(x=x, s=s)
         return y
 
     def backward(self, dy):
-        x, s = self._cache
-        self._cache = None
+        x, s = self.pop_saved("x", "s")
         return silu_backward(dy, x, s)

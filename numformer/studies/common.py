@@ -16,7 +16,7 @@ import numpy as np
 from ..backend import get_array_module, to_host
 from ..files import atomic_write_text
 from ..loss import LabelSmoothedCrossEntropy
-from ..plot import save_picture
+from ..plot import pyplot, save_picture  # noqa: F401  (pyplot: the studies draw with the one backend plot.py sets)
 
 #: The ids below this are the vocabulary's specials (pad 0, unk 1, bos 2, eos 3): random tokens avoid them.
 FIRST_ORDINARY_ID = 4
@@ -134,9 +134,3 @@ def save_figure(fig, path) -> Path:
     pyplot().close(fig)
     return path
 
-
-def pyplot():
-    """matplotlib's pyplot on the Agg backend (the ``plot`` extra: pip install 'numformer[plot]')."""
-    from ..plot import _pyplot  # noqa: PLC0415  (one place sets the backend)
-
-    return _pyplot()

@@ -115,26 +115,21 @@ def branch_ratios(model, into: dict):
     """While active, each feed-forward residual of ``model`` records ``std(F(x)) / std(x)`` into
     ``into[name]`` (a list per residual): the size of the branch against the stream it is added to
     (for pre-LN, F sees LN(x) but joins x itself). Host floats: this is an instrument, not training."""
-    patched = []
-    for name, res in model.named_modules():
-        if not (isinstance(res, Residual) and name.endswith("ffn_residual")):
-            continue
-        original = res.forward
+    names = {id(res): name for name, res in model.named_modules()
+             if isinstance(res, Residual) and name.endswith("ffn_residual")}
 
-        def forward(x, sublayer, *args, _name=name, _original=original, **kwargs):
-            def measured(*a, **k):
-                y = sublayer(*a, **k)
-                into.setdefault(_name, []).append(float(y.std()) / max(float(x.std()), 1e-30))
-                return y
-            return _original(x, measured, *args, **kwargs)
+    def measure_branch(res, forward, x, sublayer, *args, **kwargs):
+        def measured(*a, **k):
+            y = sublayer(*a, **k)
+            into.setdefault(names[id(res)], []).append(float(y.std()) / max(float(x.std()), 1e-30))
+            return y
+        return forward(x, measured, *args, **kwargs)
 
-        res.forward = forward  # an instance attribute shadows the method for this model only
-        patched.append(res)
-    try:
+    with contextlib.ExitStack() as taps:  # a forward tap on each residual (numformer.module.Module.tap)
+        for name, res in model.named_modules():
+            if id(res) in names:
+                taps.enter_context(res.tap(forward=measure_branch))
         yield into
-    finally:
-        for res in patched:
-            del res.forward
 
 
 def layer_names(stack: str, n: int, weight: str) -> list[str]:

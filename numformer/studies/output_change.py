@@ -105,14 +105,19 @@ SMALL = Config(preset="small", overrides=(("d_model", 64), ("d_ff", 256), ("head
 
 def decoder_output(model, batch):
     """F(x0, W): the decoder's final hidden state (B, T, d_model) on ``batch``, a host float64 array, and the
-    target mask (B, T) of real tokens. Read from the output projection's input (cached in training mode)."""
+    target mask (B, T) of real tokens. Read as the output projection's input, by a forward tap on it."""
     src, tgt_in, _ = batch
     xp = model.xp
-    model.train()  # dropout is 0: training mode only makes the projection keep its input
-    model(xp.asarray(src), xp.asarray(tgt_in))
-    h = np.asarray(to_host(model.generator._cache_h), dtype=np.float64)
-    model.generator._cache_h = None
-    return h, np.asarray(tgt_in) != model.cfg.pad_id
+    seen = []
+
+    def read_input(projection, forward, h):
+        seen.append(h)
+        return forward(h)
+    model.train()  # dropout is 0: the same forward as the training step's
+    with model.generator.tap(forward=read_input):
+        model(xp.asarray(src), xp.asarray(tgt_in))
+    model.clear_cache()  # no backward follows: what the layers saved for one goes
+    return np.asarray(to_host(seen[0]), dtype=np.float64), np.asarray(tgt_in) != model.cfg.pad_id
 
 
 def output_change(model, batch, lr: float, update: str = "adam", seed: int = 0) -> dict:

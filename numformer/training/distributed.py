@@ -137,7 +137,7 @@ class MPIWorld(World):
 
     def __init__(self, comm, mpi, device: str = "cpu"):
         self.device = device
-        self.comm, self._mpi = comm, mpi
+        self.comm, self.mpi = comm, mpi
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         node = comm.Split_type(mpi.COMM_TYPE_SHARED, key=self.rank)  # the ranks on this host
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
@@ -146,15 +146,15 @@ class MPIWorld(World):
     def allreduce_sum_(self, buf):
         if is_cupy_array(buf):  # GPU arrays without NCCL: through the host (start-up only; NCCLWorld overrides)
             host = to_host(buf)  # .get(): a fresh host copy
-            self.comm.Allreduce(self._mpi.IN_PLACE, host, op=self._mpi.SUM)
+            self.comm.Allreduce(self.mpi.IN_PLACE, host, op=self.mpi.SUM)
             buf.set(host)
             return buf
-        self.comm.Allreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+        self.comm.Allreduce(self.mpi.IN_PLACE, buf, op=self.mpi.SUM)
         return buf
 
     def allreduce_scalars(self, values) -> np.ndarray:
         out = np.array(values, dtype=np.float64)
-        self.comm.Allreduce(self._mpi.IN_PLACE, out, op=self._mpi.SUM)
+        self.comm.Allreduce(self.mpi.IN_PLACE, out, op=self.mpi.SUM)
         return out
 
     def broadcast_(self, array):
@@ -304,7 +304,7 @@ def _pick_gpu(world: MPIWorld, device: str) -> str:
     count = cupy.cuda.runtime.getDeviceCount()
     index = world.local_rank if count > 1 else 0
     bus = cupy.cuda.Device(index).pci_bus_id if index < count else None
-    host = world._mpi.Get_processor_name()
+    host = world.mpi.Get_processor_name()
     seen = world.comm.allgather((host, world.local_size, count, bus))
     for h, local_size, n, b in seen:
         if b is None:

@@ -29,17 +29,26 @@ projection, Section 3.4) gets the statistics of its *total* per-sentence gradien
 so those rows are kept when the projection's backward runs (it runs first) and the lookups' rows when
 theirs do; everything is reduced when the model's backward returns.
 
-Switched on only when asked for: the taps are instance attributes put on the layers by
-``with PerSentenceGradients(model) as tap:`` and taken off at its end; a model without them runs its
-layers' own backward and nothing else. The taps read what each layer cached for its backward, before
-that backward runs (it frees the cache, and a fast kernel may reuse the buffers).
+Switched on only when asked for: ``with PerSentenceGradients(model) as tap:`` installs a backward tap on
+every layer that owns parameters and one on the model (:meth:`numformer.module.Module.tap`), removed at
+the block's end. A layer's tap reads what the layer saved for its backward (``layer.saved``, the names
+its docstring lists) before that backward runs (it frees them, and a fast kernel may reuse the buffers).
+
+Five layers have a closed-form rule (numformer/layers/per_sentence.py): Linear, LayerNorm, the
+pre-softmax projection, the embedding and the learned positions. Any other layer that owns parameters
+and has no children of its own (a normalisation or activation written later, a user's ``--swap``) gets
+the general rule: its own backward run once per sentence, with the upstream gradient of that sentence
+alone, on what it saved (every layer acts on each sentence alone and its parameter gradient is linear in
+the upstream gradient); B backward calls of that layer instead of one, exact all the same.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from ..backend import get_array_module, read_scalars, scatter_add
 from ..layers import Embedding, LayerNorm, LearnedPositionalEmbedding, Linear, OutputProjection
+from ..module import Parameter
 from ..layers.per_sentence import (embedding_per_sentence, layernorm_per_sentence, linear_per_sentence,
                                    linear_sq_norms, positions_per_sentence, product_sq_norms, projection_on_rows,
                                    projection_per_sentence)
@@ -103,12 +112,15 @@ class PerSentenceGradients:
                         uses.setdefault(id(p), []).append((m, kind, attr))
         missing = [n for i, n in self.names.items() if i not in uses]
         if missing:
-            raise ValueError(f"no per-sentence rule for the parameter {missing[0]} (its layer is not a Linear, "
-                             "LayerNorm, OutputProjection, Embedding or LearnedPositionalEmbedding)")
+            raise ValueError(f"no per-sentence rule for the parameter {missing[0]}: its layer has children of its "
+                             "own (the general rule runs a layer's backward alone)")
         self.acc = {}
         for name, p in model.named_parameters():
             acc = _Accumulator(p, uses[id(p)], self.elementwise)
             kinds = [kind for _, kind, _ in acc.uses]
+            if "general" in kinds and len(kinds) > 1:
+                raise ValueError(f"{name}: a parameter shared between layers is combined for the projection "
+                                 f"and the lookups only, not {', '.join(kinds)}")
             if "projection" in kinds and (kinds.count("projection") > 1 or "positions" in kinds):
                 raise ValueError(f"{name}: a tied matrix combines one pre-softmax projection with embedding "
                                  f"lookups, not {', '.join(kinds)}")
@@ -127,6 +139,9 @@ class PerSentenceGradients:
             return [("embedding", ("weight",))]
         if isinstance(m, LearnedPositionalEmbedding):
             return [("positions", ("weight",))]
+        own = tuple(name for name, value in vars(m).items() if isinstance(value, Parameter))
+        if own and not any(True for _ in m.named_children()):
+            return [("general", own)]
         return []
 
     # -- switching the taps on and off -----------------------------------------------------------------
@@ -137,31 +152,33 @@ class PerSentenceGradients:
             if any(read_scalars(xp, *[xp.abs(p.grad).max() for p in params])):
                 raise ValueError("per-sentence norms read the batch gradient from the parameters' gradients: "
                                  "zero them before the block (model.zero_grad())")
+        self._installed = contextlib.ExitStack()
         for m, kind in self.taps:
-            object.__setattr__(m, "backward", self._tap(m, kind, m.backward))
-        model_backward = self.model.backward
-
-        def backward(*args, **kwargs):
-            self._begin()
-            out = model_backward(*args, **kwargs)
-            self._finish()
-            return out
-        object.__setattr__(self.model, "backward", backward)
+            self._installed.enter_context(m.tap(backward=self._tap(kind)))
+        self._installed.enter_context(self.model.tap(backward=self._around_the_model))
         return self
 
     def __exit__(self, *exc):
-        for m, _ in self.taps:
-            m.__dict__.pop("backward", None)
-        self.model.__dict__.pop("backward", None)
+        self._installed.close()
         return False
 
-    def _tap(self, m, kind, backward):
+    def _tap(self, kind):
+        """The backward tap of a layer of ``kind``: its summands reduced, then its own backward."""
         record = getattr(self, f"_{kind}")
 
-        def tapped(dy, *args, **kwargs):
-            record(m, dy)
+        def tapped(m, backward, dy, *args, **kwargs):
+            if kind == "general":
+                record(m, dy, backward, *args, **kwargs)
+            else:
+                record(m, dy)
             return backward(dy, *args, **kwargs)
         return tapped
+
+    def _around_the_model(self, model, backward, *args, **kwargs):
+        self._begin()
+        out = backward(*args, **kwargs)
+        self._finish()
+        return out
 
     # -- one backward ------------------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -192,7 +209,7 @@ class PerSentenceGradients:
         self._sq(self.acc[id(p)], batch)[...] += sq_norms
 
     def _linear(self, m, dy) -> None:
-        x = m._cache_x.reshape(*dy.shape[:-1], m.d_in)
+        x = m.saved["x"].reshape(*dy.shape[:-1], m.d_in)
         self._need_sentences(dy, "Linear")
         if not self.elementwise:
             dw, db = linear_sq_norms(x, dy)
@@ -208,7 +225,7 @@ class PerSentenceGradients:
 
     def _layernorm(self, m, dy) -> None:
         self._need_sentences(dy, "LayerNorm")
-        xhat = m._cache[0].reshape(dy.shape)
+        xhat = m.saved["xhat"].reshape(dy.shape)
         dgamma, dbeta = layernorm_per_sentence(xhat, dy)
         everyone = slice(0, dy.shape[0])
         self._dense(m.weight, dgamma, everyone, dy.shape[0])
@@ -219,15 +236,16 @@ class PerSentenceGradients:
         acc = self.acc[id(m.weight)]
         batch = dlogits.shape[0]
         ids = self._looked_up(acc, batch) if acc.tied else None
+        h = m.saved["h"]
         if not self.elementwise:
-            self._norms(m.weight, product_sq_norms(m._cache_h, dlogits), batch)
+            self._norms(m.weight, product_sq_norms(h, dlogits), batch)
             if ids is not None:
-                acc.dense_at_rows = projection_on_rows(m._cache_h, dlogits, ids)
+                acc.dense_at_rows = projection_on_rows(h, dlogits, ids)
             acc.dense_done = True
             return
         at_rows = []
         for ch in self._chunks(batch, m.weight.size):
-            dw = projection_per_sentence(m._cache_h[ch], dlogits[ch])
+            dw = projection_per_sentence(h[ch], dlogits[ch])
             self._dense(m.weight, dw, ch, batch)
             if ids is not None:
                 at_rows.append(acc.xp.take_along_axis(dw, ids[ch][:, :, None], axis=1))
@@ -237,12 +255,44 @@ class PerSentenceGradients:
 
     def _embedding(self, m, dy) -> None:
         self._need_sentences(dy, "Embedding")
-        self._rows(m, m.weight, *embedding_per_sentence(m._cache_ids.reshape(dy.shape[:-1]), dy, m.scale,
+        self._rows(m, m.weight, *embedding_per_sentence(m.saved["ids"].reshape(dy.shape[:-1]), dy, m.scale,
                                                         m.padding_idx))
 
     def _positions(self, m, dy) -> None:
         self._need_sentences(dy, "LearnedPositionalEmbedding")
-        self._rows(m, m.weight, *positions_per_sentence(m._cache_offset, dy))
+        self._rows(m, m.weight, *positions_per_sentence(m.saved["offset"], dy))
+
+    def _general(self, m, dy, backward, *args, **kwargs) -> None:
+        """Any other layer owning parameters: its own ``backward`` run on each sentence's upstream gradient
+        alone (zero elsewhere), from what it saved, a chunk of sentences at a time; the parameters'
+        gradients and the saved tensors are put back as they were, for the real backward that follows."""
+        if dy.ndim < 2:
+            raise ValueError(f"per-sentence gradients need (batch, ...) inputs; {type(m).__name__} got {dy.shape}")
+        params = [p for _, p in self._owned(m)]
+        saved, before = dict(m.saved), [p.grad.copy() for p in params]
+        batch, xp = dy.shape[0], get_array_module(dy)
+        one = xp.zeros_like(dy)
+        for ch in self._chunks(batch, sum(p.size for p in params)):
+            summands = [xp.empty((ch.stop - ch.start, *p.shape), dtype=p.grad.dtype) for p in params]
+            for b in range(ch.start, ch.stop):  # the general rule's price: one backward per sentence
+                for p in params:
+                    p.grad[...] = 0
+                one[b] = dy[b]
+                m.save_for_backward(**saved)
+                backward(one, *args, **kwargs)
+                one[b] = 0
+                for s, p in zip(summands, params):
+                    s[b - ch.start] = p.grad
+            for s, p in zip(summands, params):
+                self._dense(p, s, ch, batch)
+        for p, g in zip(params, before):
+            p.grad[...] = g
+        m.save_for_backward(**saved)
+
+    def _owned(self, m):
+        """(attribute, Parameter) of every parameter the layer ``m`` owns."""
+        return [(attr, getattr(m, attr)) for _, attrs in self._layer_parameters(m) for attr in attrs
+                if getattr(m, attr) is not None]
 
     def _rows(self, m, p, ids, rows) -> None:
         acc = self.acc[id(p)]
@@ -257,7 +307,7 @@ class PerSentenceGradients:
     def _looked_up(acc, batch: int):
         """The ids every lookup of a tied matrix read in its forward, (B, K), in the order of the uses (the
         embedding keeps them on the weight's device)."""
-        return acc.xp.concatenate([m._cache_ids.reshape(batch, -1) for m, kind, _ in acc.uses if kind == "embedding"],
+        return acc.xp.concatenate([m.saved["ids"].reshape(batch, -1) for m, kind, _ in acc.uses if kind == "embedding"],
                                   axis=1)
 
     def _reduce_rows(self, acc) -> None:

@@ -67,7 +67,7 @@ def test_dropout_masks_are_replayed_so_the_check_can_pass_and_fail():
 
     class Unscaled(Dropout):
         def backward(self, dy):
-            mask, self._cache_mask = self._cache_mask, None
+            mask = self.pop_saved("mask")
             return dy * (mask != 0)
 
     assert not check(Unscaled(0.5, RandomState(1)), RNG.standard_normal((4, 6))).passed

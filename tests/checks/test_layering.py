@@ -220,3 +220,123 @@ def test_the_math_imports_only_the_ground_the_layers_and_the_kernel_switch():
                 offenders.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
     assert not offenders, ("the math (numformer/layers/, loss.py, optim.py) imports only "
                            f"{', '.join(MATH_MAY_IMPORT)}: " + "; ".join(offenders))
+
+
+def package_of(module: str) -> str:
+    """The package a module belongs to: the first name under numformer (``numformer.layers``,
+    ``numformer.model`` for a top-level module). A package's ``__main__`` (what ``python -m`` runs) is a node of
+    its own, on top: nothing in the package imports it, so its imports cannot close a circle through the
+    package (as the ``if __name__ == "__main__":`` block of a module, left out above)."""
+    if module.endswith(".__main__"):
+        return module
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict) -> dict:
+    """Package -> {imported package: 'module (file:line)' of the first import}, over every import; every
+    package is a key."""
+    modules = numformer_modules()
+    out = {package_of(name): {} for name in modules}
+    for name, edges in graph.items():
+        a = package_of(name)
+        for target, line in edges.items():
+            b = package_of(target)
+            if b != a:
+                out[a].setdefault(b, f"{name} ({modules[name].relative_to(ROOT)}:{line})")
+    return out
+
+
+def test_no_package_imports_one_that_imports_it_back():
+    """The floors of docs/layout.md between packages: counting every import (inside functions and
+    ``importlib`` ones too), no package reaches one that reaches it back (the kernels register against the
+    math by name, numformer.kernels.twins, so the switch the math calls imports no math)."""
+    graph = package_graph(import_graph(numformer_modules()))
+    assert "numformer.kernels" in graph["numformer.layers"]  # the graph sees the switch
+    found = cycles({a: set(edges) for a, edges in graph.items()})
+    said = []
+    for circle in found:
+        said.append(" -> ".join(f"{a} [{graph[a][b]}]" for a, b in zip(circle, circle[1:])) + f" -> {circle[-1]}")
+    assert not found, "packages importing each other: " + " | ".join(said)
+
+
+# Names that begin with an underscore and are public all the same (the standard library's documented ones).
+PUBLIC_UNDERSCORE = {"os._exit", "sys._getframe"}
+# A library's object, not numformer's, and why: pysword has no public way to keep a decompressed block, and
+# reading the Bible without it takes minutes (numformer/data/bible/sword.py says so where it does it).
+OTHER_LIBRARIES = {("numformer/data/bible/sword.py", "bible._decompressed_text")}
+
+
+def private_reaches(path: Path) -> list:
+    """'file:line what' for every read or write of another object's private attribute (``x._name`` where x
+    is not ``self`` or ``cls``) and every import of a private name, in one file. numformer/module.py's Module
+    walking its own kind (``child._named_parameters_all``, ``m._buffers``) is Python's class privacy, not a
+    reach into a layer: the file is held to the rule only for other objects than Modules, which is not
+    decidable from the text, so it is left out."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    where = path.relative_to(ROOT)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            text = ast.unparse(node)
+            if text not in PUBLIC_UNDERSCORE and (str(where), text) not in OTHER_LIBRARIES:
+                out.append(f"{where}:{node.lineno} {text}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("numformer", "")) and node.level:
+            out += [f"{where}:{node.lineno} imports {a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_no_module_reaches_into_another_objects_private_attributes():
+    offenders = [reach for path in sorted(PACKAGE.rglob("*.py")) if path.name != "module.py"
+                 and "__pycache__" not in path.parts for reach in private_reaches(path)]
+    assert not offenders, ("read what a layer keeps through its public contract (Module.saved, Module.tap), "
+                           "not its private attributes: " + "; ".join(offenders))
+
+
+def method_replacements(path: Path) -> list:
+    """'file:line' for every assignment of ``forward`` or ``backward`` onto an object (``m.forward = f``,
+    ``setattr(m, "backward", f)``, ``object.__setattr__(m, "forward", f)``) in one file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        for t in targets:
+            if isinstance(t, ast.Attribute) and t.attr in ("forward", "backward"):
+                out.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(t)} = ...")
+        if isinstance(node, ast.Call) and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and node.args[1].value in ("forward", "backward") \
+                and ast.unparse(node.func) in ("setattr", "object.__setattr__"):
+            out.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    return out
+
+
+def test_no_method_is_replaced_on_a_live_object():
+    offenders = [r for path in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in path.parts
+                 for r in method_replacements(path)]
+    assert not offenders, "observe or hold a layer with Module.tap, not by replacing its methods: " + "; ".join(offenders)
+
+
+def test_the_readers_find_a_private_reach_and_a_replaced_method(tmp_path):
+    path = ROOT / "tests" / "checks" / "_planted_reach.py"
+    try:
+        path.write_text("def f(m, g):\n    x = m._cache_x\n    m.forward = g\n    object.__setattr__(m, 'backward', g)\n"
+                        "    self._ok = 1\n    os._exit(0)\n")
+        assert private_reaches(path) == ["tests/checks/_planted_reach.py:2 m._cache_x"]
+        assert [r.split(" ")[0] for r in method_replacements(path)] == ["tests/checks/_planted_reach.py:3",
+                                                                        "tests/checks/_planted_reach.py:4"]
+    finally:
+        path.unlink()
+
+
+def test_the_package_reader_finds_a_planted_circle():
+    graph = {"numformer.layers.a": {"numformer.kernels.b": 3}, "numformer.kernels.b": {"numformer.layers.c": 7},
+             "numformer.layers.c": {}}
+    packages = {}
+    for name, edges in graph.items():
+        for target in edges:
+            packages.setdefault(package_of(name), set()).add(package_of(target))
+    packages.setdefault("numformer.layers", set())
+    assert cycles(packages) == [["numformer.kernels", "numformer.layers", "numformer.kernels"]]

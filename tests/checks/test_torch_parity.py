@@ -104,8 +104,8 @@ def recorded_decisions(m: Module, dropout: bool, relu: bool) -> dict:
     """
     out = {}
     for n, mod in m.named_modules():
-        if dropout and isinstance(mod, Dropout) and mod._cache_mask is not None:
-            out[n] = torch.from_numpy(np.asarray(mod._cache_mask, dtype=np.float64))
+        if dropout and isinstance(mod, Dropout) and mod.saved.get("mask") is not None:
+            out[n] = torch.from_numpy(np.asarray(mod.saved["mask"], dtype=np.float64))
         if relu and isinstance(mod, ReLU) and mod.active_set is not None:
             out[n] = torch.from_numpy(np.asarray(mod.active_set, dtype=np.float64))
     return out

@@ -177,7 +177,7 @@ def test_dropout_masks_replay_on_gpu(layer):
 
                 def keep(x, *a, m=m, fwd=fwd, **k):
                     y = fwd(x, *a, **k)
-                    masks.append((m.p, to_host(m._cache_mask)))
+                    masks.append((m.p, to_host(m.saved["mask"])))
                     return y
                 m.forward = keep
         first = _run(case, upstream)

@@ -47,7 +47,7 @@ def test_transformer_on_cupy_matches_pytorch(dtype, bound, kw):
 
             def recording(x, *a, name=name, mod=mod, fwd=fwd, **k):
                 y = fwd(x, *a, **k)
-                drops[name] = torch.from_numpy(np.asarray(to_host(mod._cache_mask), dtype=np.float64))
+                drops[name] = torch.from_numpy(np.asarray(to_host(mod.saved["mask"]), dtype=np.float64))
                 return y
             mod.forward = recording
     # float32 against the float64 mirror: the mirror takes numformer's ReLU branches (tests/relu_replay.py)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import os
 
 import numpy as np
@@ -36,6 +37,7 @@ import pytest
 from numformer import kernels
 from numformer.backend import RandomState, to_host
 from numformer.kernels.host import threads as kthreads
+from numformer.kernels.twins import name_of
 from numformer.kernels.decoding import top_n
 from numformer.decoding.search import beam_candidates, greedy_pick
 from numformer.layers.layernorm import layernorm_forward
@@ -151,7 +153,7 @@ def compare(name, size, dt, seed=0):
     """{output index: rel error} of the fast kernel against the plain function (fast runs first,
     on its own copy of the inputs, so no buffer of the plain run can be recycled into its outputs)."""
     plain = PLAIN[name]
-    fast = kernels.registered()[plain]
+    fast = kernels.fast_twin(plain)
     args = inputs(name, np.random.default_rng(seed), size, dt)
     fast_args = tuple(_copy(a) for a in args)
     if DEVICE != "cpu":
@@ -222,7 +224,17 @@ def test_a_planted_near_tie_is_seen():
 
 
 def test_every_kernel_is_compared():
-    assert set(kernels.registered()) == set(PLAIN.values())
+    assert set(kernels.registered()) == {name_of(f) for f in PLAIN.values()}
+
+
+def test_every_twin_names_a_plain_function_of_the_math():
+    """A kernel registers by the plain function's dotted name (the machinery never imports the math): each
+    name must resolve to a function, or a renamed piece of math would silently lose its kernel."""
+    for name, fast in kernels.registered().items():
+        module, _, function = name.rpartition(".")
+        plain = getattr(importlib.import_module(module), function, None)
+        assert callable(plain), f"{fast.__name__} replaces {name}, which is no function"
+        assert kernels.fast_twin(plain) is fast
 
 
 # -- planted bugs: the comparison must catch each ---------------------------------------------
@@ -306,7 +318,7 @@ def test_planted_bug_is_caught(plant, threads):
 
 def test_every_kernel_has_a_planted_bug():
     covered = {PLAIN[p[1]] for p in PLANTS}
-    assert covered == set(kernels.registered())
+    assert {name_of(f) for f in covered} == set(kernels.registered())
 
 
 
@@ -317,9 +329,9 @@ def test_every_kernel_has_a_planted_bug():
 
 def test_switch_runs_the_plain_math():
     """kernel(f) is the fast version when kernels are on and f itself under kernel_mode('plain')."""
-    fast = kernels.registered()[layernorm_forward]
+    fast = kernels.fast_twin(layernorm_forward)
     with kernels.kernel_mode("fast"):
-        assert kernels.kernel(layernorm_forward) is fast
+        assert kernels.kernel(layernorm_forward).fast is fast  # taken for host arrays (twins.on_host)
     with kernels.kernel_mode("plain"):
         assert kernels.kernel(layernorm_forward) is layernorm_forward
     with pytest.raises(kernels.KernelModeError, match="fast or plain"):
@@ -332,7 +344,7 @@ def test_one_kernel_can_be_left_out():
     try:
         with kernels.kernel_mode("fast"):
             assert kernels.kernel(layernorm_forward) is layernorm_forward
-            assert kernels.kernel(adam_update) is kernels.registered()[adam_update]
+            assert kernels.kernel(adam_update).fast is kernels.fast_twin(adam_update)
     finally:
         kernels.set_disabled(previous)
     with pytest.raises(kernels.KernelModeError, match="unknown kernel"):

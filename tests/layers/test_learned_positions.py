@@ -44,11 +44,11 @@ def test_forward_adds_the_rows_from_the_offset_and_caches_only_in_training():
     x = np.random.default_rng(1).standard_normal((3, 5, D))
     np.testing.assert_array_equal(m(x), x + m.weight.data[None, :5])
     np.testing.assert_array_equal(m(x, offset=4), x + m.weight.data[None, 4:9])
-    assert m._cache_offset == 4
+    assert m.saved["offset"] == 4
     m.eval()
-    m._cache_offset = None
+    m.release_saved()
     m(x, offset=2)
-    assert m._cache_offset is None  # decoding holds nothing for a backward
+    assert not m.saved  # decoding holds nothing for a backward
     with pytest.raises(RuntimeError, match="without a forward in training mode"):
         m.backward(x)
 
@@ -63,7 +63,7 @@ def test_backward_is_dy_and_the_batch_sum_into_the_rows_used():
     expect = np.zeros_like(m.weight.data)
     expect[4:9] = dy.sum(axis=0)  # every sentence used rows 4..8; no other row was touched
     np.testing.assert_allclose(m.weight.grad, expect, rtol=1e-15)
-    assert m._cache_offset is None  # the cache is dropped
+    assert not m.saved  # what forward saved is dropped
 
 
 def test_backward_accumulates_into_a_shared_table():

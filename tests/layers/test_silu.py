@@ -32,10 +32,10 @@ def test_forward_and_backward_are_the_formulas():
     m = SiLU()
     np.testing.assert_allclose(m(x), x * s, rtol=1e-14, atol=1e-300)
     np.testing.assert_allclose(m.backward(dy), dy * (s + x * s * (1 - s)), rtol=1e-13, atol=1e-300)
-    assert m._cache is None  # backward frees what forward kept
+    assert not m.saved  # backward frees what forward kept
     m.eval()
     m(x)
-    assert m._cache is None  # eval mode keeps nothing
+    assert not m.saved  # eval mode keeps nothing
 
 
 def test_the_activation_reaches_every_feed_forward_block():
