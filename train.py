@@ -15,7 +15,7 @@ Examples:
 This file is the command line and the flow (:func:`main`, top to bottom: parse, open the run, prepare
 the data, build the model and the trainer, train, test); the work is in numformer: the settings
 (numformer/training/config.py), the run folder and its lock (numformer/training/run_folder.py), the
-corpus (numformer/data/prepared.py), the training step and loop (numformer/training/trainer.py). Under
+corpus (numformer/data/prepared_dataset.py), the training step and loop (numformer/training/trainer.py). Under
 mpirun (several processes, mpi4py installed) the processes train one model together
 (numformer/training/distributed.py, numformer/training/replicas.py): rank 0 alone reads and writes the
 run folder and prints; every rank exits with the same status (numformer/training/processes.py).
@@ -39,7 +39,7 @@ from numformer.kernels.host import tune_host
 tune_host()  # before numpy loads: OpenBLAS reads its thread settings then (numformer/kernels/host/)
 
 from grad_checks.swap_grading import grade_swap, solved_specs  # --swap: the student's layers graded before training
-from numformer import run_files
+from numformer import run_file_names
 from numformer.backend import xp_for
 from numformer.checkpoint import load_checkpoint
 from numformer.checkpoint.trained_model import load_model
@@ -54,7 +54,7 @@ from numformer.layers.init import SCHEMES as INIT_SCHEMES
 from numformer.model import Transformer
 from numformer.precision import MODES as PRECISIONS
 from numformer.precision import check_precision
-from numformer.data.prepared import prepare
+from numformer.data.prepared_dataset import prepare
 from numformer.data.sources import CORPORA
 from numformer.data.wmt14 import WMT14
 from numformer.data.vocab_sample import DEFAULT_VOCAB_SAMPLE
@@ -363,7 +363,7 @@ def finish(args, trainer, model, data, out) -> None:
         opts = DecodeOptions(beam=args.beam, alpha=args.alpha)
         hyps = translate_lines(model, data.vocab, src, opts)
         secs = time.perf_counter() - t1
-        atomic_write_text(out / run_files.TEST_HYPOTHESES, "".join(h + "\n" for h in hyps))
+        atomic_write_text(out / run_file_names.TEST_HYPOTHESES, "".join(h + "\n" for h in hyps))
         scores = score_translations(hyps, ref)
         corpus = data.source.partition(":")[2] if data.source.startswith("corpus:") else None
         paper = paper_bleu(hyps, ref, WMT14[corpus].target) if corpus in WMT14 else None
@@ -372,7 +372,7 @@ def finish(args, trainer, model, data, out) -> None:
                           bleu_paper_counts=paper["counts"], bleu_paper_totals=paper["totals"])
         scores.update(sentences=len(src), decode_seconds=round(secs, 1), beam=args.beam, alpha=args.alpha,
                       steps=trainer.optimizer.step_count, train_minutes=round(trainer.elapsed / 60, 2))
-        write_json(out / run_files.TEST_SCORES, scores)
+        write_json(out / run_file_names.TEST_SCORES, scores)
         print(f"test: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(src)} sentences, beam "
               f"{args.beam}, {secs:.0f} s)\n{scores['bleu_signature']}")
         if paper is not None:

@@ -26,7 +26,7 @@ from numformer.kernels.host import tune_host
 
 tune_host(blas=False)  # glibc's allocator; OpenBLAS keeps its spin, which decoding's small GEMMs want
 
-from numformer import run_files
+from numformer import run_file_names
 from numformer.backend import resolve_device, xp_for
 from numformer.cli.arguments import OneLineParser, nonneg_float, nonneg_int, positive_int
 from numformer.cli.front import command_line
@@ -64,11 +64,11 @@ def parse_args(argv=None):
                        epilog=__doc__.split("Examples:")[1] + CONTRACT,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", metavar="PATH",
-                    help=f"a run folder (its {run_files.AVERAGED} unless newer checkpoints exist, else the newest "
+                    help=f"a run folder (its {run_file_names.AVERAGED} unless newer checkpoints exist, else the newest "
                          "checkpoint), a checkpoint .npz or an exported model (.npz or .safetensors): one file is a "
                          "whole model")
     ap.add_argument("--vocab", metavar="SPM", help="sentencepiece model (default: the one the model file carries; "
-                                                   f"for older checkpoints {run_files.VOCAB} of the run)")
+                                                   f"for older checkpoints {run_file_names.VOCAB} of the run)")
     ap.add_argument("--input", metavar="FILE", help="source sentences, one per line (default: standard input)")
     ap.add_argument("--output", metavar="FILE", help="write translations here (default: standard output)")
     ap.add_argument("--reference", metavar="FILE", help="print sacreBLEU BLEU and chrF against this reference")

@@ -130,7 +130,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"--batches-per-step {args.batches_per_step} cannot be split over {procs} processes")
         configs.append((procs, threads))
     from numformer.model import Transformer
-    from numformer.data.prepared import prepare
+    from numformer.data.prepared_dataset import prepare
     from numformer.presets import get_preset
 
     with tempfile.TemporaryDirectory(prefix="numformer-dp-") as tmp:

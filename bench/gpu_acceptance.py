@@ -312,7 +312,7 @@ def part_decode(run, args, out, vocab: Path, run_dir: Path, corpus: Path):
 def decode_worker(args) -> dict:
     sys.path.insert(0, str(ROOT))
     from numformer.backend import xp_for  # noqa: PLC0415
-    from numformer.run_files import run_checkpoints  # noqa: PLC0415
+    from numformer.run_file_names import run_checkpoints  # noqa: PLC0415
     from numformer.checkpoint.trained_model import load_model  # noqa: PLC0415
     from numformer.data import SubwordVocab, load_parallel_dir  # noqa: PLC0415
     from numformer.model import Transformer  # noqa: PLC0415
@@ -403,7 +403,7 @@ def main(argv=None) -> int:
     if corpus is not None and ({"train", "decode"} & set(wanted)):
         run_dir.mkdir(parents=True, exist_ok=True)
         rc, output, secs = run.run("vocabulary", [sys.executable, "-c",
-                                                  "import sys; from numformer.data.prepared import prepare; "
+                                                  "import sys; from numformer.data.prepared_dataset import prepare; "
                                                   "d = prepare(sys.argv[1], data_dir=sys.argv[2]); "
                                                   "print('vocabulary', d.vocab.size)", run_dir, corpus], 120)
         summary["corpus"].update(vocabulary=_tail(output, 1), vocabulary_seconds=secs)

@@ -1,6 +1,6 @@
 """The gradient checks of ``grad_checks`` run on a device: float64 directional central differences there.
 
-``python -m grad_checks`` checks on the host (numformer/gradcheck/ reads gradients with
+``python -m grad_checks`` checks on the host (numformer/finite_differences/ reads gradients with
 numpy). This runner takes the same cases (``grad_checks.cases.build_cases``), moves each
 case's module and float inputs to the array module of ``--device`` (cupy for cuda), and
 checks every parameter and input tensor there in float64 along random +-1 directions u
@@ -9,7 +9,7 @@ with ``L = sum_i <out_i, G_i>`` and random upstream gradients G. Dropout cases r
 their mask on the device (the case's ``before_forward`` reseeds the device generator).
 A direction whose two evaluations see different ReLU active sets straddles a kink and is
 redrawn. Error: ``|a - n| / max(|a| + |n|, 1e-3 * largest gradient entry of the case)``,
-as ``numformer/gradcheck/`` measures it.
+as ``numformer/finite_differences/`` measures it.
 
     python bench/gpu_grad_checks.py --device cuda --json
     python bench/gpu_grad_checks.py --device cpu --layer LayerNorm   # the same runner on numpy

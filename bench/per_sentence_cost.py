@@ -6,8 +6,8 @@ label smoothing 0.1), each side in its own child process so that peak RSS is per
 
 * ``off``: the plain step;
 * ``norms``: the layers tapped for the squared norm of every sentence's gradient of every tensor
-  (numformer/training/per_sentence.py, ``elementwise=False``) and the noise scale computed from them
-  (numformer/training/noise_scale.py) on every step: what ``train.py --log-grads 1`` does;
+  (numformer/training/per_sentence_gradients.py, ``elementwise=False``) and the noise scale computed from them
+  (numformer/training/gradient_noise_scale.py) on every step: what ``train.py --log-grads 1`` does;
 * ``elementwise``: the full statistics (the per-element sums of squares and the sum as well), for the
   studies that want the per-element variance.
 
@@ -69,8 +69,8 @@ def worker(args) -> dict:
     from numformer.model import Transformer  # noqa: PLC0415
     from numformer.optim import Adam  # noqa: PLC0415
     from numformer.presets import ModelConfig  # noqa: PLC0415
-    from numformer.training.noise_scale import noise_scales  # noqa: PLC0415
-    from numformer.training.per_sentence import PerSentenceGradients  # noqa: PLC0415
+    from numformer.training.gradient_noise_scale import noise_scales  # noqa: PLC0415
+    from numformer.training.per_sentence_gradients import PerSentenceGradients  # noqa: PLC0415
 
     s = json.loads(args.shape)
     cfg = ModelConfig(vocab_size=s["vocab"], d_model=s["d_model"], d_ff=s["d_ff"], heads=s["heads"],

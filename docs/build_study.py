@@ -7,7 +7,7 @@
 CELLS is the notebook's source: edit it here, then rebuild, so the committed notebook always holds the
 outputs of its own code. tests/checks/test_study_notebook.py runs the notebook in CI (nbclient) and checks that
 its cells are these. The notebook uses numformer's public names only: layer classes with forward and
-backward, numformer.gradcheck.run_case and check, grad_checks.cases.build_cases, the exercises' grading
+backward, numformer.finite_differences.run_case and check, grad_checks.cases.build_cases, the exercises' grading
 (grad_checks.exercises, grad_checks.grading.grade), train.py and translate.py's functions, numformer.plot and
 numformer.attention_maps.
 """
@@ -118,13 +118,13 @@ for i in [(0, 0, 0), (1, 2, 5), (1, 4, 7)]:
     print(f"x{i}: analytic {dx[i]:+.10f}  numerical {numeric:+.10f}  "
           f"relative error {abs(dx[i] - numeric) / (abs(dx[i]) + abs(numeric)):.1e}")"""),
     ("markdown", """\
-`numformer.gradcheck.run_case` does this for every tensor of a layer, inputs and parameters, entry by
+`numformer.finite_differences.run_case` does this for every tensor of a layer, inputs and parameters, entry by
 entry for small tensors and on random entries and random directions for large ones. `grad_checks.cases`
 holds the cases `python -m grad_checks` runs: here LayerNorm's and the attention's (with padding and
 causal masks)."""),
     ("code", """\
 from grad_checks.cases import build_cases
-from numformer.gradcheck import run_case
+from numformer.finite_differences import run_case
 
 def table(results):
     for r in results:
@@ -234,18 +234,18 @@ CELLS[-1:-1] = LN_PLACEMENT_CELLS
 
 
 def exercise_cells() -> list:
-    """Section 6: check your own backward (numformer.gradcheck.check, the exercises' grading; docs/exercises.md).
+    """Section 6: check your own backward (numformer.finite_differences.check, the exercises' grading; docs/exercises.md).
     Seconds to run: float64 checks of small layers, no training."""
     return [
         ("markdown", """\
 ## 6. Check your own backward
 
-`numformer.gradcheck.check(layer, *inputs)` runs the same finite-difference check on any object with the layer
+`numformer.finite_differences.check(layer, *inputs)` runs the same finite-difference check on any object with the layer
 contract (`forward`, `backward`, parameters whose `.grad` backward adds into), numformer's or yours. Here a layer
 that is not in numformer, RMSNorm (Zhang and Sennrich 2019), written by hand, then the same layer with the path
 through its normaliser forgotten."""),
         ("code", """\
-from numformer.gradcheck import check
+from numformer.finite_differences import check
 from numformer.module import Parameter
 
 class RMSNorm:
@@ -307,7 +307,8 @@ CELLS = CELLS[:_STUDY] + exercise_cells() + CELLS[_STUDY:]  # section 6 before s
 
 def beyond_the_mean_cells() -> list:
     """Section 8: every sentence's gradient, the noise scale, and the curvature of one block
-    (numformer/training/per_sentence.py, noise_scale.py, numformer/curvature/). Seconds: a tiny float64 model."""
+    (numformer/training/per_sentence_gradients.py, gradient_noise_scale.py, numformer/curvature/). Seconds: a tiny
+    float64 model."""
     return [
         ("markdown", """\
 ## 8. Beyond the mean gradient: every sentence's gradient, the noise scale, the curvature of a block
@@ -322,8 +323,8 @@ from numformer.kernels import kernel_mode
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer
 from numformer.presets import ModelConfig
-from numformer.training.noise_scale import noise_scales
-from numformer.training.per_sentence import PerSentenceGradients
+from numformer.training.gradient_noise_scale import noise_scales
+from numformer.training.per_sentence_gradients import PerSentenceGradients
 
 cfg = ModelConfig(vocab_size=13, d_model=8, d_ff=16, heads=2, layers=2, dropout=0.0, max_len=32)
 model = Transformer(cfg, seed=1, dtype=np.float64)

@@ -1,6 +1,6 @@
 """``python -m grad_checks``: float64 finite-difference checks of every layer and the whole model.
 
-See numformer/gradcheck/ for the method and grad_checks/cases.py for what is checked.
+See numformer/finite_differences/ for the method and grad_checks/cases.py for what is checked.
 
 ``python -m grad_checks exercise | check | mutants`` (grad_checks/lab.py): exercises that have a student
 write a backward pass (grad_checks/exercises/, grad_checks/exercise.py), grade it against finite

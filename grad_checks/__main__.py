@@ -18,7 +18,7 @@ import numpy as np
 from numformer.cli.arguments import OneLineParser
 from numformer.cli.front import command_line
 from numformer.errors import UsageError
-from numformer.gradcheck import run_case
+from numformer.finite_differences import run_case
 from numformer.kernels import MODES, get_kernels, use_kernels
 
 from .cases import BUILDERS, build_cases, checkpoint_cases

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numformer.gradcheck import TINY, LayerContractError, analytic_gradients, validate_gradients
+from numformer.finite_differences import TINY, LayerContractError, analytic_gradients, validate_gradients
 from numformer.user_code import exception_line, where
 
 from numformer.user_code_clock import StudentCodeTimeout, deadline

@@ -20,7 +20,7 @@ from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, Learne
                               MultiHeadAttention, OutputProjection, PositionalEncoding, ReLU, Residual,
                               ScaledDotProductAttention, SiLU)
 from numformer.layers.softmax import softmax as softmax_fn, softmax_backward
-from numformer.gradcheck import GradCase
+from numformer.finite_differences import GradCase
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer, causal_mask, padding_mask
 from numformer.module import Module

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from numformer.gradcheck import LayerContractError, detached_copy
+from numformer.finite_differences import LayerContractError, detached_copy
 from numformer.swap import using
 
 

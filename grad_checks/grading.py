@@ -11,9 +11,9 @@ and every input's):
   1e-10), **approximate** (below 1e-6, the finite-difference tolerance: a right formula computed
   with less precision) or **wrong**, with the index of the worst entry. The error is
   ``|a - b| / max(|a| + |b|, tiny)`` with tiny 1e-3 of the case's largest gradient, as in the
-  finite-difference check (numformer/gradcheck/), so entries that are zero by symmetry do not
+  finite-difference check (numformer/finite_differences/), so entries that are zero by symmetry do not
   turn round-off into "wrong";
-* the student's gradient against central differences (:func:`numformer.gradcheck.run_case`), an
+* the student's gradient against central differences (:func:`numformer.finite_differences.run_case`), an
   oracle that does not trust numformer's backward either.
 
 When the student's code is wrong, each catalogued mistake is run on the same cases: one that
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from numformer.gradcheck import run_case
+from numformer.finite_differences import run_case
 from numformer.kernels import kernel_mode
 
 from .candidates import (APPROX, EXACT, Outcome, closest, compare, constant_factor, floor, relative_errors,

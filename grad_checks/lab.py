@@ -24,14 +24,14 @@ import sys
 from pathlib import Path
 
 from numformer.cli.arguments import OneLineParser, nonneg_float
-from numformer.cli.errors import one_line_errors
+from numformer.cli.one_line_errors import one_line_errors
 from numformer.files import atomic_write_text
 
 from . import exercises
 from numformer.user_code_clock import DEFAULT_TIME_LIMIT
 from .exercise import LEVELS, skeleton
 from .hints import HintError, hint
-from .progress import folder_status, status_table
+from .student_folder import folder_status, status_table
 from .student_file import PROG, check_file
 
 COMMANDS = ("exercise", "check", "hint", "mutants")

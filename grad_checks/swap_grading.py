@@ -13,7 +13,7 @@ from numformer.user_code_clock import StudentCodeTimeout
 
 from . import exercises
 from .grading import grade
-from .progress import swap_specs
+from .student_folder import swap_specs
 
 _GRADED: dict = {}  # (layer, "PATH:CLASS") -> the line, for a layer graded by solved_specs already
 
@@ -56,7 +56,7 @@ def grade_swap(layer: str, user_class: type, file: str) -> str:
 def solved_specs(folder: str) -> tuple:
     """``train.py --swap all=DIR``: (a spec per layer solved in DIR, the lines to log); a file that does not
     check exact, or whose code does not return on a case in time, is refused in one line
-    (:func:`grad_checks.progress.swap_specs`)."""
+    (:func:`grad_checks.student_folder.swap_specs`)."""
     try:
         specs, lines = swap_specs(folder, clock.DEFAULT_TIME_LIMIT)
     except StudentCodeTimeout as exc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import run_files
+from . import run_file_names
 from .cli.arguments import positive_int
 from .cli.front import command_line, parser
 from .decoding.translation import DecodeOptions, translate_ids
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
 
     ap = parser(PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="run folder or checkpoint")
-    ap.add_argument("--vocab", help=f"sentencepiece model (default: the run's {run_files.VOCAB})")
+    ap.add_argument("--vocab", help=f"sentencepiece model (default: the run's {run_file_names.VOCAB})")
     ap.add_argument("--sentence", required=True, help="source sentence")
     ap.add_argument("--out", default="attention.png", help="PNG path; -encoder/-decoder/-cross are added")
     ap.add_argument("--beam", type=positive_int, default=DecodeOptions.beam,

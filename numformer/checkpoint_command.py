@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import run_files
+from . import run_file_names
 from .checkpoint import CheckpointError, save_checkpoint
 from .checkpoint.averaging import average_checkpoints
 from .checkpoint.export import FORMATS, export_model
@@ -41,9 +41,10 @@ def main(argv=None) -> int:
     avg = sub.add_parser("average", help="average the weights of several checkpoints")
     avg.add_argument("inputs", nargs="+", help="checkpoint files, or one run folder with --last")
     avg.add_argument("--last", type=positive_int, help="average the newest N checkpoints of the run folder given")
-    avg.add_argument("--out", required=True, help=f"file to write (e.g. RUN/{run_files.AVERAGED})")
+    avg.add_argument("--out", required=True, help=f"file to write (e.g. RUN/{run_file_names.AVERAGED})")
     exp = sub.add_parser("export", help="write a model (weights, config, vocabulary) as one file")
-    exp.add_argument("source", help=f"a run folder (its {run_files.AVERAGED}, else newest checkpoint) or a checkpoint")
+    exp.add_argument("source",
+                     help=f"a run folder (its {run_file_names.AVERAGED}, else newest checkpoint) or a checkpoint")
     exp.add_argument("--format", choices=[*FORMATS, *FOLDER_FORMATS],
                      help="npz, safetensors (default: from --out's suffix), hf: a folder MarianMTModel and "
                           "MarianTokenizer load (needs the interop extra to be used, not to be written), or "
@@ -98,9 +99,9 @@ def checkpoints_to_average(inputs: list, last: int | None) -> list:
         if len(paths) != 1 or not paths[0].is_dir():
             raise CheckpointError(f"--last {last} takes one run folder (got {', '.join(map(str, inputs))}): "
                                   "give the folder train.py --out wrote")
-        found = run_files.run_checkpoints(paths[0])
+        found = run_file_names.run_checkpoints(paths[0])
         if not found:
-            raise CheckpointError(f"no checkpoints in {paths[0] / run_files.CHECKPOINTS}: give the run folder "
+            raise CheckpointError(f"no checkpoints in {paths[0] / run_file_names.CHECKPOINTS}: give the run folder "
                                   "train.py --out wrote")
         return found[-last:]
     folders = [p for p in paths if p.is_dir()]

@@ -7,7 +7,7 @@ error is a :class:`NumformerError`: :class:`UsageError` and :class:`StopTraining
 code that raises them ``DataError``, ``CheckpointError``, ``BackendError``, ``PrecisionError``,
 ``DistributedError``, ``RunFolderInUse``, ``SwapError``, ``UserCodeError``, ``KernelModeError``.
 Anything else that escapes, a plain ``ValueError`` from NumPy included, is a bug in numformer: the
-tools say so and write its traceback to a file (:mod:`numformer.cli.errors`), exit status
+tools say so and write its traceback to a file (:mod:`numformer.cli.one_line_errors`), exit status
 :data:`BUG_EXIT`.
 """
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import run_files
+from . import run_file_names
 from .cli.front import command_line, parser
 from .errors import UsageError
 from .files import atomic_write
@@ -215,12 +215,12 @@ def plot_noise_scale(stats: list[dict], out: Path, title: str = "") -> Path | No
 def plot_run(run_dir, out=None) -> list[Path]:
     """Every picture this run's files allow; returns the paths written."""
     run = Path(run_dir)
-    metrics = read_jsonl(run / run_files.METRICS)
+    metrics = read_jsonl(run / run_file_names.METRICS)
     if not metrics:
-        raise UsageError(f"{run / run_files.METRICS} is missing or empty: is {run} a training run folder?")
+        raise UsageError(f"{run / run_file_names.METRICS} is missing or empty: is {run} a training run folder?")
     out = Path(out) if out else run / "plots"
     out.mkdir(parents=True, exist_ok=True)
-    stats = read_jsonl(run / run_files.GRAD_STATS)
+    stats = read_jsonl(run / run_file_names.GRAD_STATS)
     paths = [plot_curves(metrics, out, run.name)]
     paths += [p for p in (plot_grad_flow(stats, out), plot_update_ratio(stats, out), plot_activations(stats, out),
                           plot_noise_scale(stats, out)) if p is not None]
@@ -236,10 +236,10 @@ def plot_compare(runs: list, out, title: str = "") -> Path:
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     for run in map(Path, runs):
-        stats = read_jsonl(run / run_files.GRAD_STATS)
-        metrics = read_jsonl(run / run_files.METRICS)
+        stats = read_jsonl(run / run_file_names.GRAD_STATS)
+        metrics = read_jsonl(run / run_file_names.METRICS)
         if not stats or not metrics:
-            raise UsageError(f"{run} needs {run_files.GRAD_STATS} and {run_files.METRICS}: train it with "
+            raise UsageError(f"{run} needs {run_file_names.GRAD_STATS} and {run_file_names.METRICS}: train it with "
                              "--log-grads N")
         steps = [s["step"] for s in stats]
         norms = [np.sqrt(sum(r["grad_norm"] ** 2 for r in s["params"].values())) for s in stats]
@@ -266,7 +266,8 @@ PROG = "python -m numformer.plot"
 @command_line(PROG)
 def main(argv=None) -> int:
     ap = parser(PROG, description=__doc__.splitlines()[0])
-    ap.add_argument("run", nargs="+", help=f"a training run folder (with {run_files.METRICS}); several with --compare")
+    ap.add_argument("run", nargs="+",
+                    help=f"a training run folder (with {run_file_names.METRICS}); several with --compare")
     ap.add_argument("--out", help="folder for the PNGs (default RUN/plots); with --compare, the PNG file")
     ap.add_argument("--compare", action="store_true",
                     help="one picture comparing the runs' gradient norms, learning rates and losses")

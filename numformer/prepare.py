@@ -3,14 +3,14 @@
 ``python -m numformer.prepare --data DIR --out RUN`` (or ``--corpus NAME``, ``--task copy``) does what
 ``train.py`` does on its first run into ``RUN``, under the run folder's lock: this file is the command
 line; what preparing means (the vocabulary's sample, the encoding, the manifest and when it is
-prepared again) is :mod:`numformer.data.prepared`, whose names are importable from here too.
+prepared again) is :mod:`numformer.data.prepared_dataset`, whose names are importable from here too.
 """
 from __future__ import annotations
 
 import sys
 
 from .cli.front import command_line
-from .data.prepared import prepare
+from .data.prepared_dataset import prepare
 from .data.sources import CORPORA
 from .data.vocab_sample import DEFAULT_VOCAB_SAMPLE
 from .training.config import TrainConfig

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train  # noqa: E402
 from numformer.data import plan_batches  # noqa: E402
 from numformer.data.encoding import CachedEncoder  # noqa: E402
-from numformer.data import prepared as prepare_module  # noqa: E402
-from numformer.cli.errors import ErrorReport  # noqa: E402
+from numformer.data import prepared_dataset as prepare_module  # noqa: E402
+from numformer.cli.one_line_errors import ErrorReport  # noqa: E402
 from numformer.training.distributed import init_world  # noqa: E402
 from numformer.training.replicas import share_run  # noqa: E402
 

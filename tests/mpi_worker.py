@@ -22,7 +22,7 @@ from numformer.backend import to_host  # noqa: E402
 from numformer.kernels.host.threads import set_num_threads  # noqa: E402
 from numformer.training.distributed import init_world  # noqa: E402
 from numformer.model import Transformer  # noqa: E402
-from numformer.data.prepared import PreparedData  # noqa: E402
+from numformer.data.prepared_dataset import PreparedData  # noqa: E402
 from numformer.presets import get_preset  # noqa: E402
 from numformer.training.config import TrainConfig  # noqa: E402
 from numformer.training.trainer import Trainer  # noqa: E402

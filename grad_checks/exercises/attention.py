@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from numformer.backend import RandomState
-from numformer.gradcheck import GradCase
+from numformer.finite_differences import GradCase
 from numformer.layers.attention import ScaledDotProductAttention, attention_backward, attention_forward
 from numformer.layers.softmax import softmax_backward
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from numformer.backend import RandomState
-from numformer.gradcheck import GradCase
+from numformer.finite_differences import GradCase
 from numformer.model import DecoderLayer
 
 from ..cases import B, D, S, T, _replay, padded_batch, small_config

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numformer.gradcheck import GradCase
+from numformer.finite_differences import GradCase
 from numformer.layers.embedding import Embedding, embedding_backward
 
 from ..cases import D, PAD, V, Holder

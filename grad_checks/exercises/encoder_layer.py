@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from numformer.backend import RandomState
-from numformer.gradcheck import GradCase
+from numformer.finite_differences import GradCase
 from numformer.model import EncoderLayer
 
 from ..cases import B, S, D, _replay, padded_batch, small_config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numformer.gradcheck import GradCase
+from numformer.finite_differences import GradCase
 from numformer.layers.learned_positions import LearnedPositionalEmbedding, learned_positions_backward
 
 from ..cases import D, Holder

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numformer.gradcheck import GradCase
+from numformer.finite_differences import GradCase
 from numformer.layers.linear import Linear, linear_backward, linear_forward
 
 from ..exercise import Exercise

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numformer.gradcheck import GradCase
+from numformer.finite_differences import GradCase
 from numformer.loss import LabelSmoothedCrossEntropy, smoothed_cross_entropy, smoothed_cross_entropy_backward
 from numformer.module import Module
 

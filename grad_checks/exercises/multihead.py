@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numformer.gradcheck import GradCase
+from numformer.finite_differences import GradCase
 from numformer.layers.attention import MultiHeadAttention
 
 from ..cases import B, D, HEADS, S, T, padded_batch

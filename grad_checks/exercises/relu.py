@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numformer.gradcheck import GradCase
+from numformer.finite_differences import GradCase
 from numformer.layers.relu import ReLU, relu_backward, relu_forward
 
 from ..exercise import Exercise

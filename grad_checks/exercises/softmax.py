@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numformer.gradcheck import GradCase
+from numformer.finite_differences import GradCase
 from numformer.layers.softmax import softmax, softmax_backward
 
 from ..cases import SoftmaxFunction

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import run_files
+from .. import run_file_names
 from . import CheckpointError, read_meta
 
 
@@ -30,15 +30,15 @@ def newest_model_file(path) -> Path:
     path = Path(path)
     if not path.is_dir():
         return path
-    averaged, found = path / run_files.AVERAGED, run_files.run_checkpoints(path)
+    averaged, found = path / run_file_names.AVERAGED, run_file_names.run_checkpoints(path)
     if not found:
         if averaged.is_file():
             return averaged
         foreign = foreign_model_folder(path)
         if foreign is not None:
             raise CheckpointError(foreign)
-        raise CheckpointError(f"{path} holds no checkpoint (expected {run_files.AVERAGED} or "
-                              f"{run_files.CHECKPOINTS}/step_*.npz): train a model into it first or give a "
+        raise CheckpointError(f"{path} holds no checkpoint (expected {run_file_names.AVERAGED} or "
+                              f"{run_file_names.CHECKPOINTS}/step_*.npz): train a model into it first or give a "
                               "checkpoint file")
     if averaged.is_file():
         newest = step_of(found[-1])
@@ -59,8 +59,8 @@ def vocab_beside(model_file) -> Path:
     """The ``spm.model`` of the run folder a model file sits in (``RUN/checkpoints/step_*.npz`` or ``RUN/*.npz``):
     where the vocabulary of a checkpoint that does not carry its own is."""
     path = Path(model_file)
-    run_dir = path.parent.parent if path.parent.name == run_files.CHECKPOINTS else path.parent
-    return run_dir / run_files.VOCAB
+    run_dir = path.parent.parent if path.parent.name == run_file_names.CHECKPOINTS else path.parent
+    return run_dir / run_file_names.VOCAB
 
 
 def foreign_model_folder(path: Path) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import run_files
+from .. import run_file_names
 from ..backend import resolve_device, xp_for
 from . import CheckpointError, load_checkpoint, vocab_fingerprint
 from ..data import DataError, SubwordVocab
@@ -27,11 +27,11 @@ def check_vocab(vocab, meta: dict, vocab_path, what) -> None:
     cfg_size = meta.get("model_config", {}).get("vocab_size")
     if cfg_size is not None and vocab.size != cfg_size:
         raise DataError(f"vocabulary {vocab_path} has {vocab.size} pieces but {what} expects {cfg_size}: "
-                        f"use the {run_files.VOCAB} of the same run")
+                        f"use the {run_file_names.VOCAB} of the same run")
     expected = meta.get("vocab_sha256")
     if expected and vocab_fingerprint(vocab) != expected:
         raise DataError(f"vocabulary {vocab_path} is not the one {what} was trained with (its sha256 differs): "
-                        f"use the {run_files.VOCAB} of the same run")
+                        f"use the {run_file_names.VOCAB} of the same run")
 
 
 def load_model(checkpoint, vocab_path=None, device: str | None = None):
@@ -58,12 +58,12 @@ def load_model(checkpoint, vocab_path=None, device: str | None = None):
             vocab = vocab_from_bytes(ck.vocab)
         except Exception:  # noqa: BLE001  (sentencepiece's parse errors have no common class)
             raise CheckpointError(f"{path} carries an unreadable vocabulary: it is corrupt; pass --vocab PATH to "
-                                  f"the run's {run_files.VOCAB} or use another checkpoint") from None
+                                  f"the run's {run_file_names.VOCAB} or use another checkpoint") from None
         check_vocab(vocab, ck.meta, "(the one in the file)", f"checkpoint {path}")
     else:
         vocab_path = vocab_beside(path) if vocab_path is None else Path(vocab_path)
         if not vocab_path.is_file():
-            raise DataError(f"vocabulary {vocab_path} not found: pass --vocab PATH to the run's {run_files.VOCAB}")
+            raise DataError(f"vocabulary {vocab_path} not found: pass --vocab PATH to the run's {run_file_names.VOCAB}")
         vocab = SubwordVocab.load(vocab_path)
         check_vocab(vocab, ck.meta, vocab_path, f"checkpoint {path}")
     xp = xp_for(resolve_device(device))

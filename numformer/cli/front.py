@@ -3,7 +3,7 @@
 Every command a user runs (train.py, translate.py, ``python -m numformer.checkpoint``, ``numformer.studies``,
 ``numformer.prepare``, ``numformer.data.bible``, ``numformer.plot``, ``numformer.attention_maps``,
 ``grad_checks``, the benches in bench/) ends the same way, because its whole ``main``, argument parsing
-included, runs inside :func:`numformer.cli.errors.one_line_errors`:
+included, runs inside :func:`numformer.cli.one_line_errors.one_line_errors`:
 
 * a bad flag: one line ``prog: error: ... (see prog --help)``, exit 2 (:class:`OneLineParser`, which
   :func:`parser` returns; its sub-commands inherit it);
@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 
 from .arguments import OneLineParser
-from .errors import one_line_errors
+from .one_line_errors import one_line_errors
 
 # Set on a wrapped main: the program name its errors start with (what the front's test looks for).
 FRONT_ATTRIBUTE = "numformer_front"

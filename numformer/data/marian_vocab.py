@@ -71,7 +71,7 @@ def vocab_from_bytes(data: bytes):
 
 
 def load_vocab_file(path):
-    """A run's vocabulary file (:func:`numformer.run_files.run_vocab`): a Marian blob or a sentencepiece model."""
+    """A run's vocabulary file (:func:`numformer.run_file_names.run_vocab`): a Marian blob or a sentencepiece model."""
     from .vocab import SubwordVocab  # noqa: PLC0415
 
     path = Path(path)

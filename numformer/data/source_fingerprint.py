@@ -3,7 +3,7 @@
 numformer caches what it builds from a user's files: the WMT 2014 corpus built from ``--wmt-dir``
 (:mod:`numformer.data.wmt14`), the bible corpus built from the installed SWORD modules
 (:mod:`numformer.data.bible`) and a run's prepared corpus encoded from ``--data DIR`` or a corpus folder
-(:mod:`numformer.data.prepared`). A cache that only remembered *where* its text came from went on serving
+(:mod:`numformer.data.prepared_dataset`). A cache that only remembered *where* its text came from went on serving
 the old text after the files there were edited. So each records, when it is built, a fingerprint of its
 sources (:func:`fingerprint`)::
 

@@ -13,7 +13,7 @@ newstest2014, as the paper did. The text comes from one of two places:
 
 Either way the pairs are written once into numformer's corpus layout, ``train.{src,tgt}``,
 ``valid.*`` (newstest2013) and ``test.*`` (newstest2014), in ``$NUMFORMER_CACHE/wmt14-en-de/``; the
-run's preparation (:mod:`numformer.data.prepared`) then trains the shared vocabulary and
+run's preparation (:mod:`numformer.data.prepared_dataset`) then trains the shared vocabulary and
 memory-maps the ids as for any corpus. The folder is built beside its final place and renamed into
 it only when complete (``wmt.json`` written last), so a build interrupted at any point leaves
 nothing that is taken for a corpus: the next run starts clean.

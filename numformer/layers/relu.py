@@ -32,7 +32,7 @@ class ReLU(Module):
     def active_set(self):
         """The active set ``[x > 0]`` (bool, x's shape) of the last forward in training mode, until backward
         uses it; None otherwise. The finite-difference checks compare it between the two sides of a probe:
-        when it differs, the probe straddles the kink at 0 and measures nothing (numformer.gradcheck.kinks)."""
+        when it differs, the probe straddles the kink at 0 and measures nothing (numformer.finite_differences.kinks)."""
         return self.saved.get("positive")
 
     def backward(self, dy):

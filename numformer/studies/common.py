@@ -71,7 +71,7 @@ def bible_data(folder, log=print, vocab_size: int | None = None):
     """The ``bible-en-es`` corpus prepared into ``folder`` (vocabulary and encoded splits), built from the
     installed SWORD modules on first use and reused after (numformer.prepare). ``vocab_size``: None for
     the corpus's default (8,000 pieces), else that many, in ``folder/vN`` (so both can be kept)."""
-    from ..data.prepared import prepare  # noqa: PLC0415  (only the studies that use real sentences need it)
+    from ..data.prepared_dataset import prepare  # noqa: PLC0415  (only the studies that use real sentences need it)
 
     folder = Path(folder) if vocab_size is None else Path(folder) / f"v{vocab_size}"
     return prepare(folder, corpus="bible-en-es", vocab_size=vocab_size, log=lambda line: log(f"data: {line}"))

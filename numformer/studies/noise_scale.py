@@ -51,8 +51,8 @@ from ..loss import LabelSmoothedCrossEntropy
 from ..model import Transformer
 from ..optim import Adam, NoamSchedule
 from ..presets import get_preset
-from ..training.noise_scale import GROUPS, NoiseEstimate, noise_scales, summed_by
-from ..training.per_sentence import PerSentenceGradients
+from ..training.gradient_noise_scale import GROUPS, NoiseEstimate, noise_scales, summed_by
+from ..training.per_sentence_gradients import PerSentenceGradients
 from .common import Budget, bible_data, markdown_table, pyplot, random_batch, save_figure, sentence_batch, write_outputs
 
 NAME = "noise-scale"

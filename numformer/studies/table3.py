@@ -73,7 +73,7 @@ from ..errors import StopTraining
 from ..files import write_json
 from ..model import Transformer
 from ..presets import TABLE3, ModelConfig, count_parameters
-from ..run_files import CHECKPOINTS, run_checkpoints
+from ..run_file_names import CHECKPOINTS, run_checkpoints
 from ..training.config import TrainConfig
 from ..training.trainer import Trainer
 from ..training.validation import evaluate
@@ -98,7 +98,7 @@ __all__ = ["CITATION", "EFFECTIVE", "E_TOLERANCE", "FULL", "GROUPS", "GROUP_CLAI
 
 def load_data(cfg: Config, folder: Path, log=print):
     """The study's data, prepared under ``folder`` (OUT/data) on first use and reused after."""
-    from ..data.prepared import prepare  # noqa: PLC0415
+    from ..data.prepared_dataset import prepare  # noqa: PLC0415
 
     say = lambda line: log(f"data: {line}")  # noqa: E731
     v = f"-v{cfg.vocab_size}" if cfg.vocab_size is not None else ""

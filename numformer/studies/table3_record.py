@@ -18,7 +18,7 @@ from ..errors import UsageError
 from ..files import write_json
 from ..plot import read_jsonl
 from ..presets import TABLE3
-from ..run_files import METRICS
+from ..run_file_names import METRICS
 from .table3_config import NAME
 
 RESULT = "result.json"

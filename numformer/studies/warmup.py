@@ -48,7 +48,7 @@ import numpy as np
 
 from ..model import Transformer
 from ..presets import get_preset
-from ..run_files import CHECKPOINTS, METRICS
+from ..run_file_names import CHECKPOINTS, METRICS
 from ..training.config import TrainConfig
 from ..training.trainer import Trainer
 from .common import Budget, bible_data, markdown_table, pyplot, save_figure, write_outputs
@@ -106,7 +106,7 @@ class PeakSchedule:
 
 def load_data(cfg: Config, folder: Path, log=print):
     if cfg.corpus == "copy":
-        from ..data.prepared import prepare  # noqa: PLC0415
+        from ..data.prepared_dataset import prepare  # noqa: PLC0415
 
         return prepare(folder / "copy", task="copy", seed=cfg.seed, log=lambda line: log(f"data: {line}"))
     return bible_data(folder, log, cfg.vocab_size)

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from ..backend import get_array_module, to_host
 from ..layers import FeedForward, Residual
-from .noise_scale import noise_scales
-from .per_sentence import PerSentenceGradients
+from .gradient_noise_scale import noise_scales
+from .per_sentence_gradients import PerSentenceGradients
 
 
 class GradStats:

@@ -16,7 +16,7 @@ import time
 import traceback
 
 from ..backend import resolve_device
-from ..cli.errors import one_line_errors
+from ..cli.one_line_errors import one_line_errors
 from ..errors import BUG_EXIT, exit_code_of, is_collective
 from .distributed import SINGLE, init_world, launched_rank
 

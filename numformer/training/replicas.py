@@ -5,7 +5,7 @@ identical updates of identical summed gradients keep the replicas identical. Wha
 identical around that:
 
 * :func:`share_run`: rank 0 alone reads the run folder and the corpus; the others get its settings,
-  vocabulary and training ids (:class:`~numformer.data.prepared.PreparedData`), so no other host needs the data;
+  vocabulary and training ids (:class:`~numformer.data.prepared_dataset.PreparedData`), so no other host needs the data;
 * :func:`sync_replicas`: when training starts, every rank takes rank 0's weights, frozen buffers (a
   logits bias), Adam moments and progress (step, data position, clock, counters), also after a
   ``--resume`` only rank 0 read;
@@ -27,7 +27,7 @@ import numpy as np
 from .data_parallel import broadcast_arrays_
 
 if TYPE_CHECKING:
-    from ..data.prepared import PreparedData
+    from ..data.prepared_dataset import PreparedData
     from ..presets import ModelConfig
     from .config import RunSettings
 
@@ -110,7 +110,7 @@ def share_run(world, settled: SharedRun | None) -> SharedRun:
 
     from ..data import TokenPairs  # noqa: PLC0415
     from ..data.marian_vocab import vocab_from_bytes  # noqa: PLC0415
-    from ..data.prepared import PreparedData, manifest_digest, open_shared_train  # noqa: PLC0415
+    from ..data.prepared_dataset import PreparedData, manifest_digest, open_shared_train  # noqa: PLC0415
     from ..presets import ModelConfig  # noqa: PLC0415
     from .config import RunSettings, TrainConfig  # noqa: PLC0415
 

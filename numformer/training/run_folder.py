@@ -1,5 +1,5 @@
 """A training run's folder: everything written into it, and the checks on what is found there. The
-names of its files are :mod:`numformer.run_files`'s.
+names of its files are :mod:`numformer.run_file_names`'s.
 
 :class:`RunFolder` owns it for the trainer and for ``train.py``: the exclusive lock, taken first
 (:func:`~numformer.training.run_lock.lock_run_folder`); ``run.json``, written once per start; the checks of
@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .. import run_files
+from .. import run_file_names
 from ..checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from ..errors import UsageError
 from ..files import atomic_write_bytes, partial_prefix, sweep_stale_partials, write_json
@@ -39,8 +39,8 @@ class RunFolder:
 
     def __init__(self, path, lock: bool = True):
         self.path = Path(path)
-        self.checkpoint_dir = self.path / run_files.CHECKPOINTS
-        self.metrics_path = self.path / run_files.METRICS
+        self.checkpoint_dir = self.path / run_file_names.CHECKPOINTS
+        self.metrics_path = self.path / run_file_names.METRICS
         self.lock = lock_run_folder(self.path) if lock else None  # before anything in the folder is read
 
     def close(self) -> None:
@@ -51,7 +51,7 @@ class RunFolder:
     # -- the run's settings -----------------------------------------------------------------------------
     def read_settings(self) -> dict | None:
         """``run.json`` as a dict (None when there is none); an unreadable one is a one-line UsageError."""
-        path = self.path / run_files.SETTINGS
+        path = self.path / run_file_names.SETTINGS
         if not path.is_file():
             return None
         try:
@@ -67,18 +67,18 @@ class RunFolder:
 
     def write_settings(self, settings: dict) -> None:
         """Write ``run.json`` (atomically): the one record of the run's settings."""
-        write_json(self.path / run_files.SETTINGS, settings)
+        write_json(self.path / run_file_names.SETTINGS, settings)
 
     def check_new_run(self, source: str) -> None:
         """A new run (no ``--resume``) may not start over an existing one, nor reuse the vocabulary an
         earlier attempt on another corpus left here."""
         if self.checkpoints():
             raise UsageError(f"{self.path} already holds a run: pass --resume to continue it or choose another --out")
-        if run_files.run_vocab(self.path).exists():
+        if run_file_names.run_vocab(self.path).exists():
             old = self.read_settings()
             if old is not None and old.get("data") not in (None, source):
                 raise UsageError(f"{self.path} holds the vocabulary of a run on {old['data']}: choose another --out "
-                                 f"(or delete its {run_files.run_vocab(self.path).name})")
+                                 f"(or delete its {run_file_names.run_vocab(self.path).name})")
 
     def settle_vocabulary(self, vocab_size: int | None, resume: bool, asked_before: int | None, log=print) -> None:
         """``spm.model`` left by an earlier attempt is reused by preparation: never silently against
@@ -87,7 +87,7 @@ class RunFolder:
         ``asked_before``: the ``--vocab-size`` the run asked for (run.json; the data may allow fewer)."""
         from ..data.marian_vocab import load_vocab_file  # noqa: PLC0415  (sentencepiece only when one is there)
 
-        path = run_files.run_vocab(self.path)
+        path = run_file_names.run_vocab(self.path)
         if not path.exists():
             return
         vocab = load_vocab_file(path)
@@ -110,7 +110,7 @@ class RunFolder:
     # -- checkpoints --------------------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:
         """The run's checkpoint files, oldest first."""
-        return run_files.run_checkpoints(self.path)
+        return run_file_names.run_checkpoints(self.path)
 
     def preflight(self, checkpoint_bytes: int, keep_last: int) -> None:
         """Fail now, in one line, if the folder cannot hold the checkpoints (not after an hour).
@@ -131,7 +131,7 @@ class RunFolder:
                                   "choose another --out or fix the folder's permissions") from None
         weights = (checkpoint_bytes - (1 << 20)) // 3
         need = max(1, keep_last + 1 - len(self.checkpoints())) * checkpoint_bytes
-        if not (self.path / run_files.AVERAGED).exists():
+        if not (self.path / run_file_names.AVERAGED).exists():
             need += weights
         need = int(need * 1.1)
         free = shutil.disk_usage(self.checkpoint_dir).free
@@ -149,7 +149,7 @@ class RunFolder:
 
         A failed write (a full disk) is a one-line CheckpointError naming the previous checkpoint,
         which is intact."""
-        path = run_files.step_checkpoint_path(self.path, step)
+        path = run_file_names.step_checkpoint_path(self.path, step)
         try:
             save_checkpoint(path, model_state, meta, optimizer_state, vocab=vocab)
         except OSError as exc:
@@ -166,7 +166,7 @@ class RunFolder:
 
     def holds_checkpoint_of(self, step: int) -> bool:
         found = self.checkpoints()
-        return bool(found) and found[-1] == run_files.step_checkpoint_path(self.path, step)
+        return bool(found) and found[-1] == run_file_names.step_checkpoint_path(self.path, step)
 
     def resumable_checkpoint(self, model_config: dict, vocab_sha256: str, log=print) -> tuple[Checkpoint, Path] | None:
         """The newest readable checkpoint, checked to continue this run; None when there is none.
@@ -209,7 +209,7 @@ class RunFolder:
                                   "run's --preset and model flags (or leave them out to use the run's)")
         expected = ck.meta.get("vocab_sha256")
         if expected and expected != vocab_sha256:
-            vocab_file = run_files.run_vocab(self.path)
+            vocab_file = run_file_names.run_vocab(self.path)
             raise CheckpointError(f"{path} was trained with another vocabulary than {vocab_file}: "
                                   f"restore the run's {vocab_file.name} or start a new run with another --out")
         if ck.optimizer is None or not all(k in ck.meta for k in ("rng", "epoch", "batch_pos", "elapsed")):
@@ -223,7 +223,7 @@ class RunFolder:
         if len(paths) < 2:
             return None
         ck = average_checkpoints(paths)
-        path = self.path / run_files.AVERAGED
+        path = self.path / run_file_names.AVERAGED
         save_checkpoint(path, ck.model, ck.meta, vocab=ck.vocab)
         return path
 

@@ -36,7 +36,7 @@ import time
 import weakref
 from pathlib import Path
 
-from .. import run_files
+from .. import run_file_names
 from ..errors import NumformerError, UsageError
 
 _HELD: "weakref.WeakValueDictionary[str, RunLock]" = weakref.WeakValueDictionary()  # folder -> this process's lock
@@ -77,7 +77,7 @@ def lock_run_folder(folder) -> RunLock:
         held = _HELD.get(key)
         if held is not None and held.held:
             return held
-        fd = os.open(folder / run_files.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = os.open(folder / run_file_names.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except OSError as exc:
         raise UsageError(f"cannot write to the run folder {folder}: {exc.strerror or exc}: choose another --out "
                          "or fix its permissions") from None
@@ -105,7 +105,7 @@ def read_holder(folder, wait_s: float = 2.0) -> dict | None:
     The holder writes it just after taking the lock: a process refused in between reads nothing, or
     the identity a killed holder left, and waits (up to ``wait_s``) for the live one's.
     """
-    path = Path(folder) / run_files.LOCK
+    path = Path(folder) / run_file_names.LOCK
     deadline = time.monotonic() + wait_s
     while True:
         try:

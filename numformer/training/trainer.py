@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import run_files
+from .. import run_file_names
 from ..backend import read_scalars
 from ..checkpoint import CheckpointError, vocab_fingerprint
 from ..errors import StopTraining, mark_collective
@@ -58,7 +58,7 @@ from .forecast import StepTimeForecast
 from .gradient_statistics import GradStats
 from .loss_scaling import DynamicLossScaler
 from .metrics import LogWindow, train_record
-from .progress import BudgetBar
+from .progress_bar import BudgetBar
 from .replicas import StopRequests, sync_replicas
 from .run_folder import RunFolder
 from .step_hooks import (BatchDropoutKeys, GradientAllReduce, GradientStatistics, LossScaling, StepHooks, StepResult,
@@ -100,7 +100,7 @@ class Trainer:
         self.scaler = DynamicLossScaler() if cfg.precision == "fp16" else None
         self.tensorboard = (TensorBoardLog(self.folder.path, model, data)  # cfg.tensorboard: event files too
                             if cfg.tensorboard and world.is_main else None)
-        stats = GradStats(model, self.folder.path / run_files.GRAD_STATS) if cfg.log_grads and world.is_main else None
+        stats = GradStats(model, self.folder.path / run_file_names.GRAD_STATS) if cfg.log_grads and world.is_main else None
         self.grad_stats = stats
         # several processes: masks must not depend on which rank computes a batch
         self._batch_seeded = cfg.dropout_rng == "batch" or world.parallel

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from grad_checks.cases import BUILDERS, build_cases
-from numformer.gradcheck import GradCase, rel_error, run_case
+from numformer.finite_differences import GradCase, rel_error, run_case
 from numformer.kernels import kernel_mode
 from numformer.layers import ReLU, attention, layernorm
 

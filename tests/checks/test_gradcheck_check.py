@@ -1,11 +1,11 @@
-"""numformer.gradcheck.check(layer, *inputs): the finite-difference check of any object with the layer contract,
+"""numformer.finite_differences.check(layer, *inputs): the finite-difference check of any object with the layer contract,
 in three lines: it passes numformer's layers (inputs, parameters, masks, ids, losses, dropout replayed), fails a
 planted bug, turns a layer's own errors into one line, and leaves the caller's layer untouched."""
 import numpy as np
 import pytest
 
 from numformer.backend import RandomState
-from numformer.gradcheck import CheckReport, check
+from numformer.finite_differences import CheckReport, check
 from numformer.layers import Dropout, Embedding, LayerNorm, MultiHeadAttention, ReLU
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.module import Parameter

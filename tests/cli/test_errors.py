@@ -1,4 +1,4 @@
-"""One line for every mistake (numformer.cli.errors.one_line_errors): bad training data, bad flags, damaged or missing
+"""One line for every mistake (numformer.cli.one_line_errors.one_line_errors): bad training data, bad flags, damaged or missing
 models and vocabularies get one line on stderr naming the problem and what to do, exit status 2, no
 traceback; a bug of numformer's says it is a bug and where its traceback went, exit status 1."""
 import errno

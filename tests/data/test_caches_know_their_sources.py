@@ -9,8 +9,8 @@ import os
 import pytest
 
 from numformer.data import bible, read_lines
-from numformer.data.prepared import prepare
-from numformer.run_files import PREPARED
+from numformer.data.prepared_dataset import prepare
+from numformer.run_file_names import PREPARED
 
 WORDS = ("house", "tree", "river", "stone", "light", "water", "road", "bread", "field", "bird")
 WOERTER = ("Haus", "Baum", "Fluss", "Stein", "Licht", "Wasser", "Weg", "Brot", "Feld", "Vogel")

@@ -1,4 +1,4 @@
-"""Preparing a corpus once (numformer/data/prepared.py, the command numformer/prepare.py): the binary dataset, its reuse, re-preparation after a change,
+"""Preparing a corpus once (numformer/data/prepared_dataset.py, the command numformer/prepare.py): the binary dataset, its reuse, re-preparation after a change,
 the vocabulary's sample, errors with file and line, and two MPI ranks sharing one prepared dataset."""
 import json
 import subprocess
@@ -12,8 +12,8 @@ import train
 from support import ENV, mpirun
 from numformer.data import DataError, SubwordVocab, read_lines
 from numformer.data.encoding import CachedEncoder
-from numformer.data.prepared import MANIFEST, prepare
-from numformer.run_files import PREPARED
+from numformer.data.prepared_dataset import MANIFEST, prepare
+from numformer.run_file_names import PREPARED
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ("the a of and to in is was he for it with as his on be at by i this had not are but from or have an they "

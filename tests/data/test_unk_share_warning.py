@@ -8,7 +8,7 @@ import train
 import translate
 from numformer.checkpoint import save_checkpoint, vocab_fingerprint
 from numformer.data import SubwordVocab, write_parallel_dir
-from numformer.data.prepared import prepare
+from numformer.data.prepared_dataset import prepare
 from numformer.data.unk_share import UNK_WARNING_SHARE, warn_unk_share
 from numformer.model import Transformer
 from numformer.presets import get_preset

@@ -36,7 +36,7 @@ def _worker_helpers():
 @pytest.mark.parametrize("precision,clip", [("fp32", 0.0), ("fp32", 1.0), ("fp16", 0.0), ("tf32", 0.0)])
 def test_one_host_read_per_training_step(monkeypatch, tmp_path, precision, clip):
     from numformer.model import Transformer
-    from numformer.data.prepared import PreparedData
+    from numformer.data.prepared_dataset import PreparedData
     from numformer.presets import get_preset
     from numformer.training.config import TrainConfig
     from numformer.training.trainer import Trainer

@@ -32,7 +32,7 @@ import cupy_standin as cs  # noqa: E402
 HOST_ONLY = {
     # modules that work on host numpy arrays by design
     "numformer.backend",      # the one place that picks numpy or cupy
-    "numformer.gradcheck",    # float64 finite differences on the host (the package and its modules)
+    "numformer.finite_differences",    # float64 finite differences on the host (the package and its modules)
     "numformer.presets",      # no arrays
     "numformer.checkpoint",   # checkpoints are host numpy by contract (the package and its modules)
 }

@@ -67,7 +67,7 @@ def test_the_walk_through_runs_as_written(tmp_path):
 
 
 def test_the_readme_example_checks_its_own_layer(tmp_path):
-    body = next(b for lang, b in blocks(README.read_text()) if lang == "python" and "gradcheck import check" in b)
+    body = next(b for lang, b in blocks(README.read_text()) if lang == "python" and "finite_differences import check" in b)
     script = tmp_path / "example.py"
     script.write_text(body)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

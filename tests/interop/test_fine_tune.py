@@ -8,7 +8,7 @@ import pytest
 
 import train
 from marian_files import SRC_WORDS, TGT_WORDS, fine_tune_args, sentences
-from numformer import run_files
+from numformer import run_file_names
 from numformer.checkpoint import load_checkpoint
 from numformer.data import write_parallel_dir
 from support import assert_one_line_error, run_main
@@ -42,21 +42,21 @@ def test_the_first_step_loss_is_transformers_loss_and_the_run_resumes(marian, pa
     code, stdout, err = run_main(train.main, fine_tune_args(case.npz, data, out, 2), capsys)
     assert code == 0, err
     assert "vocabulary" in stdout and "Marian" in stdout
-    assert (out / run_files.MARIAN_VOCAB).is_file() and not (out / run_files.VOCAB).exists()  # no new vocabulary
-    first = json.loads((out / run_files.METRICS).read_text().splitlines()[0])
+    assert (out / run_file_names.MARIAN_VOCAB).is_file() and not (out / run_file_names.VOCAB).exists()  # no new vocabulary
+    first = json.loads((out / run_file_names.METRICS).read_text().splitlines()[0])
     assert first["step"] == 1
     expected = transformers_loss(case.folder, *pairs["train"])
     assert first["train_loss"] == pytest.approx(expected, rel=1e-5)  # numformer trains in float32
-    run = json.loads((out / run_files.SETTINGS).read_text())
+    run = json.loads((out / run_file_names.SETTINGS).read_text())
     assert run["init_from"] == str(case.npz.resolve()) and run["model_config"]["activation"] == "silu"
-    imported, tuned = load_checkpoint(case.npz).model, load_checkpoint(run_files.run_checkpoints(out)[-1]).model
+    imported, tuned = load_checkpoint(case.npz).model, load_checkpoint(run_file_names.run_checkpoints(out)[-1]).model
     assert set(tuned) == set(imported)
     assert np.array_equal(tuned["final_logits_bias"], imported["final_logits_bias"].astype(np.float32))  # frozen
     assert not np.allclose(tuned["src_embed.weight"], imported["src_embed.weight"])  # the weights trained
     code, stdout, err = run_main(train.main, ["--out", str(out), "--resume", "--max-steps", "3", "--no-progress",
                                               "--no-test"], capsys)
     assert code == 0, err
-    assert json.loads((out / run_files.METRICS).read_text().splitlines()[-1])["step"] == 3
+    assert json.loads((out / run_file_names.METRICS).read_text().splitlines()[-1])["step"] == 3
 
 
 def test_init_from_refuses_what_would_change_the_model(marian, tmp_path, capsys):

@@ -21,7 +21,7 @@ from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer
 from numformer.module import Module, Parameter
 from numformer.presets import ModelConfig
-from numformer.training.per_sentence import PerSentenceGradients
+from numformer.training.per_sentence_gradients import PerSentenceGradients
 
 B, S, T, V, PAD, D = 3, 6, 5, 13, 0, 8
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from numformer.studies import noise_scale as study
-from numformer.training.noise_scale import GROUPS
+from numformer.training.gradient_noise_scale import GROUPS
 
 
 def _quiet(line):

@@ -332,7 +332,7 @@ def test_nccl_training_step_matches_one_process_on_one_gpu(tmp_path):
 
     from numformer.training.distributed import NCCLWorld
     from numformer.model import Transformer
-    from numformer.data.prepared import PreparedData
+    from numformer.data.prepared_dataset import PreparedData
     from numformer.presets import get_preset
     from numformer.training.config import TrainConfig
     from numformer.training.trainer import Trainer

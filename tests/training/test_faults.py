@@ -22,7 +22,7 @@ from numformer.training import trainer as trainer_module
 from numformer.checkpoint import load_checkpoint
 from mpi_worker import TinyVocab, pairs
 from numformer.model import Transformer
-from numformer.data.prepared import PreparedData
+from numformer.data.prepared_dataset import PreparedData
 from numformer.presets import get_preset
 from numformer.training.config import TrainConfig
 from support import ROOT, assert_one_line_error, copy_args, resume_args, run_main, write_corpus

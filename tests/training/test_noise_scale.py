@@ -1,4 +1,4 @@
-"""The gradient noise scale (numformer/training/noise_scale.py): the estimator is unbiased on synthetic
+"""The gradient noise scale (numformer/training/gradient_noise_scale.py): the estimator is unbiased on synthetic
 per-sentence gradients of known mean and covariance (and the naive one is not); every parameter belongs to a
 layer type; ``--log-grads`` writes the per-tensor, per-type and total noise scale of the step's last batch to
 grad_stats.jsonl, TensorBoard and the plot command draw it."""
@@ -12,8 +12,8 @@ from numformer.model import Transformer
 from numformer.plot import plot_noise_scale
 from numformer.presets import ModelConfig
 from numformer.training.gradient_statistics import GradStats
-from numformer.training.noise_scale import GROUPS, estimate, group_of, noise_scales
-from numformer.training.per_sentence import PerSentenceGradients, SentenceGradients
+from numformer.training.gradient_noise_scale import GROUPS, estimate, group_of, noise_scales
+from numformer.training.per_sentence_gradients import PerSentenceGradients, SentenceGradients
 
 
 def synthetic(rng, repeats, b, mean, std):

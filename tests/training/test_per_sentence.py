@@ -1,4 +1,4 @@
-"""Per-sentence gradient statistics (numformer/training/per_sentence.py) are exact: in float64 the sentences'
+"""Per-sentence gradient statistics (numformer/training/per_sentence_gradients.py) are exact: in float64 the sentences'
 gradients add up to the batch gradient (1e-12), sentence i's equals the gradient of a batch holding sentence i
 alone, trimmed of the other sentences' padding, with the batch's token count as the normaliser; both also
 against torch.func's per-sample gradients (vmap of grad) of the PyTorch mirror, every tensor. The tied matrix's
@@ -15,7 +15,7 @@ from numformer.kernels import kernel_mode
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer
 from numformer.presets import ModelConfig
-from numformer.training.per_sentence import PerSentenceGradients
+from numformer.training.per_sentence_gradients import PerSentenceGradients
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

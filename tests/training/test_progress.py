@@ -1,9 +1,9 @@
 """The progress bar knows its budget: elapsed and remaining minutes of --max-minutes, or of --max-steps
-estimated from the speed (numformer/training/progress.py)."""
+estimated from the speed (numformer/training/progress_bar.py)."""
 from support import copy_args, run_main
 
 import train  # noqa: E402
-from numformer.training.progress import budget_fraction, budget_text
+from numformer.training.progress_bar import budget_fraction, budget_text
 
 
 def test_budget_text_says_elapsed_and_left():

@@ -10,7 +10,7 @@ import pytest
 import train
 from numformer.checkpoint import load_checkpoint, vocab_fingerprint
 from numformer.data import SubwordVocab, make_synthetic
-from numformer.data.prepared import prepare
+from numformer.data.prepared_dataset import prepare
 from support import assert_one_line_error, copy_args, corrupt, resume_args, run_main, write_corpus
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from numformer.checkpoint import load_checkpoint
-from numformer.run_files import LOCK as LOCK_FILE
+from numformer.run_file_names import LOCK as LOCK_FILE
 from numformer.training.run_lock import RunFolderInUse, lock_run_folder, read_holder
 
 ROOT = Path(__file__).resolve().parents[2]

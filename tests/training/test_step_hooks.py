@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mpi_worker import TinyVocab, pairs
-from numformer.data.prepared import PreparedData
+from numformer.data.prepared_dataset import PreparedData
 from numformer.model import Transformer
 from numformer.presets import get_preset
 from numformer.training.config import TrainConfig

@@ -18,7 +18,7 @@ pytest.importorskip("tensorboard", reason="the tensorboard extra: pip install -e
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from numformer.run_files import step_checkpoint_path  # noqa: E402
+from numformer.run_file_names import step_checkpoint_path  # noqa: E402
 from numformer.training.tensorboard_log import attention_image, scalar_tag, tensor_tag  # noqa: E402
 
 STEPS, LOG_GRADS, EVAL_EVERY = 20, 10, 10
@@ -158,7 +158,7 @@ def test_no_extra_host_read_per_step(monkeypatch, tmp_path):
     import cupy_standin as cs
 
     from numformer.model import Transformer
-    from numformer.data.prepared import PreparedData
+    from numformer.data.prepared_dataset import PreparedData
     from numformer.presets import get_preset
     from numformer.training.config import TrainConfig
     from numformer.training.trainer import Trainer

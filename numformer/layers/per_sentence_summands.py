@@ -20,7 +20,7 @@ formed: ``|x_b^T dy_b|^2 = sum_{t,t'} (x_b x_b^T)_{tt'} (dy_b dy_b^T)_{tt'}``, t
 sentence instead of a (d_in, d_out) matrix (the ``*_sq_norms`` functions). Their inputs are what the layers cache for their backward, with the sentence
 axis first: ``(c, T, ...)``. Dense ones return ``(c, *parameter shape)``; the two tables return the
 rows to scatter, ``(c, K)`` ids and ``(c, K, d_model)`` rows, because a sentence touches K of the
-table's rows only. numformer/training/per_sentence.py reduces them (squared norms, sums of squares)
+table's rows only. numformer/training/per_sentence_gradients.py reduces them (squared norms, sums of squares)
 a chunk at a time, and adds up a tied matrix's uses per sentence first.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ unbiased estimates of both terms (their Appendix A.1):
     |G|^2     ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
     tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1 / B_small - 1 / B_big)
 
-numformer has every sentence's gradient exactly (numformer/training/per_sentence.py), so the small
+numformer has every sentence's gradient exactly (numformer/training/per_sentence_gradients.py), so the small
 "batch" is one sentence and the big one the whole batch. A sentence is the example: its gradient
 ``g_b`` is a share of the batch gradient ``G = sum_b g_b`` (the loss is divided by the batch's token
 count), so the per-example estimate of G is ``x_b = B g_b`` and, averaged over the batch,

@@ -1,5 +1,5 @@
 """The check of any layer: :func:`check` (``check(layer, *inputs)``) runs the finite-difference check of
-:func:`~numformer.gradcheck.finite_differences.run_case` on any object with the layer contract, a user's
+:func:`~numformer.finite_differences.central_differences.run_case` on any object with the layer contract, a user's
 own layer included, and returns a printable :class:`CheckReport`.
 
 The layer is checked as a float64 copy (:func:`detached_copy`), its parameters found however it keeps
@@ -19,7 +19,7 @@ import numpy as np
 
 from ..backend import RandomState
 from ..user_code import exception_line
-from .finite_differences import GradCase, analytic_gradients, format_results, run_case
+from .central_differences import GradCase, analytic_gradients, format_results, run_case
 
 @dataclass
 class CheckReport:

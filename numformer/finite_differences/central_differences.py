@@ -33,9 +33,9 @@ and, for a sampled tensor or a direction, another entry or direction is drawn in
 its place (up to four times the number asked for). A tensor none of whose probes
 could be measured fails: no evidence is not a pass.
 
-The kink test itself (which ReLU active sets a forward saw) is :mod:`numformer.gradcheck.kinks`;
+The kink test itself (which ReLU active sets a forward saw) is :mod:`numformer.finite_differences.kinks`;
 :func:`analytic_gradients` is the one forward and backward that :func:`run_case`, the check of any
-layer (:mod:`numformer.gradcheck.any_layer`) and the exercises' grading all start from.
+layer (:mod:`numformer.finite_differences.any_layer`) and the exercises' grading all start from.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Per-sentence gradient statistics of every parameter, exact and streaming.
 
 numformer's backward sees every sentence's contribution to a parameter's gradient before the sum over
-the batch (numformer/layers/per_sentence.py: the summands, as math). :class:`PerSentenceGradients` taps
+the batch (numformer/layers/per_sentence_summands.py: the summands, as math). :class:`PerSentenceGradients` taps
 the layers while one backward runs and reduces those summands as they come, so that per parameter
 tensor it holds, over the sentences of the batch (of every batch, under gradient accumulation):
 
@@ -16,8 +16,8 @@ Never batch x parameters in memory: dense summands (a Linear's ``x_b^T dy_b``, t
 ``budget`` numbers (at least one sentence); the tables' summands are their rows.
 
 ``elementwise=False`` keeps the squared norms only, which is what the noise scale needs
-(numformer/training/noise_scale.py), at a fraction of the cost: a product's summand is never formed, its
-norm comes from two (T, T) Gram matrices per sentence (numformer/layers/per_sentence.py). ``sum_sq`` and
+(numformer/training/gradient_noise_scale.py), at a fraction of the cost: a product's summand is never formed, its
+norm comes from two (T, T) Gram matrices per sentence (numformer/layers/per_sentence_summands.py). ``sum_sq`` and
 ``total`` are then None, and ``grad_sq`` holds ``|sum_b g_b|^2`` instead, read from the parameters'
 gradients when the last backward returns; the gradients must be zero when the block starts, so that
 they hold the tapped sentences' sum (the trainer zeroes them in every update).
@@ -34,7 +34,7 @@ every layer that owns parameters and one on the model (:meth:`numformer.module.M
 the block's end. A layer's tap reads what the layer saved for its backward (``layer.saved``, the names
 its docstring lists) before that backward runs (it frees them, and a fast kernel may reuse the buffers).
 
-Five layers have a closed-form rule (numformer/layers/per_sentence.py): Linear, LayerNorm, the
+Five layers have a closed-form rule (numformer/layers/per_sentence_summands.py): Linear, LayerNorm, the
 pre-softmax projection, the embedding and the learned positions. Any other layer that owns parameters
 and has no children of its own (a normalisation or activation written later, a user's ``--swap``) gets
 the general rule: its own backward run once per sentence, with the upstream gradient of that sentence
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from ..backend import get_array_module, read_scalars, scatter_add
 from ..layers import Embedding, LayerNorm, LearnedPositionalEmbedding, Linear, OutputProjection
 from ..module import Parameter
-from ..layers.per_sentence import (embedding_per_sentence, layernorm_per_sentence, linear_per_sentence,
+from ..layers.per_sentence_summands import (embedding_per_sentence, layernorm_per_sentence, linear_per_sentence,
                                    linear_sq_norms, positions_per_sentence, product_sq_norms, projection_on_rows,
                                    projection_per_sentence)
 

@@ -22,7 +22,7 @@ synthetic one), the vocabulary size asked for, the sample size, the seed and the
 When it no longer matches, the corpus is prepared again (a changed text file is named in the log); the
 vocabulary is retrained too when the training text or the vocabulary settings changed, unless the run
 already has checkpoints (they were trained with it: the vocabulary is kept and only the encoding is
-redone). The file names in the run folder are :mod:`numformer.run_files`'.
+redone). The file names in the run folder are :mod:`numformer.run_file_names`'.
 
 With the vocabulary of a model to fine-tune (``given_vocab``), text that vocabulary does not cover turns
 into ``<unk>``: the share is measured on the encoded splits and said in one warning line
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import atomic_write_bytes
-from ..run_files import MARIAN_VOCAB, PREPARED, VOCAB, run_checkpoints, run_vocab
+from ..run_file_names import MARIAN_VOCAB, PREPARED, VOCAB, run_checkpoints, run_vocab
 from .binary import SIDES, TokenPairs, ids_dtype
 from .encoding import CachedEncoder, encode_file
 from .errors import DataError

@@ -3,7 +3,7 @@ sets straddles a kink and its difference quotient measures nothing.
 
 :func:`active_set_signature` says which side of every kink a forward saw: a hash of the active set of
 every ReLU in the module (:attr:`numformer.layers.relu.ReLU.active_set`, kept by a forward in training
-mode). :func:`~numformer.gradcheck.finite_differences.run_case` compares it between the two sides of each
+mode). :func:`~numformer.finite_differences.central_differences.run_case` compares it between the two sides of each
 probe and drops a probe where it differs.
 """
 from __future__ import annotations

@@ -2,21 +2,21 @@
 
 Three parts, one file each:
 
-* :mod:`~numformer.gradcheck.finite_differences`: the core. :class:`GradCase` (a module, its inputs,
-  how to run it), :func:`run_case` (float64 central differences against ``backward``, every tensor),
+* :mod:`~numformer.finite_differences.central_differences`: the core. :class:`GradCase` (a module, its
+  inputs, how to run it), :func:`run_case` (float64 central differences against ``backward``, every tensor),
   :func:`rel_error`, :class:`TensorResult`, :func:`analytic_gradients`, :func:`format_results`; the
   method (step, error floor, sampling, directions) is in its docstring;
-* :mod:`~numformer.gradcheck.kinks`: which side of every ReLU kink a forward saw
+* :mod:`~numformer.finite_differences.kinks`: which side of every ReLU kink a forward saw
   (:func:`active_set_signature`), so a probe straddling one is dropped;
-* :mod:`~numformer.gradcheck.any_layer`: :func:`check` (``check(layer, *inputs)``), the same check on
-  any object with the layer contract, a user's own layer included, returning a printable
+* :mod:`~numformer.finite_differences.any_layer`: :func:`check` (``check(layer, *inputs)``), the same check
+  on any object with the layer contract, a user's own layer included, returning a printable
   :class:`CheckReport`; :class:`LayerContractError`, :func:`validate_gradients`, :func:`detached_copy`.
 
 The exercises (``python -m grad_checks exercise``) grade students' backward passes with these.
 """
 from .any_layer import CheckReport, LayerContractError, check, detached_copy, validate_gradients
-from .finite_differences import (TINY, GradCase, TensorResult, analytic_gradients, format_results, rel_error,
-                                 run_case)
+from .central_differences import (TINY, GradCase, TensorResult, analytic_gradients, format_results,
+                                  rel_error, run_case)
 from .kinks import active_set_signature
 
 __all__ = [

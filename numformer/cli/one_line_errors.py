@@ -20,7 +20,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import environment, run_files
+from .. import environment, run_file_names
 from ..errors import BUG_EXIT, INTERRUPTED_EXIT, NumformerError, first_line
 
 # An OSError that says the machine, not the program, is at fault (a full disk, a read-only file system):
@@ -48,7 +48,7 @@ def write_crash_log(prog: str, exc: BaseException, folder=None) -> Path | None:
             + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     if folder is not None:
         try:
-            path = Path(folder) / run_files.CRASH_LOG
+            path = Path(folder) / run_file_names.CRASH_LOG
             if path.parent.is_dir():
                 path.write_text(text, encoding="utf-8")
                 return path
