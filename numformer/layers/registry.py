@@ -56,12 +56,6 @@ def layer_class(name: str) -> type:
     return _REPLACED.get(name, _OWN[name])
 
 
-def numformer_class(name: str) -> type:
-    """numformer's own class for ``name``, whatever is put in its place."""
-    _known(name)
-    return _OWN[name]
-
-
 def numformer_classes() -> dict:
     """name -> numformer's own class, for every layer of :data:`NAMES`, in that order."""
     for name in NAMES:

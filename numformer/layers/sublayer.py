@@ -26,8 +26,6 @@ class Residual(Module):
         self.pre_norm = pre_norm
         self.norm = layer_class("LayerNorm")(d_model, eps=eps, dtype=dtype)
         self.dropout = layer_class("Dropout")(dropout, rng)
-        self.record_stats = False  # when set, forward keeps (mean, std) of its output (train.py --log-grads)
-        self.output_stats = None
 
     def forward(self, x, sublayer, *args, **kwargs):
         """x (B, T, d_model); ``sublayer(x_in, *args, **kwargs)`` returns (B, T, d_model)."""
@@ -35,8 +33,6 @@ class Residual(Module):
             y = self.dropout(sublayer(self.norm(x), *args, **kwargs), add=x)          # x + Dropout(Sublayer(LN(x)))
         else:
             y = self.norm(self.dropout(sublayer(x, *args, **kwargs), add=x))          # LN(x + Dropout(Sublayer(x)))
-        if self.record_stats:  # two reductions, only on logged steps; kept on the device
-            self.output_stats = (y.mean(), y.std())
         return y
 
     def backward(self, dy, sublayer):

@@ -6,6 +6,7 @@ Every study measures on numformer's own training code (``Transformer``, ``LabelS
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -16,6 +17,7 @@ import numpy as np
 from ..backend import get_array_module, to_host
 from ..files import atomic_write_text
 from ..loss import LabelSmoothedCrossEntropy
+from ..optim import Adam, NoamSchedule
 from ..plot import pyplot, save_picture  # noqa: F401  (pyplot: the studies draw with the one backend plot.py sets)
 
 #: The ids below this are the vocabulary's specials (pad 0, unk 1, bos 2, eos 3): random tokens avoid them.
@@ -58,6 +60,33 @@ def gradient_at(model, batch, label_smoothing: float | None = None) -> float:
     loss = crit.forward(logits, xp.asarray(tgt_out))
     model.backward(crit.backward())
     return float(to_host(loss))
+
+
+def adam_steps(model, batches, warmup: int, lr_factor: float, watch=None, after=None,
+               overwrite_logits: bool = False) -> list:
+    """The studies' small training run: one step of Section 5 per (src, tgt_in, tgt_out) of ``batches``
+    (forward, the label-smoothed cross-entropy of Section 5.4, backward, Adam with Eq. 3's schedule).
+
+    ``watch(step)``: a context entered around that step's forward and backward (a tap), or None;
+    ``after(step, loss, watched)``: called after the backward, before the update, with what the context
+    gave. ``overwrite_logits``: the loss may reuse the logits buffer (less memory, the same numbers).
+    -> every step's loss, a 0-d array on the model's device (read them once, at the end)."""
+    opt = Adam(model.parameters(), schedule=NoamSchedule(model.cfg.d_model, warmup, lr_factor))
+    crit = LabelSmoothedCrossEntropy(model.cfg.label_smoothing, model.cfg.pad_id)
+    xp, losses = model.xp, []
+    model.train()
+    model.zero_grad()
+    for step, (src, tgt_in, tgt_out) in enumerate(batches, start=1):
+        context = watch(step) if watch is not None else None
+        with context if context is not None else contextlib.nullcontext() as watched:
+            loss = crit.forward(model(xp.asarray(src), xp.asarray(tgt_in)), xp.asarray(tgt_out),
+                                overwrite_logits=overwrite_logits)
+            model.backward(crit.backward())
+        losses.append(loss)
+        if after is not None:
+            after(step, loss, watched)
+        opt.step(zero_grad=True)
+    return losses
 
 
 def param_norm(p, grad: bool = True) -> float:

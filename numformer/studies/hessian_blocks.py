@@ -54,11 +54,10 @@ import numpy as np
 from ..backend import to_host
 from ..curvature.hvp import BlockHessian
 from ..curvature.lanczos import density, extreme_eigenvalues, slq
-from ..loss import LabelSmoothedCrossEntropy
 from ..model import Transformer
-from ..optim import Adam, NoamSchedule
 from ..presets import get_preset
-from .common import Budget, bible_data, markdown_table, pyplot, random_batch, save_figure, sentence_batch, write_outputs
+from .common import (Budget, adam_steps, bible_data, markdown_table, pyplot, random_batch, save_figure, sentence_batch,
+                     write_outputs)
 
 NAME = "hessian-blocks"
 TITLE = "Zhang et al. 2024, Figure 3: per-block Hessian spectra (block heterogeneity), at init and after training"
@@ -123,18 +122,8 @@ def _batch(cfg: Config, data, rng, sentences: int):
 
 def train(model, cfg: Config, data, rng) -> list:
     """``train_steps`` Adam steps of the float64 model on fresh batches; the training losses."""
-    opt = Adam(model.parameters(), schedule=NoamSchedule(model.cfg.d_model, cfg.warmup, cfg.lr_factor))
-    crit = LabelSmoothedCrossEntropy(model.cfg.label_smoothing, model.cfg.pad_id)
-    losses = []
-    model.train()
-    model.zero_grad()
-    for _ in range(cfg.train_steps):
-        src, tgt_in, tgt_out = _batch(cfg, data, rng, cfg.train_sentences)
-        loss = crit.forward(model(src, tgt_in), tgt_out)
-        model.backward(crit.backward())
-        opt.step(zero_grad=True)
-        losses.append(float(to_host(loss)))
-    return losses
+    batches = (_batch(cfg, data, rng, cfg.train_sentences) for _ in range(cfg.train_steps))
+    return [float(to_host(loss)) for loss in adam_steps(model, batches, cfg.warmup, cfg.lr_factor)]
 
 
 def spectrum(model, batch, names, cfg: Config, rng) -> dict:

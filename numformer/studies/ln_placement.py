@@ -24,37 +24,16 @@ Shapes and seeds (``FULL``): base (N = 6, d_model 512, d_ff 2048, 8 heads), voca
 float32; seeds 1, 2, 3 (weights and batches); per seed 2 batches of 32 sentence pairs of each kind:
 random tokens (30 a side, no padding) and bible-en-es training pairs of at most 64 subwords a side.
 
-What numformer found (``FULL``; ``ln-placement.md`` has every number, means over the 3 seeds x 2 batches):
+What numformer found: the gradient norms per layer, the branch ratios, the comparison with Theorem 1 and
+where the measurement departs from the paper are in docs/studies.md (section ln-placement), not here;
+``OUT/ln-placement.md`` is what a run of this code writes.
 
-* ``init="xavier"``, decoder: the paper's picture. Post-LN's W_2 gradient norm rises from layer 1 to
-  layer 6, random tokens 0.094 -> 0.565 (x6.0), sentences 0.274 -> 1.73 (x6.3); pre-LN's falls gently,
-  0.318 -> 0.204 (x0.64) and 0.778 -> 0.519 (x0.67). Post-LN's last layer is 2.8x (random) and 3.3x
-  (sentences) pre-LN's, against sqrt(6) = 2.45 from Theorem 1.
-* ``init="xavier"``, encoder: no rise. Post-LN is about flat (x1.12 random, x1.09 sentences), pre-LN falls
-  (x0.53, x0.51); post-LN's last layer is 2.3x / 2.7x pre-LN's.
-* ``init="pytorch"`` (numformer's default): no rise anywhere. Post-LN's decoder W_2 gradient falls toward
-  the output, 5.80 -> 3.83 (x0.66) and 5.68 -> 3.79 (x0.67), as pre-LN's does (x0.74); the encoder's too
-  (post-LN x0.88, pre-LN x0.77). The branches start small: ``std(F(x)) / std(x)`` of the feed-forward blocks
-  is 0.24 against 0.56 under xavier, so each post-LN LayerNorm divides by about sqrt(1 + 0.24^2) = 1.03
-  instead of sqrt(1 + 0.56^2) = 1.15, and the decay toward the input that the theorem rests on is nearly
-  gone. (The gradients are also about 10x larger than under xavier: the stream is still mostly the input
-  embedding, which the tied output projection likely maps to a confident guess of the input token: the loss at
-  initialisation is 11.0 (post-LN) and 14.6 (pre-LN) against 9.5 under xavier, log 8000 = 9.0.)
-* Random tokens and real sentences agree in every case (the sentences' norms are larger, the shapes the same).
-
-Where it differs: the paper's claim needs its initialisation. Under the theorem's assumption (Xavier) the
-decoder reproduces Figure 3, and the last-layer ratio is close to Theorem 1's sqrt(L); the encoder does not
-rise, and pre-LN is not flat but falls by a third (decoder) to a half (encoder) toward the output, since in
-pre-LN the gradient on the stream adds up on its way down through the identity paths. Under numformer's
-default initialisation (``torch.nn.Transformer``'s) the rise is absent in both stacks. Liu et al. 2020
-("Understanding the Difficulty of Training Transformers") also saw post-LN's gradients vanish toward the
-input in the decoder only; two differences between the stacks here are the decoder's three post-LN
-sub-layers per layer (two in the encoder) and the encoder's gradient arriving as the sum of what all six
-decoder layers' encoder-decoder attentions send back. This study does not separate the two.
+Where it differs: the theorem is proved for a simplified Transformer at Xavier initialisation; numformer
+measures the full model, both of its initialisations, random tokens and real sentences (how far each
+agrees: docs/studies.md).
 
 Command: ``python -m numformer.studies ln-placement [--out DIR]`` (``--small``: the CI's configuration).
-Time: stated at most 6 minutes on 2 cores; measured 2.3 minutes (255 s of CPU time) on the project's
-2-core AMD EPYC, nothing else running (commit 5b03058).
+Time: stated at most 6 minutes on 2 cores (the measured time: docs/studies.md).
 """
 from __future__ import annotations
 

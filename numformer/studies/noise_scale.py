@@ -13,8 +13,8 @@ What numformer measures: an encoder-decoder trained on bible-en-es (numformer's 
 warm-up, label smoothing 0.1, dropout 0.1), post-LN (the paper's Transformer) and pre-LN (Gray et al.'s),
 the same seed, weights and batches for both. Every ``log_every`` steps the squared norm of every
 sentence's gradient of every tensor is taken exactly from the hand-written backward
-(numformer/training/per_sentence.py) and reduced to the unbiased ``|G|^2`` and ``tr(Sigma)`` of each
-group (numformer/training/noise_scale.py); as in McCandlish et al. and Gray et al., both are smoothed by an
+(numformer/training/per_sentence_gradients.py) and reduced to the unbiased ``|G|^2`` and ``tr(Sigma)`` of each
+group (numformer/training/gradient_noise_scale.py); as in McCandlish et al. and Gray et al., both are smoothed by an
 exponential moving average (``ema``) before their ratio is taken. Groups: the four layer types (attention,
 feed-forward, LayerNorm, embedding) and the total, and, what a decoder-only model does not have, the
 encoder's and the decoder's LayerNorms, self-attention of either stack and the encoder-decoder
@@ -47,13 +47,12 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import to_host
-from ..loss import LabelSmoothedCrossEntropy
 from ..model import Transformer
-from ..optim import Adam, NoamSchedule
 from ..presets import get_preset
 from ..training.gradient_noise_scale import GROUPS, NoiseEstimate, noise_scales, summed_by
 from ..training.per_sentence_gradients import PerSentenceGradients
-from .common import Budget, bible_data, markdown_table, pyplot, random_batch, save_figure, sentence_batch, write_outputs
+from .common import (Budget, adam_steps, bible_data, markdown_table, pyplot, random_batch, save_figure, sentence_batch,
+                     write_outputs)
 
 NAME = "noise-scale"
 TITLE = ("Gray et al. 2024: each layer type's gradient noise scale against the total over training, "
@@ -135,26 +134,18 @@ def train_one(cfg: Config, pre_norm: bool, vocab_size: int, batches, budget, pla
     """Train one placement on ``batches`` (one per step), logging every group's |G|^2 and tr(Sigma)."""
     mcfg = get_preset(cfg.preset, **dict(cfg.overrides), vocab_size=vocab_size, pre_norm=pre_norm)
     model = Transformer(mcfg, seed=cfg.seed, dtype=np.dtype(cfg.dtype))
-    opt = Adam(model.parameters(), schedule=NoamSchedule(mcfg.d_model, cfg.warmup, cfg.lr_factor))
-    crit = LabelSmoothedCrossEntropy(mcfg.label_smoothing, mcfg.pad_id)
-    xp = model.xp
     log, losses = {}, []
-    model.train()
-    model.zero_grad()
-    for step in range(1, cfg.steps + 1):
-        src, tgt_in, tgt_out = batches[step - 1]
-        tap = PerSentenceGradients(model, elementwise=False) if step % cfg.log_every == 0 else None
+
+    def watch(step):  # every log_every-th step: every sentence's gradient norms, through the layers' taps
+        return PerSentenceGradients(model, elementwise=False) if step % cfg.log_every == 0 else None
+
+    def after(step, loss, tap):
         if tap is not None:
-            tap.__enter__()
-        loss = crit.forward(model(xp.asarray(src), xp.asarray(tgt_in)), xp.asarray(tgt_out), overwrite_logits=True)
-        model.backward(crit.backward())
-        if tap is not None:
-            tap.__exit__(None, None, None)
             for group, (g2, trace) in grouped(noise_scales(tap.statistics())).items():
                 log.setdefault(group, []).append((step, g2, trace))
             losses.append((step, float(to_host(loss))))
             budget.step(f"{placement} step {step}", weight=cfg.log_every)
-        opt.step(zero_grad=True)
+    adam_steps(model, batches[:cfg.steps], cfg.warmup, cfg.lr_factor, watch, after, overwrite_logits=True)
     return {"groups": log, "loss": losses}
 
 

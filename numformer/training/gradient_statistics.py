@@ -1,29 +1,30 @@
 """Per-layer gradient, weight, update and activation statistics during training (``train.py --log-grads N``).
 
-On every N-th optimizer step the trainer calls, in order:
+:class:`GradientStatistics` is the step hook (numformer/training/step_hooks.py) that does it on every N-th
+optimizer step, at the step's places:
 
-0. :meth:`GradStats.tap` before the step's first forward: the layers are tapped for the
-   squared norm of every sentence's gradient of every tensor, over all the step's batches
-   (numformer/training/per_sentence.py, the norms-only mode);
-1. :meth:`GradStats.start` before the step's last forward, and
-   :meth:`GradStats.after_forward` between that forward and its backward:
-   mean and std of every sub-layer output (each Residual's output) and, for each
-   feed-forward block with ReLU, the share of dead ReLU units (hidden units that are not
-   positive for any token of the batch; SiLU has no dead units: none is logged);
-2. :meth:`GradStats.before_step` after backward, before Adam: per parameter
-   tensor the gradient's L2 norm, RMS and largest magnitude; a copy of the weights;
-   from the step's per-sentence gradient norms, the gradient noise scale and
-   signal-to-noise ratio per tensor, per layer type and in total
-   (numformer/training/noise_scale.py). With several processes they are this process's
-   sentences; with loss scaling, norms and gradient are scaled alike, which the ratios cancel;
-3. :meth:`GradStats.after_step`: the weight norm and the norm of the update Adam
-   just applied (new weights minus the copy), then one JSON line is appended to
-   ``RUN/grad_stats.jsonl`` (``python -m numformer.plot RUN`` draws it).
+0. ``before_forward`` of the step's first batch: the layers are tapped for the squared norm of every
+   sentence's gradient of every tensor, over all the step's batches (numformer/training/per_sentence_gradients.py,
+   the norms-only mode);
+1. ``before_forward`` of the step's last batch, a forward tap on every residual block
+   (:meth:`numformer.module.Module.tap`) and, at ``after_forward``: mean and std of every sub-layer
+   output (each Residual's output) and, for each feed-forward block with ReLU, the share of dead ReLU
+   units (hidden units that are not positive for any token of the batch, read from the active set the
+   ReLU saved for its backward; SiLU has no dead units: none is logged);
+2. ``before_update`` (after backward, before Adam): per parameter tensor the gradient's L2 norm, RMS and
+   largest magnitude; a copy of the weights; from the step's per-sentence gradient norms, the gradient
+   noise scale and signal-to-noise ratio per tensor, per layer type and in total
+   (numformer/training/gradient_noise_scale.py). With several processes they are this process's sentences; with
+   loss scaling, norms and gradient are scaled alike, which the ratios cancel; TensorBoard's histograms;
+3. ``after_update``: the weight norm and the norm of the update Adam just applied (new weights minus the
+   copy), then one JSON line is appended to ``RUN/grad_stats.jsonl`` (``python -m numformer.plot RUN``
+   draws it) and kept as :attr:`GradientStatistics.record`.
 
 Statistics are reduced on the device; the host sees a handful of scalars per tensor.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -31,34 +32,75 @@ from ..backend import get_array_module, to_host
 from ..layers import FeedForward, Residual
 from .gradient_noise_scale import noise_scales
 from .per_sentence_gradients import PerSentenceGradients
+from .step_hooks import StepHook
 
 
-class GradStats:
-    """Collects the statistics of one logged step and appends them to a JSON-lines file."""
+class GradientStatistics(StepHook):
+    """The statistics of every ``every``-th step (see the module docstring), appended to ``path`` as JSON
+    lines; TensorBoard's histograms and noise scale on the same steps when ``tensorboard`` is given."""
 
-    def __init__(self, model, path):
-        self.model = model
-        self.path = Path(path)
+    def __init__(self, model, path, every: int = 1, tensorboard=None):
+        self.model, self.path, self.every, self.tensorboard = model, Path(path), int(every), tensorboard
         self.params = model.named_parameters()
         self.residuals = [(n, m) for n, m in model.named_modules() if isinstance(m, Residual)]
         self.ffns = [(n, m) for n, m in model.named_modules() if isinstance(m, FeedForward)]
-        self._acts = None
-        self._grads = None
-        self._before = None
-        self._tap = None
-        self._noise = None
+        self.on = False
+        self.record = None          # the last line written
+        self._sentences = None      # the per-sentence taps of this step, from its first forward to its update
+        self._watching = None       # the residual blocks' forward taps during the step's last forward
+        self._outputs = {}          # residual name -> (mean, std) of its output in that forward
+        self._acts = self._grads = self._before = self._noise = None
         self._last_noise = (None, None)  # (step, the total's row) of the last logged step
 
-    def tap(self) -> None:
-        """Tap the layers for the norms of every sentence's gradient in this step's backwards (the gradients
-        are zero: the last update zeroed them)."""
-        self._untap()  # a step dropped after the last tap left its taps on
-        self._tap = PerSentenceGradients(self.model, elementwise=False).__enter__()
+    # -- the step's places (StepHook) ---------------------------------------------------------------------
+    def begin(self, step, keys) -> None:
+        self._stop_watching()
+        self._untap()  # a step dropped after the last tap (fp16 overflow) left its taps on
+        self.on = step % self.every == 0
 
-    def start(self) -> None:
-        """Ask every residual block to keep its output statistics during the next forward."""
+    def before_forward(self, index, last) -> None:
+        if not self.on:
+            return
+        if self._sentences is None:  # the step's first batch: every sentence of the step is tapped
+            self._sentences = PerSentenceGradients(self.model, elementwise=False).__enter__()
+        if last:
+            self._watch_residuals()
+
+    def after_forward(self, last) -> None:
+        if self.on and last:
+            self._activations()
+
+    def before_update(self, step) -> None:
+        if self.on:
+            self._gradients()
+            if self.tensorboard is not None:  # weight and gradient histograms on the same steps
+                self.tensorboard.histograms(step)
+
+    def after_update(self, step) -> None:
+        if self.on:
+            self.record = self._write(step)  # uses the gradient norms before_update took
+            if self.tensorboard is not None and "noise" in self.record:
+                self.tensorboard.noise(step, self.record["noise"])
+
+    # -- the work -----------------------------------------------------------------------------------------
+    def _watch_residuals(self) -> None:
+        """A forward tap on every residual block keeping (mean, std) of its output: two reductions on the
+        device, on logged steps only."""
+        self._outputs = {}
+        names = {id(m): n for n, m in self.residuals}
+
+        def keep(m, forward, *args, **kwargs):
+            y = forward(*args, **kwargs)
+            self._outputs[names[id(m)]] = (y.mean(), y.std())
+            return y
+        self._watching = contextlib.ExitStack()
         for _, m in self.residuals:
-            m.record_stats = True
+            self._watching.enter_context(m.tap(forward=keep))
+
+    def _stop_watching(self) -> None:
+        if self._watching is not None:
+            self._watching.close()
+            self._watching = None
 
     def noise_at(self, step: int):
         """The whole model's noise-scale row (``b_simple``, ``snr``, ...) when ``step`` was the last logged step
@@ -67,19 +109,17 @@ class GradStats:
         return row if logged == step and row is not None and row.get("b_simple") is not None else None
 
     def _untap(self):
-        if self._tap is None:
+        if self._sentences is None:
             return None
-        tap, self._tap = self._tap, None
+        tap, self._sentences = self._sentences, None
         tap.__exit__(None, None, None)
         return tap
 
-    def after_forward(self) -> None:
+    def _activations(self) -> None:
         """Activation statistics of the forward just run (before its backward, in training mode)."""
-        acts, dead = {}, {}
-        for name, m in self.residuals:
-            if m.output_stats is not None:
-                acts[name] = m.output_stats
-            m.record_stats, m.output_stats = False, None
+        self._stop_watching()
+        acts, dead = dict(self._outputs), {}
+        self._outputs = {}
         for name, m in self.ffns:
             positive = getattr(m.activation, "active_set", None)  # ReLU's [x > 0]; SiLU keeps none
             if positive is not None:
@@ -88,7 +128,7 @@ class GradStats:
                 dead[name] = 1.0 - ever.mean(dtype=xp.float64)
         self._acts = (acts, dead)
 
-    def before_step(self) -> None:
+    def _gradients(self) -> None:
         """Gradient statistics and a copy of the weights (after backward, before the optimizer step)."""
         self._grads, self._before = {}, {}
         for name, p in self.params:
@@ -102,7 +142,7 @@ class GradStats:
         sentences = next(iter(stats.values())).sentences if stats else 0
         self._noise = noise_scales(stats) if sentences >= 2 else None
 
-    def after_step(self, step: int) -> dict:
+    def _write(self, step: int) -> dict:
         """Weight and update norms; appends the line for ``step`` to the file and returns it."""
         rows = {}
         for name, p in self.params:

@@ -12,7 +12,7 @@ hook                  what it does                                              
 ``LossScaling``       seeds backward with ``scale * dL/dlogits``, unscales the gradients,     ``--precision fp16``
                       skips an overflowing step and halves the scale
 ``GradientStatistics`` per-tensor gradient, weight, update and activation statistics, and    ``--log-grads N``, every N-th step
-                      TensorBoard's histograms
+                      TensorBoard's histograms (numformer/training/gradient_statistics.py)
 ====================  ======================================================================  =========================
 
 The places, in the order a step reaches them::
@@ -192,39 +192,3 @@ class LossScaling(StepHook):
             return StepStatus.OK
         # overflow: the scale was halved, a normal event; at the smallest scale it is a real failure
         return StepStatus.NONFINITE if self.scaler.exhausted else StepStatus.OVERFLOW
-
-
-class GradientStatistics(StepHook):
-    """``--log-grads N``: on every N-th step, the statistics of
-    :class:`numformer.training.gradient_statistics.GradStats` (activations of the step's last batch,
-    gradients and weights before Adam, updates after it) and TensorBoard's histograms, if that is on."""
-
-    def __init__(self, every: int, stats, tensorboard=None):
-        self.every, self.stats, self.tensorboard = every, stats, tensorboard
-        self.on = self.tapped = False
-
-    def begin(self, step, keys):
-        self.on, self.tapped = step % self.every == 0, False
-
-    def before_forward(self, index, last):
-        if self.on and not self.tapped:  # the step's first batch: every sentence of the step is tapped
-            self.stats.tap()
-            self.tapped = True
-        if self.on and last:
-            self.stats.start()
-
-    def after_forward(self, last):
-        if self.on and last:
-            self.stats.after_forward()
-
-    def before_update(self, step):
-        if self.on:
-            self.stats.before_step()
-            if self.tensorboard is not None:  # weight and gradient histograms on the same steps
-                self.tensorboard.histograms(step)
-
-    def after_update(self, step):
-        if self.on:
-            record = self.stats.after_step(step)  # uses the gradient norms before_update took
-            if self.tensorboard is not None and "noise" in record:
-                self.tensorboard.noise(step, record["noise"])

@@ -55,13 +55,13 @@ from .data_parallel import GradientBucket, shard_batches
 from .distributed import SINGLE
 from .epochs import EpochWalk
 from .forecast import StepTimeForecast
-from .gradient_statistics import GradStats
+from .gradient_statistics import GradientStatistics
 from .loss_scaling import DynamicLossScaler
 from .metrics import LogWindow, train_record
 from .progress_bar import BudgetBar
 from .replicas import StopRequests, sync_replicas
 from .run_folder import RunFolder
-from .step_hooks import (BatchDropoutKeys, GradientAllReduce, GradientStatistics, LossScaling, StepHooks, StepResult,
+from .step_hooks import (BatchDropoutKeys, GradientAllReduce, LossScaling, StepHooks, StepResult,
                          StepStatus, finite_status)
 from .tensorboard_log import TensorBoardLog
 from .validation import evaluate
@@ -100,15 +100,15 @@ class Trainer:
         self.scaler = DynamicLossScaler() if cfg.precision == "fp16" else None
         self.tensorboard = (TensorBoardLog(self.folder.path, model, data)  # cfg.tensorboard: event files too
                             if cfg.tensorboard and world.is_main else None)
-        stats = GradStats(model, self.folder.path / run_file_names.GRAD_STATS) if cfg.log_grads and world.is_main else None
-        self.grad_stats = stats
+        self.grad_stats = (GradientStatistics(model, self.folder.path / run_file_names.GRAD_STATS, cfg.log_grads,
+                                              self.tensorboard) if cfg.log_grads and world.is_main else None)
         # several processes: masks must not depend on which rank computes a batch
         self._batch_seeded = cfg.dropout_rng == "batch" or world.parallel
         self.hooks = StepHooks(  # in this order: the sum over processes is unscaled, not the other way round
             BatchDropoutKeys(model, cfg.seed) if self._batch_seeded else None,
             GradientAllReduce(world, GradientBucket(self.optimizer.params, extra=2)) if world.parallel else None,
             LossScaling(self.scaler, self.optimizer.params) if self.scaler is not None else None,
-            GradientStatistics(cfg.log_grads, stats, self.tensorboard) if stats is not None else None)
+            self.grad_stats)
 
     @property
     def epoch(self) -> int:

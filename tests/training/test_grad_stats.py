@@ -4,7 +4,7 @@ import json
 import numpy as np
 
 import train
-from numformer.training.gradient_statistics import GradStats
+from numformer.training.gradient_statistics import GradientStatistics
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer
 from numformer.optim import Adam, NoamSchedule
@@ -27,19 +27,22 @@ def test_logged_norms_equal_direct_norms(tmp_path):
     model = Transformer(get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2), seed=0)
     opt = Adam(model.parameters(), schedule=NoamSchedule(16, 10))
     crit = LabelSmoothedCrossEntropy(0.1)
-    stats = GradStats(model, tmp_path / "grad_stats.jsonl")
+    stats = GradientStatistics(model, tmp_path / "grad_stats.jsonl")
     src = np.array([[5, 6, 7, 3], [8, 9, 3, 0]])
     tgt = np.array([[2, 11, 12, 13, 3], [2, 14, 3, 0, 0]])
-    stats.start()
+    model.zero_grad()
+    stats.begin(1, None)  # the step's places, as the trainer's hooks reach them
+    stats.before_forward(0, True)
     logits = model(src, tgt[:, :-1])
-    stats.after_forward()
+    stats.after_forward(True)
     crit.forward(logits, tgt[:, 1:])
     model.backward(crit.backward())
-    stats.before_step()
+    stats.before_update(1)
     direct = {n: (np.linalg.norm(p.grad.astype(np.float64)), np.abs(p.grad).max(), p.data.copy())
               for n, p in model.named_parameters()}
     opt.step()
-    record = stats.after_step(1)
+    stats.after_update(1)
+    record = stats.record
     assert json.loads((tmp_path / "grad_stats.jsonl").read_text())["step"] == 1
     for name, p in model.named_parameters():
         got = record["params"][name]

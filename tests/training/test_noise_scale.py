@@ -11,7 +11,7 @@ from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer
 from numformer.plot import plot_noise_scale
 from numformer.presets import ModelConfig
-from numformer.training.gradient_statistics import GradStats
+from numformer.training.gradient_statistics import GradientStatistics
 from numformer.training.gradient_noise_scale import GROUPS, estimate, group_of, noise_scales
 from numformer.training.per_sentence_gradients import PerSentenceGradients, SentenceGradients
 
@@ -87,17 +87,19 @@ def test_groups_and_total_add_their_tensors():
 
 
 def logged_step(model, src, tgt, path):
-    """One --log-grads step of GradStats on the batch, as the trainer's hooks call it: (record, loss)."""
+    """One --log-grads step of GradientStatistics on the batch, at the places the trainer's hooks reach:
+    (record, loss)."""
     crit = LabelSmoothedCrossEntropy(0.1, 0)
-    stats = GradStats(model, path)
+    stats = GradientStatistics(model, path)
     model.zero_grad()
-    stats.tap()
-    stats.start()
+    stats.begin(1, None)
+    stats.before_forward(0, True)
     loss = crit.forward(model(src, tgt[:, :-1]), tgt[:, 1:])
-    stats.after_forward()
+    stats.after_forward(True)
     model.backward(crit.backward())
-    stats.before_step()
-    return stats.after_step(1), loss
+    stats.before_update(1)
+    stats.after_update(1)
+    return stats.record, loss
 
 
 def test_log_grads_records_the_noise_scale_of_the_last_batch(tmp_path):

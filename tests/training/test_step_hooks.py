@@ -10,8 +10,9 @@ from numformer.data.prepared_dataset import PreparedData
 from numformer.model import Transformer
 from numformer.presets import get_preset
 from numformer.training.config import TrainConfig
-from numformer.training.step_hooks import (BatchDropoutKeys, GradientStatistics, LossScaling, StepHook, StepHooks,
-                                           StepStatus, finite_status)
+from numformer.training.gradient_statistics import GradientStatistics
+from numformer.training.step_hooks import (BatchDropoutKeys, LossScaling, StepHook, StepHooks, StepStatus,
+                                           finite_status)
 from numformer.training.trainer import Trainer
 
 
