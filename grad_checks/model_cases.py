@@ -1,0 +1,126 @@
+"""The gradient checks of layers built of layers, in float64: the encoder and decoder layers, the stacks, the
+whole model plus loss, and Marian's (grad_checks/cases.py indexes them by layer name).
+
+Each builder returns GradCases with padding in the batch, source and target of different lengths, a source
+row that is all padding under a target row of real tokens (fully masked attention rows, whose scores must get
+no gradient), four heads, and random inputs; dropout is either off or replayed with a fixed mask (the model's
+RandomState is restored before every forward).
+
+:func:`marian` checks what a Marian (opus-mt) model computes besides: the pad row's gradient rule
+(``Embedding(padding_idx=...)``), alone and tied with the pre-softmax projection, and the whole model with
+SiLU, a frozen logits bias, that rule and a decoder input starting with pad.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from numformer.backend import RandomState
+from numformer.finite_differences import GradCase
+from numformer.layers import OutputProjection
+from numformer.layers.registry import replaced
+from numformer.loss import LabelSmoothedCrossEntropy
+from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer
+
+from .case_helpers import (B, D, F64, MARIAN_PAD, PAD, S, T, V, HeldPadEmbedding, Holder, _replay, as_marian_ids,
+                           padded_batch, padded_ids, small_config)
+
+
+def encoder_decoder_layers(rng):
+    _, _, src_mask, tgt_mask = padded_batch(rng)
+    out = []
+    for pre in (False, True):
+        cfg = small_config(pre_norm=pre, dropout=0.1)
+        tag = "pre-LN" if pre else "post-LN"
+        rs = RandomState(11)
+        m = EncoderLayer(cfg, rng, rs, F64)
+        out.append(GradCase("EncoderLayer", f"{tag}, dropout fixed mask", m, {"x": rng.standard_normal((B, S, D))},
+                            lambda m, i: m(i["x"], src_mask), lambda m, g: {"x": m.backward(g[0])},
+                            before_forward=_replay(rs)))
+        rs = RandomState(12)
+        m = DecoderLayer(cfg, rng, rs, F64)
+        ins = {"y": rng.standard_normal((B, T, D)), "memory": rng.standard_normal((B, S, D))}
+        out.append(GradCase("DecoderLayer", f"{tag}, dropout fixed mask", m, ins,
+                            lambda m, i: m(i["y"], i["memory"], tgt_mask, src_mask),
+                            lambda m, g: dict(zip(("y", "memory"), m.backward(g[0]))),
+                            before_forward=_replay(rs)))
+    return out
+
+
+def stacks(rng):
+    _, _, src_mask, tgt_mask = padded_batch(rng)
+    out = []
+    for pre in (False, True):
+        cfg = small_config(pre_norm=pre)
+        tag = "2 layers " + ("pre-LN" if pre else "post-LN")
+        m = Encoder(cfg, rng, None, F64)
+        out.append(GradCase("Encoder", tag, m, {"x": rng.standard_normal((B, S, D))},
+                            lambda m, i: m(i["x"], src_mask), lambda m, g: {"x": m.backward(g[0])}))
+        m = Decoder(cfg, rng, None, F64)
+        ins = {"y": rng.standard_normal((B, T, D)), "memory": rng.standard_normal((B, S, D))}
+        out.append(GradCase("Decoder", tag, m, ins, lambda m, i: m(i["y"], i["memory"], tgt_mask, src_mask),
+                            lambda m, g: dict(zip(("y", "memory"), m.backward(g[0])))))
+    return out
+
+def transformer(rng):
+    src, tgt, _, _ = padded_batch(rng)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    out = []
+    for name, kw in [("tied, post-LN, dropout 0.1 fixed mask, eps_ls 0.1", dict(dropout=0.1)),
+                     ("untied, pre-LN, d_k 3", dict(tie_embeddings=False, pre_norm=True, d_k=3, d_v=4)),
+                     ("tied, post-LN, attention + ReLU dropout", dict(dropout=0.1, attn_dropout=0.1, relu_dropout=0.1)),
+                     ("tied, post-LN, learned positions (Table 3 row E), dropout 0.1 fixed mask",
+                      dict(dropout=0.1, positional="learned"))]:
+        model = Transformer(small_config(**kw), seed=int(rng.integers(1 << 30)), dtype=F64)
+        crit = LabelSmoothedCrossEntropy(0.1, PAD)
+
+        def fwd(m, i, crit=crit):
+            return crit.forward(m(src, tgt_in), tgt_out) * 1.0
+
+        def bwd(m, g, crit=crit):
+            m.backward(crit.backward() * g[0])
+            return {}
+
+        out.append(GradCase("Transformer+loss", name, model, {}, fwd, bwd, before_forward=_replay(model.rng)))
+    return out
+
+def marian(rng):
+    """The pad row's gradient rule alone (repeated ids, pad at position 0 and at the end) and tied with the
+    pre-softmax projection (the pad row's gradient then comes from the logits alone); the whole model + loss
+    as a Marian model computes it: SiLU, a frozen non-zero logits bias, the rule, pad id V - 1, and a decoder
+    input that starts with pad (the start position causal-only), a source row all padding, dropout replayed."""
+    out = []
+    ids = as_marian_ids(padded_ids(rng, B, S, [S, 4, 2]))
+    ids[:, 0] = MARIAN_PAD  # a pad lookup that reaches the output of every row
+    ids[0, 1:4] = 5
+    m = HeldPadEmbedding(V, D, rng=rng, dtype=F64, padding_idx=MARIAN_PAD)
+    out.append(GradCase("Embedding (Marian pad row)", "padding_idx V-1, repeated ids", m, {},
+                        lambda m, i: m(ids), lambda m, g: (m.backward(g[0]), {})[1]))
+    src = HeldPadEmbedding(V, D, rng=rng, dtype=F64, padding_idx=MARIAN_PAD)
+    tied = Holder(src=src, tgt=HeldPadEmbedding(V, D, weight=src.weight, dtype=F64, padding_idx=MARIAN_PAD),
+                  proj=OutputProjection(D, V, weight=src.weight, dtype=F64))
+    tgt_ids = ids[:, :T]
+    ins = {"h": rng.standard_normal((B, T, D))}
+    out.append(GradCase("Embedding (Marian pad row)", "tied with the projection: the pad row's gradient from the "
+                        "logits alone", tied, ins, lambda m, i: (m.src(ids), m.tgt(tgt_ids), m.proj(i["h"])),
+                        lambda m, g: (m.tgt.backward(g[1]), m.src.backward(g[0]), {"h": m.proj.backward(g[2])})[2]))
+
+    src_ids, tgt, _, _ = padded_batch(rng)
+    src_ids, tgt = as_marian_ids(src_ids), as_marian_ids(tgt)
+    tgt_out = tgt
+    tgt_in = np.concatenate([np.full((B, 1), MARIAN_PAD), tgt[:, :-1]], axis=1)  # decoder_start_token_id = pad
+    cfg = small_config(dropout=0.1, activation="silu", logits_bias=True, pad_row_gradient=False, pad_id=MARIAN_PAD)
+    with replaced({"Embedding": HeldPadEmbedding}):  # both embeddings hold their pad row
+        model = Transformer(cfg, seed=int(rng.integers(1 << 30)), dtype=F64)
+    model.final_logits_bias[...] = rng.standard_normal(V)
+    crit = LabelSmoothedCrossEntropy(0.1, MARIAN_PAD)
+
+    def fwd(m, i):
+        return crit.forward(m(src_ids, tgt_in), tgt_out) * 1.0
+
+    def bwd(m, g):
+        m.backward(crit.backward() * g[0])
+        return {}
+
+    out.append(GradCase("Transformer+loss (Marian)", "SiLU, logits bias, pad row rule, pad V-1, start from pad, "
+                        "dropout 0.1 fixed mask", model, {}, fwd, bwd, before_forward=_replay(model.rng)))
+    return out
