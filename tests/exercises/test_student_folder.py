@@ -60,7 +60,7 @@ def test_status_lists_every_exercise_exact(solved, capsys):
 def test_status_says_missing_wrong_and_unwritten(solved, tmp_path, capsys):
     ln = exercises.get("layernorm")
     folder = _copy_of(solved, tmp_path, wrong=("layernorm", ln.mistakes[0]), drop=("relu",))
-    (folder / "notes.py").write_text("x = 1\n")  # not an exercise file: ignored
+    (folder / "notes.py").write_text("x = 1\n")  # not an exercise file: listed below the table, with why
     from grad_checks.lab import write_exercise
     (folder / "my_linear.py").unlink()
     write_exercise("linear", str(folder))
@@ -71,7 +71,62 @@ def test_status_says_missing_wrong_and_unwritten(solved, tmp_path, capsys):
     assert "wrong" in lines["layernorm"] and ln.mistakes[0].__name__ in lines["layernorm"]
     assert "not implemented" in lines["linear"]
     assert f"{len(exercises.ORDER) - 3} of {len(exercises.ORDER)} exercises check exact" in out
-    assert "notes.py" not in out
+    assert "notes.py  not an exercise file (no EXERCISE line)" in out
+
+
+def _one_file_per_reason(folder):
+    """A folder with a file for each reason a file is not graded, and the two ways one exercise gets two files."""
+    relu, ln = exercises.get("relu"), exercises.get("layernorm")
+    for name in ("b_relu.py", "a_relu.py"):  # two answer relu, neither is my_relu.py
+        lab_files.write(relu, relu.target, folder).rename(folder / name)
+    lab_files.write(ln, ln.mistakes[0], folder).rename(folder / "layernorm_try2.py")  # my_layernorm.py comes first
+    lab_files.write(ln, ln.target, folder)
+    (folder / "helpers.py").write_text("import numpy as np\n\n\ndef twice(x):\n    return 2 * x\n")
+    (folder / "typo.py").write_text('EXERCISE = "layernom"\n')
+    (folder / "blob.py").write_bytes(b"\x00\x01binary\x00")
+    (folder / "half.py").write_text('EXERCISE = "silu"\n\ndef silu_backward(dy, x:\n')  # the EXERCISE line, no parse
+    (folder / "scratch.py").mkdir()  # a folder, not a file: not listed
+    return folder
+
+
+def test_status_lists_every_py_file_with_the_file_graded_or_why_not(tmp_path, capsys):
+    folder = _one_file_per_reason(tmp_path)
+    assert grad_checks_main(["exercise", "--status", str(folder)]) == 1
+    out = capsys.readouterr().out
+    dropped = [p.name for p in folder.glob("*.py") if p.is_file() and p.name not in out]
+    assert not dropped, f"files the table says nothing of: {dropped}"
+    rows = {line.split()[1]: line for line in out.splitlines() if line[:2].strip().isdigit()}
+    below = out[out.index("not graded:"):]
+    reasons = {line.split()[0]: " ".join(line.split()[1:]) for line in below.splitlines()[1:] if line.startswith("    ")}
+    # every .py file of the folder is in one place: graded in a row, or listed below with its reason
+    for path in folder.glob("*.py"):
+        if path.is_file():
+            assert (path.name in reasons) != any(f"  {path.name}" in row for row in rows.values()), path.name
+    assert "scratch.py" not in out
+    assert "EXACT" in rows["relu"] and "a_relu.py (1 other file answers it: see below)" in rows["relu"]
+    assert reasons["b_relu.py"] == ("two files answer relu and neither is my_relu.py: graded a_relu.py "
+                                    "(alphabetically first); rename the one you mean to my_relu.py")
+    assert "EXACT" in rows["layernorm"] and "my_layernorm.py (1 other file answers it: see below)" in rows["layernorm"]
+    assert reasons["layernorm_try2.py"] == ("also answers layernorm (EXERCISE line); graded my_layernorm.py instead: "
+                                            "my_layernorm.py comes first")
+    assert reasons["helpers.py"] == "not an exercise file (no EXERCISE line)"
+    assert reasons["typo.py"].startswith("names an unknown exercise 'layernom'")
+    assert reasons["blob.py"] == "could not be read: a binary file (it holds NUL bytes), not Python source"
+    # a file with an EXERCISE line that does not parse answers its exercise: its row says why it does not grade
+    assert "error" in rows["silu"] and "half.py" in rows["silu"] and "half.py:3" in rows["silu"]
+    assert "half.py" not in reasons and len(reasons) == 5
+    assert "not graded: the 5 other .py files in" in out
+    # --swap all=DIR refuses this folder (two files answer relu): the table does not suggest it
+    assert "--swap all" not in out and "more than one answers relu, layernorm: see above" in out
+
+
+def test_a_binary_my_name_file_is_graded_as_its_exercise_and_says_why_it_fails(tmp_path, capsys):
+    (tmp_path / "my_linear.py").write_bytes(b"\x00\x00")
+    grad_checks_main(["exercise", "--status", str(tmp_path)])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line[:2].strip() == str(exercises.number("linear")))
+    assert "error" in row and "my_linear.py" in row and "null bytes" in row
+    assert "not graded" not in out
 
 
 def test_swap_all_builds_every_layer_from_the_folder_and_trains_bit_for_bit(solved):
@@ -124,6 +179,7 @@ def test_train_py_swap_all_trains_like_numformer(solved, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("how, needle", [
+    ("twice", "two files answer layernorm, "),
     ("wrong", "does not check exact (wrong"),
     ("unwritten", "does not check exact (not implemented)"),
     ("empty", "no exercise file in it"),
@@ -140,9 +196,23 @@ def test_swap_all_refuses_a_folder_it_cannot_trust_in_one_line(how, needle, solv
         write_exercise("dropout", str(folder))
     elif how == "absent":
         folder.rmdir()
+    elif how == "twice":  # right, both of them, but which one to train with is a guess: refused before grading
+        _copy_of(solved, folder)
+        (folder / "layernorm_v2.py").write_text((folder / "my_layernorm.py").read_text())
     out = tmp_path / "run"
     code, _, err = run_main(train.main, copy_args(out, 2, "--swap", f"all={folder}"), capsys)
     assert_one_line_error(code, err, "train.py", needle)
     if how in ("wrong", "unwritten"):
         assert ("my_residual.py" if how == "wrong" else "my_dropout.py") in err
+    if how == "twice":
+        assert f"{folder / 'my_layernorm.py'} and {folder / 'layernorm_v2.py'}: which one to train with is ambiguous" \
+            in err
     assert not out.exists()  # refused before the run folder or the data were touched
+
+
+def test_swap_all_says_which_files_it_did_not_use(solved, tmp_path):
+    _copy_of(solved, tmp_path, drop=[n for n in exercises.ORDER if n != "relu"])
+    (tmp_path / "notes.py").write_text("x = 1\n")
+    specs, lines = solved_specs(str(tmp_path))
+    assert specs == [f"ReLU={tmp_path / 'my_relu.py'}:ReLU"]
+    assert lines[0].endswith(f"; not used: notes.py (python -m grad_checks exercise --status {tmp_path} says why)")
