@@ -97,7 +97,8 @@ def test_status_lists_every_py_file_with_the_file_graded_or_why_not(tmp_path, ca
     assert not dropped, f"files the table says nothing of: {dropped}"
     rows = {line.split()[1]: line for line in out.splitlines() if line[:2].strip().isdigit()}
     below = out[out.index("not graded:"):]
-    reasons = {line.split()[0]: " ".join(line.split()[1:]) for line in below.splitlines()[1:] if line.startswith("    ")}
+    reasons = {line.split()[0]: " ".join(line.split()[1:])
+               for line in below.splitlines()[1:] if line.startswith("    ")}
     # every .py file of the folder is in one place: graded in a row, or listed below with its reason
     for path in folder.glob("*.py"):
         if path.is_file():

@@ -1,0 +1,220 @@
+"""grad_checks/own_code.py: a student's backward that hands the work to numformer's own backward for the exercise
+(calling the reference, its fast twin, the parent class's method, or assigning numformer's function) grades EXACT
+today, being numformer's; the watch finds each such use with the line of the student's file. It must not find the
+right answer written out (numformer's reference copied into the file) for any exercise, nor an answer that uses
+numformer's backward for another piece (attention calling softmax_backward, multi-head attention calling its
+attention's backward), nor the grader's own calls of the reference (the output guard runs it on a copy of the
+arguments on every call of a student's function: counted, it would call every answer numformer's)."""
+import cProfile
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lab_files
+from grad_checks import exercises
+from grad_checks.grading import grade
+from grad_checks.own_code import (OwnCall, calls_to_numformer, describe, numformer_backward_names, reexported,
+                                  watch)
+from grad_checks.student_file import student_code
+from numformer.kernels import kernel_mode
+from numformer.user_code import load_file
+
+LN = "numformer.layers.layernorm.layernorm_backward"
+LN_FAST = "numformer.kernels.layernorm.layernorm_backward_fast"
+
+
+# -- students' answers: each function's source becomes the body of the exercise file's function (or method) -------
+
+def returns_numformers(dy, xhat, r, gamma):
+    from numformer.layers.layernorm import layernorm_backward as numformers
+    return numformers(dy, xhat, r, gamma)
+
+
+def through_the_module(dy, xhat, r, gamma):
+    import numformer.layers.layernorm as L
+    return L.layernorm_backward(dy, xhat, r, gamma)
+
+
+def calls_the_fast_twin(dy, xhat, r, gamma):
+    from numformer.kernels.layernorm import layernorm_backward_fast
+    return layernorm_backward_fast(dy, xhat, r, gamma)
+
+
+def through_the_switch(dy, xhat, r, gamma):
+    from numformer.kernels import kernel
+    from numformer.layers import layernorm
+    return kernel(layernorm.layernorm_backward)(dy, xhat, r, gamma)
+
+
+def through_a_helper_beside_it(dy, xhat, r, gamma):
+    import own_code_helper
+    return own_code_helper.backward(dy, xhat, r, gamma)
+
+
+def parents_backward(self, dy):
+    return super().backward(dy)
+
+
+def _answer(ex, fn, folder):
+    """(the student's file holding ``fn`` as their answer, the answer loaded from it)."""
+    path = lab_files.write(ex, fn, folder)
+    return path, student_code(load_file(path), ex)
+
+
+def _line(path, text) -> int:
+    """The line of ``path`` that holds ``text`` (once)."""
+    lines = [i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line]
+    assert len(lines) == 1, (text, lines)
+    return lines[0]
+
+
+def _graded(ex, answer, path, **kw):
+    """(the grade, the uses of numformer's own backward seen) of ``answer`` graded as ``check`` grades it."""
+    with watch(ex, path, answer, **kw) as calls:
+        result = grade(ex, answer, file=path, finite_differences=False, diagnose=False)
+    return result, calls
+
+
+@pytest.mark.parametrize("fn, callee, text", [
+    (returns_numformers, LN, "return numformers("),
+    (through_the_module, LN, "return L.layernorm_backward("),
+    (calls_the_fast_twin, LN_FAST, "return layernorm_backward_fast("),
+    (through_the_switch, LN, "return kernel(layernorm.layernorm_backward)("),  # plain math under the grading
+])
+def test_a_layernorm_backward_that_calls_numformers_is_found_at_its_line(fn, callee, text, tmp_path):
+    ex = exercises.get("layernorm")
+    path, answer = _answer(ex, fn, tmp_path)
+    result, calls = _graded(ex, answer, path)
+    assert result.exact  # what the grade says today: it is numformer's backward
+    assert calls == [OwnCall(callee, str(path), _line(path, text))]
+    assert describe(calls) == f"calls numformer's own {callee} (my_layernorm.py:{_line(path, text)})"
+
+
+def test_the_switch_to_the_fast_twin_is_looked_through(tmp_path):
+    """With the kernels on, kernel(f) gives a function of numformer/kernels/__init__.py that calls the fast
+    twin: the call is still the student's, made at their line."""
+    ex = exercises.get("layernorm")
+    path, answer = _answer(ex, through_the_switch, tmp_path)
+    rng = np.random.default_rng(0)
+    dy, xhat, gamma, r = rng.normal(size=(6, 8)), rng.normal(size=(6, 8)), rng.normal(size=8), rng.random((6, 1))
+    with kernel_mode("fast"):
+        calls = calls_to_numformer(ex, lambda: answer(dy, xhat, r, gamma), path)
+    assert calls == [OwnCall(LN_FAST, str(path), _line(path, "return kernel(layernorm.layernorm_backward)("))]
+
+
+def test_a_helper_module_beside_the_file_calling_numformers_is_found(tmp_path):
+    (tmp_path / "own_code_helper.py").write_text(
+        "from numformer.layers.layernorm import layernorm_backward\n\n\n"
+        "def backward(dy, xhat, r, gamma):\n    return layernorm_backward(dy, xhat, r, gamma)\n")
+    ex = exercises.get("layernorm")
+    sys.path.insert(0, str(tmp_path))  # as the student's folder is while the file imports (load_file)
+    try:
+        path, answer = _answer(ex, through_a_helper_beside_it, tmp_path)
+        _, calls = _graded(ex, answer, path)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("own_code_helper", None)
+    assert calls == [OwnCall(LN, str(tmp_path / "own_code_helper.py"), 5)]
+
+
+def test_a_multihead_backward_calling_its_parents_is_found(tmp_path):
+    ex = exercises.get("multihead")
+    path, answer = _answer(ex, parents_backward, tmp_path)
+    result, calls = _graded(ex, answer, path)
+    assert result.exact
+    assert calls == [OwnCall("numformer.layers.attention.MultiHeadAttention.backward", str(path),
+                             _line(path, "return super().backward(dy)"))]
+
+
+def test_numformers_function_assigned_as_the_answer_is_found(tmp_path):
+    """``layernorm_backward = numformer's`` is called by numformer's layer, never from the student's file: the
+    answer's code is numformer's, found without running it."""
+    ex = exercises.get("layernorm")
+    path = lab_files.write(ex, ex.target, tmp_path)
+    path.write_text(path.read_text() + "\nfrom numformer.layers.layernorm import layernorm_backward  # noqa\n")
+    answer = student_code(load_file(path), ex)
+    result, calls = _graded(ex, answer, path)
+    assert result.exact and calls == [OwnCall(LN, str(path), None)]
+    assert describe(calls) == f"is numformer's own {LN}, assigned instead of written"
+    # a composition's method assigned in the class, and the function a --swap class (using(...)) calls
+    mha = exercises.get("multihead")
+    cls = type("MultiHeadAttention", (mha.layer,), {"backward": mha.layer.backward})
+    assert reexported(mha, cls).callee == mha.reference_name
+    assert reexported(ex, load_file(path).LayerNorm) is None  # the class was built before the name was rebound
+    assert reexported(ex, ex.layer_class(ex.target, guard=False)).callee == LN
+
+
+@pytest.mark.parametrize("name", exercises.ORDER)
+def test_the_right_answer_written_out_is_not_numformers(name, tmp_path):
+    ex = exercises.get(name)
+    path, answer = _answer(ex, ex.target, tmp_path)
+    result, calls = _graded(ex, answer, path)
+    assert result.exact and calls == []
+
+
+def test_only_the_exercises_own_backward_counts_not_a_piece_it_calls(tmp_path):
+    """The attention answer calls numformer's softmax_backward, the multi-head answer its attention's backward:
+    both calls are made from the student's file (a watch for those exercises finds them), neither is
+    numformer's backward for the exercise graded."""
+    attention, softmax = exercises.get("attention"), exercises.get("softmax")
+    path, answer = _answer(attention, attention.target, tmp_path)
+    assert "from numformer.layers.attention import softmax_backward" in path.read_text()
+    with watch(softmax, path) as pieces:
+        _, calls = _graded(attention, answer, path)
+    assert calls == [] and pieces == [OwnCall(softmax.reference_name, str(path),
+                                              _line(path, "ds = softmax_backward(dp, p)"))]
+    multihead = exercises.get("multihead")
+    path, answer = _answer(multihead, multihead.target, tmp_path)
+    with watch(attention, path) as pieces:
+        _, calls = _graded(multihead, answer, path)
+    assert calls == [] and [c.line for c in pieces] == [_line(path, "= self.attention.backward(")]
+
+
+def test_the_graders_own_call_of_the_reference_happens_and_is_not_counted(tmp_path):
+    """The planted detector that counts any caller's call calls the right answer numformer's: the output guard
+    (grad_checks/exercise.py) runs the reference on every call of the student's function."""
+    ex = exercises.get("layernorm")
+    path, answer = _answer(ex, ex.target, tmp_path)
+    _, anyones = _graded(ex, answer, path, whose=lambda name: True)
+    assert any(Path(c.file).parts[-2:] == ("grad_checks", "exercise.py") and c.callee == LN for c in anyones)
+    _, calls = _graded(ex, answer, path)
+    assert calls == []
+
+
+def test_what_is_watched_is_the_reference_as_written_and_its_fast_twin():
+    ln, mha = exercises.get("layernorm"), exercises.get("multihead")
+    assert sorted(numformer_backward_names(ln).values()) == [LN_FAST, LN]
+    (code, name), = numformer_backward_names(mha).items()
+    # not the tap wrapper of numformer/module.py that every layer's backward passes through
+    assert name == mha.reference_name and code.co_name == "backward" and code.co_filename.endswith("attention.py")
+
+
+def test_the_previous_profiler_is_put_back_and_still_sees_the_events(tmp_path):
+    ex = exercises.get("layernorm")
+    path, answer = _answer(ex, returns_numformers, tmp_path)
+    seen = []
+
+    def mine(frame, event, arg):
+        seen.append(event)
+    sys.setprofile(mine)
+    try:
+        with pytest.raises(RuntimeError):
+            with watch(ex, path, answer):
+                raise RuntimeError("the student's code failed")
+        assert sys.getprofile() is mine
+        calls = calls_to_numformer(ex, lambda: grade(ex, answer, file=path, finite_differences=False,
+                                                     diagnose=False), path)
+        assert sys.getprofile() is mine and len(calls) == 1 and "call" in seen
+    finally:
+        sys.setprofile(None)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        with watch(ex, path, answer):
+            pass
+        assert sys.getprofile() is profiler  # cProfile's hook installed again
+    finally:
+        profiler.disable()
+    assert sys.getprofile() is None
