@@ -31,7 +31,7 @@ class Solved:
 
     exercise: object
     file: Path | None
-    state: str          # "exact", "approximate", "wrong", "error", "not implemented", "missing"
+    state: str          # "exact", "approximate", "wrong", "error", "not implemented", "not yours", "missing"
     summary: str = ""
     others: tuple = ()
 
@@ -159,6 +159,8 @@ def folder_status(folder, time_limit: float | None = DEFAULT_TIME_LIMIT, files: 
         result, _, message = check_file(str(path), ex.name, finite_differences=False, time_limit=time_limit)
         if result is None:
             rows.append(Solved(ex, path, "error", message, others))
+        elif getattr(result, "not_yours", None):  # numformer's own backward used (grad_checks/own_code.py)
+            rows.append(Solved(ex, path, "not yours", result.summary(), others))
         elif result.not_implemented:
             rows.append(Solved(ex, path, "not implemented", result.summary(), others))
         elif result.exact:

@@ -18,7 +18,7 @@ from numformer import loss as loss_module
 from numformer.kernels import kernel_mode
 from numformer.layers.registry import layer_class
 from numformer.model import Transformer
-from numformer.swap import swappable, swapped_from_specs
+from numformer.swap import SwapError, swappable, swapped_from_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -217,3 +217,22 @@ def test_swap_all_says_which_files_it_did_not_use(solved, tmp_path):
     specs, lines = solved_specs(str(tmp_path))
     assert specs == [f"ReLU={tmp_path / 'my_relu.py'}:ReLU"]
     assert lines[0].endswith(f"; not used: notes.py (python -m grad_checks exercise --status {tmp_path} says why)")
+
+
+def test_a_file_graded_not_yours_is_not_exact_and_not_trained_with(solved, tmp_path, monkeypatch):
+    """A grade that found numformer's own backward used (grad_checks/own_code.py; its ``not_yours`` line) is its
+    own state in the table, and --swap all=DIR refuses it like any file that does not check exact."""
+    import grad_checks.student_folder as student_folder
+    _copy_of(solved, tmp_path, drop=[n for n in exercises.ORDER if n != "relu"])
+    real = student_folder.check_file
+
+    def numformers(*args, **kwargs):
+        result, status, message = real(*args, **kwargs)
+        result.not_yours = "calls numformer's own numformer.layers.relu.relu_backward (my_relu.py:70)"
+        result.summary = lambda: f"NOT YOURS: {result.not_yours}"
+        return result, status, message
+    monkeypatch.setattr(student_folder, "check_file", numformers)
+    row = student_folder.folder_status(tmp_path)[0]
+    assert row.state == "not yours" and row.summary.startswith("NOT YOURS: calls numformer's own")
+    with pytest.raises(SwapError, match=r"my_relu.py does not check exact \(not yours: NOT YOURS: calls"):
+        student_folder.swap_specs(tmp_path)
