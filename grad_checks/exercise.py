@@ -73,6 +73,13 @@ class Exercise:
         returns, in the paper's notation; no backward equation (a test searches for the reference's).
     returns: the derive-level docstring of the function to write: one line, what it returns.
     steps: the derivation, one step per ``hint``, in order; the last one gives the whole backward.
+    names: the math names of the reference's intermediates, by their code or the variable they are bound to
+        (``{"softmax_backward(dp, p)": "dS"}``), for the first wrong step (grad_checks/first_wrong_step.py);
+        an intermediate not named there is called by its variable, else its code.
+    symbols: the sizes a factor may be named by, each a function of the reference's arguments by name
+        (``{"d": lambda a: a["dy"].shape[-1]}``); the scalar arguments (``scale``) are symbols already.
+    entry_sets: ``(arguments, shape) -> {words: boolean mask broadcastable to shape}``: the entries of an
+        intermediate of that shape the exercise has words for (the masked positions, the padding rows).
     """
 
     name: str
@@ -92,6 +99,9 @@ class Exercise:
     forward: str = ""
     returns: str = ""
     steps: tuple = ()
+    names: dict = field(default_factory=dict)
+    symbols: dict = field(default_factory=dict)
+    entry_sets: Callable | None = None
     mistake_names: dict = field(init=False)
 
     def __post_init__(self):

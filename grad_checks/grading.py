@@ -40,6 +40,8 @@ from .candidates import (APPROX, EXACT, Outcome, closest, compare, constant_fact
                          run_class, run_function, verdict)
 from numformer.user_code_clock import DEFAULT_TIME_LIMIT, deadline
 from .exercise import Exercise
+from .first_wrong_step import first_wrong_steps
+from .own_code import describe, watch
 from .locate import (located_sentence, same_error, same_error_sentence, single_edit, weighed_sentence, weighed_terms,
                      wrong_entries)
 
@@ -75,6 +77,8 @@ class Grade:
     mistake: str | None = None
     location: str | None = None  # the mistake located to a term, when no catalogued one explains it
     raised: bool = False  # every case stopped at an exception: the error line is where it went wrong
+    steps: list = field(default_factory=list)  # the first wrong steps (grad_checks/first_wrong_step.py)
+    not_yours: str | None = None  # numformer's own backward called (grad_checks/own_code.py): what and where
     hints: list = field(default_factory=list)
     check_command: str = ""
 
@@ -88,7 +92,7 @@ class Grade:
 
     @property
     def passed(self) -> bool:
-        return (self.not_implemented is None and not self.errors and bool(self.tensors)
+        return (self.not_implemented is None and self.not_yours is None and not self.errors and bool(self.tensors)
                 and all(t.verdict != "wrong" and (t.fd is None or t.fd.passed) for t in self.tensors))
 
     @property
@@ -99,11 +103,20 @@ class Grade:
         """One line: EXACT / APPROXIMATE / WRONG (and the mistake) / ERROR / NOT IMPLEMENTED."""
         if self.not_implemented:
             return f"NOT IMPLEMENTED: {self.not_implemented}"
+        if self.not_yours:
+            return f"NOT YOURS: {self.not_yours}"
         named = f": the catalogued mistake {self.mistake}" if self.mistake else \
-            ": the mistake located (see the diagnosis)" if self.location else ""
-        if self.errors:
-            return f"ERROR{named}: {self.errors[0]}"
+            ": the mistake located (see the diagnosis)" if self.location or self.steps else ""
         wrong = [t for t in self.tensors if t.verdict == "wrong" or (t.fd is not None and not t.fd.passed)]
+        if self.errors:
+            raised = [i for i, c in enumerate(self.cases, 1) if c.error is not None]
+            if len(raised) == len(self.cases):
+                return f"ERROR{named}: {self.errors[0]}"
+            ran_wrong = [i for i, c in enumerate(self.cases, 1) if c.error is None and any(t in wrong for t in c.tensors)]
+            # the cases that raised and those that ran told apart: a fix for the error may leave the others wrong
+            return (f"ERROR{named}: {_cases(raised)} of {len(self.cases)} raised ({self.errors[0]}); "
+                    + (f"{_cases(ran_wrong)} ran and {'was' if len(ran_wrong) == 1 else 'were'} wrong" if ran_wrong
+                       else "the others ran and were right"))
         if wrong:
             return f"WRONG{named}: {len(wrong)} of {len(self.tensors)} tensors wrong"
         if self.exact:
@@ -138,6 +151,11 @@ class Grade:
             lines.append(f"diagnosis: {self.mistake}: {ex.explanation(ex.mistake_names[self.mistake])}")
         elif self.location:
             lines.append(f"diagnosis: {self.location}")
+        for step in self.steps:
+            lines.append(step.said)
+        if self.not_yours:
+            lines.append(f"not yours: your code {self.not_yours}: the exercise is to write that backward; numformer's "
+                         "own is what it is graded against, so calling it proves nothing")
         for hint in self.hints:
             lines.append(f"hint: {hint}")
         lines.append(f"result: {self.summary()}")
@@ -177,7 +195,8 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
     cls = answer if isinstance(answer, type) else ex.layer_class(answer)
     with kernel_mode("plain"):
         _, reference = run_function(ex, ex.target, seed, guard=False)
-        cases, mine = run_class(ex, cls, seed, file, time_limit)
+        with watch(ex, file, answer) as own:  # numformer's own backward called from the student's file
+            cases, mine = run_class(ex, cls, seed, file, time_limit)
         result = Grade(ex, who or ex.student_name, check_command=check_command)
         stopped = next((o for o in mine if o.not_implemented), None)
         if stopped is not None:
@@ -208,6 +227,10 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
             result.mistake = found[0] if found is not None else None
             if found is None:
                 _locate(result, ex, mine, reference, seed)
+                if any(o.output for o in mine):  # numformer's intermediates against the student's, step by step
+                    result.steps = first_wrong_steps(ex, answer, seed, file, time_limit)
+        # after the diagnosis: code that hands numformer's own result on is not the student's, right or wrong
+        result.not_yours = describe(own) if own else None
     return result
 
 
@@ -228,7 +251,10 @@ def _locate(result: Grade, ex: Exercise, mine: list, reference: list, seed: int)
         return
     result.hints += _hints(result, mine, reference)
     if any(t.verdict == "wrong" for t in result.tensors):
-        result.hints.append("over every case: " + _right_and_wrong(result)[2:-1].replace("wrong as a result", "wrong"))
+        raised = [i for i, c in enumerate(result.cases, 1) if c.error is not None]
+        over = "over every case" if not raised else \
+            f"over the {len(result.cases) - len(raised)} cases that ran ({_cases(raised)} raised)"
+        result.hints.append(f"{over}: " + _right_and_wrong(result)[2:-1].replace("wrong as a result", "wrong"))
     for k, (case, me, ref) in enumerate(zip(result.cases, mine, reference), 1):  # the first case with a wrong one
         if me.error is not None or not any(t.verdict == "wrong" for t in case.tensors):
             continue
@@ -237,6 +263,13 @@ def _locate(result: Grade, ex: Exercise, mine: list, reference: list, seed: int)
                 result.hints.append(wrong_entries(t.tensor, me.grads[t.tensor], ref.grads[t.tensor],
                                                   floor(ref.grads), APPROX) + f" (case {k}: {case.name})")
         break
+
+
+def _cases(numbers: list) -> str:
+    """"case 2", "cases 1 and 3", "cases 1, 2 and 4"."""
+    if len(numbers) == 1:
+        return f"case {numbers[0]}"
+    return "cases " + ", ".join(map(str, numbers[:-1])) + f" and {numbers[-1]}"
 
 
 def _right_and_wrong(result: Grade, cases=None) -> str:

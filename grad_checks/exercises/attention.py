@@ -80,6 +80,14 @@ def cases(cls, seed):
 
 EXERCISE = Exercise(
     name="attention", title="the backward of scaled dot-product attention", paper="Section 3.2.1, Eq. 1",
+    names={"softmax_backward(dp, p)": "dS (the softmax's backward of dP)",
+           "xp.where(masked, xp.asarray(0, dtype=ds.dtype), ds)": "dS with the masked scores' entries zeroed",
+           "ds * scale": "dS * scale", "ds @ k": "dQ = dS K", "ds.swapaxes(-1, -2) @ q": "dK = dS^T Q",
+           "dv": "dV = P^T dO", "dp": "dP = dO V^T"},
+    symbols={"d_k": lambda a: a["q"].shape[-1], "T_q": lambda a: a["q"].shape[-2], "T_k": lambda a: a["k"].shape[-2],
+             "h": lambda a: a["q"].shape[1], "B": lambda a: a["q"].shape[0]},
+    entry_sets=lambda a, shape: {"masked positions": a["masked"]} if a["masked"] is not None and len(shape) == 4
+    and shape[-1] == a["k"].shape[-2] else {},
     target=attention_backward, layer=ScaledDotProductAttention, cases=cases, outputs=("dq", "dk", "dv"),
     show=(attention_forward,), swap="ScaledDotProductAttention",
     imports=("from numformer.layers.softmax import softmax_backward  # exercise 3's function, yours to use",),

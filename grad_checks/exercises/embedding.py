@@ -43,6 +43,23 @@ def _ids(rng, shape, lengths):
     return ids
 
 
+def _entry_sets(args, shape):
+    """The entries of the embedding's words: the padding id's and the repeated ids' rows, of the table (V, d) or
+    of the positions (n, d)."""
+    ids = np.asarray(args["ids"]).ravel()
+    values, counts = np.unique(ids, return_counts=True)
+    if len(shape) != 2:
+        return {}
+    if shape[0] == ids.size:  # one row per position
+        return {"padding positions": (ids == PAD)[:, None], "repeated ids": np.isin(ids, values[counts > 1])[:, None]}
+    rows = np.zeros((shape[0], 1), dtype=bool)
+    pad, repeated = rows.copy(), rows.copy()
+    if PAD < shape[0] and (ids == PAD).any():
+        pad[PAD] = True
+    repeated[values[counts > 1]] = True
+    return {"padding row": pad, "repeated ids": repeated}
+
+
 def cases(cls, seed):
     rng = np.random.default_rng(seed)
     ids = _ids(rng, (3, 6), [6, 4, 2])
@@ -65,6 +82,8 @@ def cases(cls, seed):
 
 EXERCISE = Exercise(
     name="embedding", title="the embedding's backward", paper="Section 3.4", target=embedding_backward,
+    symbols={"n": lambda a: a["ids"].size, "d": lambda a: a["dy"].shape[-1]},
+    entry_sets=_entry_sets,
     layer=Embedding, cases=cases, outputs=("grad",), swap="Embedding", in_place=("grad",),
     mistakes=(repeated_ids_overwritten, scale_forgotten, assigned_not_added, new_array_not_in_place),
     notes="grad is the weight's .grad (V, d_model): add into it in place and return it. ids (n,) and dy (n, d_model) "

@@ -69,6 +69,9 @@ def cases(cls, seed):
 
 EXERCISE = Exercise(
     name="layernorm", title="LayerNorm's backward", paper="Section 3.1; Ba et al. 2016", target=layernorm_backward,
+    names={"dxhat.mean(axis=-1, keepdims=True)": "mean(dxhat)", "dxhat * xhat": "dxhat * xhat",
+           "(dxhat * xhat).mean(axis=-1, keepdims=True)": "mean(dxhat * xhat)"},
+    symbols={"n": lambda a: a["dy"].shape[0], "d": lambda a: a["dy"].shape[-1]},
     layer=LayerNorm, cases=cases, outputs=("dx", "dgamma", "dbeta"), show=(layernorm_forward,), swap="LayerNorm",
     mistakes=(dropped_mean_term, dropped_variance_term, unbiased_variance, gamma_forgotten, scale_forgotten,
               gain_gradient_without_xhat),

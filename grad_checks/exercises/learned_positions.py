@@ -73,6 +73,8 @@ def cases(cls, seed):
 
 EXERCISE = Exercise(
     name="learned_positions", title="the learned positional embedding's backward", paper="Section 3.5, Table 3 row E",
+    symbols={"T": lambda a: a["dy"].shape[-2], "d": lambda a: a["dy"].shape[-1],
+             "B": lambda a: a["dy"].reshape(-1, *a["dy"].shape[-2:]).shape[0]},
     target=learned_positions_backward, layer=LearnedPositionalEmbedding, cases=cases, outputs=("grad", "dx"),
     swap="LearnedPositionalEmbedding", in_place=("grad",),
     mistakes=(assigned_not_added, batch_not_summed, batch_averaged, offset_ignored, input_gradient_zero,

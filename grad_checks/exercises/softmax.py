@@ -44,6 +44,9 @@ def cases(cls, seed):
 
 EXERCISE = Exercise(
     name="softmax", title="the backward of the softmax", paper="Eq. 1", target=softmax_backward,
+    names={"dy * y": "dy * y, the row sum's summand", "(dy * y).sum(axis=-1, keepdims=True)": "s = rowsum(dy * y)",
+           "dy - (dy * y).sum(axis=-1, keepdims=True)": "dy - s"},
+    symbols={"n": lambda a: a["dy"].shape[-1]},
     layer=SoftmaxFunction, cases=cases, outputs=("dx",), show=(softmax,),
     mistakes=(without_row_sum, diagonal_of_the_jacobian, row_sum_without_y, row_sum_over_wrong_axis),
     notes="y is softmax(x), kept by forward; dy, y and the result have the same shape (..., n). Do not build "

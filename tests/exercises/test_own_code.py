@@ -1,10 +1,10 @@
 """grad_checks/own_code.py: a student's backward that hands the work to numformer's own backward for the exercise
-(calling the reference, its fast twin, the parent class's method, or assigning numformer's function) grades EXACT
-today, being numformer's; the watch finds each such use with the line of the student's file. It must not find the
-right answer written out (numformer's reference copied into the file) for any exercise, nor an answer that uses
-numformer's backward for another piece (attention calling softmax_backward, multi-head attention calling its
-attention's backward), nor the grader's own calls of the reference (the output guard runs it on a copy of the
-arguments on every call of a student's function: counted, it would call every answer numformer's)."""
+(calling the reference, its fast twin, the parent class's method, or assigning numformer's function) would grade
+EXACT, being numformer's: the watch finds each such use with the line of the student's file, and the grade says NOT
+YOURS. It must not find the right answer written out (numformer's reference copied into the file) for any exercise,
+nor an answer that uses numformer's backward for another piece (attention calling softmax_backward, multi-head
+attention calling its attention's backward), nor the grader's own calls of the reference (the output guard runs it
+on a copy of the arguments on every call of a student's function: counted, it would call every answer numformer's)."""
 import cProfile
 import sys
 from pathlib import Path
@@ -87,8 +87,8 @@ def test_a_layernorm_backward_that_calls_numformers_is_found_at_its_line(fn, cal
     ex = exercises.get("layernorm")
     path, answer = _answer(ex, fn, tmp_path)
     result, calls = _graded(ex, answer, path)
-    assert result.exact  # what the grade says today: it is numformer's backward
     assert calls == [OwnCall(callee, str(path), _line(path, text))]
+    assert not result.exact and result.not_yours == describe(calls)  # numformer's, so not the student's
     assert describe(calls) == f"calls numformer's own {callee} (my_layernorm.py:{_line(path, text)})"
 
 
@@ -123,9 +123,9 @@ def test_a_multihead_backward_calling_its_parents_is_found(tmp_path):
     ex = exercises.get("multihead")
     path, answer = _answer(ex, parents_backward, tmp_path)
     result, calls = _graded(ex, answer, path)
-    assert result.exact
     assert calls == [OwnCall("numformer.layers.attention.MultiHeadAttention.backward", str(path),
                              _line(path, "return super().backward(dy)"))]
+    assert not result.exact and result.not_yours == describe(calls)
 
 
 def test_numformers_function_assigned_as_the_answer_is_found(tmp_path):
@@ -136,7 +136,8 @@ def test_numformers_function_assigned_as_the_answer_is_found(tmp_path):
     path.write_text(path.read_text() + "\nfrom numformer.layers.layernorm import layernorm_backward  # noqa\n")
     answer = student_code(load_file(path), ex)
     result, calls = _graded(ex, answer, path)
-    assert result.exact and calls == [OwnCall(LN, str(path), None)]
+    assert calls == [OwnCall(LN, str(path), None)]
+    assert not result.exact and result.not_yours == describe(calls)
     assert describe(calls) == f"is numformer's own {LN}, assigned instead of written"
     # a composition's method assigned in the class, and the function a --swap class (using(...)) calls
     mha = exercises.get("multihead")
@@ -218,3 +219,17 @@ def test_the_previous_profiler_is_put_back_and_still_sees_the_events(tmp_path):
     finally:
         profiler.disable()
     assert sys.getprofile() is None
+
+
+# -- the grade: numformer's own backward is NOT YOURS, never EXACT ---------------------------------------------------
+
+def test_check_says_not_yours_for_an_answer_that_calls_numformers(tmp_path):
+    from grad_checks import lab
+    ex = exercises.get("layernorm")
+    result, status, _ = lab.check_file(str(lab_files.write(ex, returns_numformers, tmp_path)))
+    assert status == 1 and not result.passed and not result.exact
+    assert result.summary().startswith(f"NOT YOURS: calls numformer's own {LN} (my_layernorm.py:")
+    assert "not yours: your code calls numformer's own" in str(result)
+    # the same file with the reference written out is the student's own, and exact
+    result, status, _ = lab.check_file(str(lab_files.write(ex, ex.target, tmp_path)))
+    assert status == 0 and result.exact and result.not_yours is None
