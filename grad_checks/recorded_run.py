@@ -86,7 +86,7 @@ class _Node:
     line: int
     children: tuple     # node ids directly inside it
     names: tuple        # names it reads that no child reads for it
-    kind: str = ""      # what computes it: "*", "where", "sum", "[]", "in place"; "call" for any other function
+    kind: str = ""      # what computes it (see _kind); "in place" for a statement changing an array
 
 
 class Recorder:
@@ -300,9 +300,9 @@ _ARRAY_MODULES = ("np", "numpy", "xp", "cp", "cupy")
 
 
 def _kind(node) -> str:
-    """What computes ``node``, to tell a counterpart from an unrelated array: the operator ("*", "-", "@"), the
-    array function or method ("where", "sum", "T"), "[]", "name" (a name bound again); "call" for any other
-    function (numformer's helpers, a layer's backward), which may compute anything."""
+    """What computes ``node``, to tell a counterpart from an unrelated array: the operator ("Mult", "Sub",
+    "MatMult"), the array function or method ("where", "sum", "T"), "[]", "name" (a name bound again); "call NAME"
+    for any other function (numformer's helpers, a layer's backward), which may compute anything."""
     if isinstance(node, ast.BinOp):
         return type(node.op).__name__
     if isinstance(node, ast.UnaryOp):
@@ -310,11 +310,15 @@ def _kind(node) -> str:
     if isinstance(node, ast.Call):
         func = node.func
         if isinstance(func, ast.Attribute):
-            base = func.value
-            module = isinstance(base, ast.Name) and base.id in _ARRAY_MODULES
-            method = not (isinstance(base, ast.Name) and base.id == "self") and not isinstance(base, ast.Attribute)
-            return func.attr if module or method else "call"
-        return "call"
+            base = _unwrapped(func.value)
+            while isinstance(base, ast.Attribute):
+                base = _unwrapped(base.value)
+            if isinstance(base, ast.Name) and base.id in _ARRAY_MODULES:
+                return func.attr                      # np.where, xp.asarray
+            if isinstance(base, ast.Name) and base.id == "self":
+                return f"call {func.attr}"            # a child layer's method: self.w_o.backward
+            return func.attr                          # an array's method: x.sum, ds.swapaxes
+        return f"call {func.id}" if isinstance(func, ast.Name) else "call"
     if isinstance(node, ast.Subscript):
         return "[]"
     if isinstance(node, ast.Attribute):
@@ -358,7 +362,7 @@ def _direct(node) -> tuple:
 def recorded(fn, recorder: Recorder):
     """``fn`` rewritten to record into ``recorder`` (see the module's docstring), or None when its source
     cannot be read or rewritten."""
-    fn = getattr(fn, "__func__", fn)
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))  # a layer's method comes wrapped by its taps (module.py)
     try:
         source = textwrap.dedent(inspect.getsource(fn))
         first = fn.__code__.co_firstlineno

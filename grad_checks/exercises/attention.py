@@ -86,7 +86,7 @@ EXERCISE = Exercise(
            "dv": "dV = P^T dO", "dp": "dP = dO V^T"},
     symbols={"d_k": lambda a: a["q"].shape[-1], "T_q": lambda a: a["q"].shape[-2], "T_k": lambda a: a["k"].shape[-2],
              "h": lambda a: a["q"].shape[1], "B": lambda a: a["q"].shape[0]},
-    entry_sets=lambda a, shape: {"masked positions": a["masked"]} if a["masked"] is not None and len(shape) == 4
+    entry_sets=lambda a, shape: {"masked": a["masked"]} if a["masked"] is not None and len(shape) == 4
     and shape[-1] == a["k"].shape[-2] else {},
     target=attention_backward, layer=ScaledDotProductAttention, cases=cases, outputs=("dq", "dk", "dv"),
     show=(attention_forward,), swap="ScaledDotProductAttention",

@@ -51,13 +51,13 @@ def _entry_sets(args, shape):
     if len(shape) != 2:
         return {}
     if shape[0] == ids.size:  # one row per position
-        return {"padding positions": (ids == PAD)[:, None], "repeated ids": np.isin(ids, values[counts > 1])[:, None]}
+        return {"padding": (ids == PAD)[:, None], "repeated ids": np.isin(ids, values[counts > 1])[:, None]}
     rows = np.zeros((shape[0], 1), dtype=bool)
     pad, repeated = rows.copy(), rows.copy()
     if PAD < shape[0] and (ids == PAD).any():
         pad[PAD] = True
     repeated[values[counts > 1]] = True
-    return {"padding row": pad, "repeated ids": repeated}
+    return {"padding": pad, "repeated ids": repeated}
 
 
 def cases(cls, seed):

@@ -72,7 +72,7 @@ EXERCISE = Exercise(
     names={"p - eps / p.shape[1]": "p - eps / V", "dz[xp.arange(p.shape[0]), y] -= 1.0 - eps": "p - q"},
     symbols={"V": lambda a: a["p"].shape[1], "N": lambda a: a["p"].shape[0],
              "tokens": lambda a: int((a["weight"] != 0).sum())},
-    entry_sets=lambda a, shape: {"padding rows": (a["weight"] == 0)[:, None]} if len(shape) == 2 else {},
+    entry_sets=lambda a, shape: {"padding": (a["weight"] == 0)[:, None]} if len(shape) == 2 else {},
     target=smoothed_cross_entropy_backward, layer=LabelSmoothedCrossEntropy, cases=cases, outputs=("dz",),
     in_place=("p",),
     mistakes=(eps_over_v_minus_1, smoothing_forgotten, mean_over_all_positions, padding_positions_with_gradient),

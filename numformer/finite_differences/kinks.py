@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 
-def active_set_signature(module) -> int:
+def active_set_signature(module, modules=None) -> int:
     """A hash of the active sets ``[x > 0]`` of every ReLU in ``module`` (any of its ``modules()`` with an
     ``active_set``), after a forward in training mode: two forwards with equal signatures took the same
-    branch of every ReLU."""
+    branch of every ReLU. ``modules``: the list of them, when the caller walked the tree once already."""
     return hash(b"".join(np.packbits(m.active_set).tobytes()
-                         for m in module.modules() if getattr(m, "active_set", None) is not None))
+                         for m in (module.modules() if modules is None else modules)
+                         if getattr(m, "active_set", None) is not None))

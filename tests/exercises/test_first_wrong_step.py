@@ -126,3 +126,19 @@ def test_a_diagnosed_first_wrong_step_is_the_right_one(expect, tmp_path_factory)
 def test_nine_in_ten_are_located(tmp_path_factory):
     missed = [e.fn.__name__ for e in SOLUTIONS if not located(e, graded(e, tmp_path_factory)[1])]
     assert len(SOLUTIONS) - len(missed) >= LOCATED_SHARE * len(SOLUTIONS), f"not located: {missed}"
+
+
+def test_a_grader_that_skips_the_intermediates_fails_the_share(monkeypatch, tmp_path):
+    """Planted: the grading as it was before the first wrong step (catalogue, single edits, weighed terms,
+    entries; no comparison of intermediates) locates none of these; the share test must then fail."""
+    import grad_checks.grading as grading
+    monkeypatch.setattr(grading, "first_wrong_steps", lambda *args, **kwargs: [])
+    found = 0
+    for e in SOLUTIONS:
+        ex = exercises.get(e.exercise)
+        (tmp_path / e.fn.__name__).mkdir()
+        path = lab_files.write(ex, e.fn, tmp_path / e.fn.__name__)
+        result, status, _ = lab.check_file(str(path), finite_differences=False)
+        assert status == 1
+        found += located(e, result)
+    assert found < LOCATED_SHARE * len(SOLUTIONS)
