@@ -164,10 +164,11 @@ def counterpart(r, ref_call, my_call, verify=None):
             if not (s is returned or same_call or (shared and view is not None)):
                 continue
         elif not (s is returned or same_call or (shared and alike and (view is not None or not lacking))
-                  or (shared and not replaced and not lacking and view is not None)):
+                  or (shared and not replaced and not lacking and view is not None)
+                  or (s.kind == r.kind and len(replaced) == 1 == len(lacking) and view is not None)):
             continue
         note = ""
-        if shared and replaced and len(lacking) == 1 and len(replaced) == 1:
+        if replaced and len(lacking) == 1 and len(replaced) == 1:
             theirs, ours = my_call.records[replaced[0]], ref_call.records[next(iter(lacking))]
             # the wrong argument (or a view of one) of the shape of the right one, or an array computed from it
             argument = theirs.given or any(ref_call.records[i].given for i in mapped[theirs.index])
@@ -175,6 +176,8 @@ def counterpart(r, ref_call, my_call, verify=None):
                 _roots(my_call, theirs.index, memo_s) >= _roots(ref_call, ours.index, memo_r)
             if not related and s is not returned and not same_call:
                 continue  # computed from something unrelated to what it replaces: another role
+            if not shared and not related:
+                continue
             if related:
                 note = f"; it uses `{theirs.code}`" + (f" (line {theirs.line})" if theirs.line else "") + \
                        f" where numformer's uses {ours.variable or '`' + ours.code + '`'}"
@@ -184,7 +187,8 @@ def counterpart(r, ref_call, my_call, verify=None):
         if composite:
             rank = (not same_call, s is not returned, view is None, distance, s.index)
         else:
-            rank = (not alike and s is not returned, -len(shared), len(replaced), view is None, distance, s.index)
+            rank = (not alike and s is not returned, s.kind != r.kind, -len(shared), len(replaced), view is None,
+                    distance, s.index)
         found.append((rank, s, view, note))
     if not found:
         return _in_consumer(r, ref_call, my_call, mapped)
@@ -197,6 +201,9 @@ def counterpart(r, ref_call, my_call, verify=None):
         for _, s, view, note in sorted(found, key=lambda f: f[1].index):
             if view is not None and verify(view):
                 return s, view, note
+        # none that numformer's code carries on from: the student's route has no such step; say so, not a guess
+        if returned is None:
+            return None, None, ""
     return found[0][1], found[0][2], found[0][3]
 
 

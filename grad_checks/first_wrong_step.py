@@ -111,18 +111,38 @@ def _wrong_outputs(steps) -> list:
     return [s for k, s in steps.items() if s.record.returned is not None and not _right(steps, k)]
 
 
-def _first_steps(steps: dict) -> list:
-    """The steps on the way to a wrong returned value that are wrong although all their operands are right."""
-    ancestors, todo = set(), [s.key for s in _wrong_outputs(steps)]
+def _ancestors(steps, keys) -> set:
+    found, todo = set(), list(keys)
     while todo:
         k = todo.pop()
-        if k in ancestors:
+        if k in found:
             continue
-        ancestors.add(k)
+        found.add(k)
         todo += [o for o in steps[k].operands if o in steps]
-    first = [steps[k] for k in ancestors if not _right(steps, k) and all(_right(steps, o) for o in steps[k].operands)]
-    return sorted(first, key=lambda s: (min(s.status), s.record.index))
+    return found
 
+
+_VIEWS = ("swapaxes", "T", "transpose", "reshape")  # a view of an array: right when what it views is
+
+
+def _first_steps(steps: dict) -> list:
+    """The steps on the way to a wrong returned value that are wrong although all their operands are reached.
+
+    Reached: right, or computed by another route. A step the student computes only up to a factor is another
+    route when a returned value that depends on it is right (``dQ = (dS K) * scale``, the scale put after the
+    product: dS itself is never scaled, yet dQ is right): that factor is compensated, not a mistake; a view of a
+    reached array (its transpose) is reached too."""
+    right_outputs = [k for k, s in steps.items() if s.record.returned is not None and _right(steps, k)]
+    routed = {k for k in _ancestors(steps, right_outputs)
+              if all(st[0] in ("right", "scaled") for st in steps[k].status.values())}
+    reached = {k for k in steps if _right(steps, k)} | routed
+    for k in sorted(steps, key=lambda k: steps[k].record.index):  # in the order computed: a view after its array
+        if steps[k].record.kind in _VIEWS and steps[k].operands and steps[k].operands <= reached:
+            reached.add(k)
+    ancestors = _ancestors(steps, [s.key for s in _wrong_outputs(steps)])
+    first = [steps[k] for k in ancestors if k not in reached and all(o in reached or o not in steps
+                                                                    for o in steps[k].operands)]
+    return sorted(first, key=lambda s: (min(s.status), s.record.index))
 
 
 def _label(ex, record) -> str:
@@ -198,7 +218,8 @@ def _say(ex, step, ref_calls, my_calls, verify=None) -> tuple:
     where = "" if label == rec.code else f" (numformer's `{rec.code}`)"
     wrong = sorted(n for n, s in step.status.items() if s[0] != "right")
     if all(step.status[n][0] == "scaled" for n in wrong):
-        calls = sorted(step.status)
+        # a call where numformer's is all zeros fits any factor (a row of one entry): it names nothing
+        calls = [k for k in sorted(step.status) if step.status[k][0] == "scaled" or step.records[k].value.any()]
         factors = [step.status[k][1] if step.status[k][0] == "scaled" else 1.0 for k in calls]
         named = name_factor(ex, factors, [ref_calls[k] for k in calls])
         mine = my_calls[wrong[0]].records[step.status[wrong[0]][2]]

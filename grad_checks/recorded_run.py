@@ -316,7 +316,7 @@ def _kind(node) -> str:
             if isinstance(base, ast.Name) and base.id in _ARRAY_MODULES:
                 return func.attr                      # np.where, xp.asarray
             if isinstance(base, ast.Name) and base.id == "self":
-                return f"call {func.attr}"            # a child layer's method: self.w_o.backward
+                return f"call {_dotted(func)}"        # a child layer's method: self.w_o.backward
             return func.attr                          # an array's method: x.sum, ds.swapaxes
         return f"call {func.id}" if isinstance(func, ast.Name) else "call"
     if isinstance(node, ast.Subscript):
@@ -326,6 +326,14 @@ def _kind(node) -> str:
     if isinstance(node, ast.Name):
         return "name"
     return type(node).__name__
+
+
+def _dotted(node) -> str:
+    """``self.w_o.backward`` of an attribute chain, under the recorder's wrapping."""
+    node = _unwrapped(node)
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else "?"
 
 
 def _unwrapped(call):

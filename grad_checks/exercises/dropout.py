@@ -39,6 +39,7 @@ def cases(cls, seed):
 EXERCISE = Exercise(
     name="dropout", title="dropout's backward", paper="Section 5.4", target=dropout_backward, layer=Dropout,
     entry_sets=lambda a, shape: {"dropped": a["mask"] == 0} if a["mask"].shape == shape else {},
+    symbols={"keep": lambda a: 1.0 / a["mask"].max()},  # 1 - p, the probability of keeping a unit
     cases=cases, outputs=("dx",), show=(dropout_mask, dropout_forward), swap="Dropout",
     mistakes=(mask_without_scale, no_mask, scaled_twice),
     notes="mask is the m forward multiplied by (kept: 1/(1 - p), dropped: 0), with dy's shape. The checks replay "

@@ -159,9 +159,7 @@ def loss_gradient_of_the_probabilities(p, y, eps, weight):
     return -q / p * weight[:, None]
 
 
-# line: the student's counterpart of numformer's first dz is their dz, the copy of p that their line 2 changes in place
-# (numformer subtracts eps / V before that update, the student after the weight, on the return line)
-expect(loss_uniform_part_outside_the_weight, "loss", step="p - eps / p.shape[1]", line="dz[np.arange(n), y] -= 1.0 - eps",
+expect(loss_uniform_part_outside_the_weight, "loss", step="p - eps / p.shape[1]", line="- eps / v",
        note="the smoothing's eps / V is left outside the weight: padding rows get -eps / V, real rows it unweighted")
 expect(loss_classes_counted_as_rows, "loss", step="p - eps / p.shape[1]", line="p - eps / n",
        note="eps is spread over the V classes (p.shape[1]); len(p) counts the rows")
