@@ -48,6 +48,7 @@ from numformer.cli.arguments import (OneLineParser, nonneg_float, nonneg_int, po
 from numformer.cli.front import command_line
 from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
+from numformer.decoding.valid_choice import choose_alpha, write_choice
 from numformer.errors import INTERRUPTED_EXIT
 from numformer.files import atomic_write_text, write_json
 from numformer.layers.init import SCHEMES as INIT_SCHEMES
@@ -70,6 +71,9 @@ from numformer.training.tensorboard_log import require_writer
 from numformer.training.trainer import Trainer
 
 TRAIN_DEFAULTS, MODEL_DEFAULTS, DECODE_DEFAULTS = TrainConfig(), ModelConfig(), DecodeOptions()
+# the length penalty's choice on the validation split: a few percent of the budget (issue: "at most a few percent"),
+# and none for runs too short to be worth translating (the tests' runs of a few steps among them)
+TUNE_SHARE, TUNE_MIN_TRAIN_S = 0.03, 60.0
 
 
 class OpenedRun(NamedTuple):
@@ -180,8 +184,14 @@ def parse_args(argv=None):
                         "'numformer[tensorboard]'; see docs/tensorboard.md")
     r.add_argument("--beam", type=positive_int, default=DECODE_DEFAULTS.beam,
                    help=f"beam size for the final test translation (default {DECODE_DEFAULTS.beam})")
-    r.add_argument("--alpha", type=nonneg_float, default=DECODE_DEFAULTS.alpha,
-                   help=f"length penalty for the final test translation (default {DECODE_DEFAULTS.alpha})")
+    r.add_argument("--alpha", type=nonneg_float, default=None,
+                   help="length penalty for the final test translation (default: chosen on the validation split "
+                        f"when --tune-seconds allows, else the paper's {DECODE_DEFAULTS.alpha})")
+    r.add_argument("--tune-seconds", type=nonneg_float, default=None, metavar="S",
+                   help="after training, choose the length penalty on validation sentences for about S seconds "
+                        f"(written to the run's {run_file_names.DECODING}; translate.py uses it; 0: the paper's "
+                        f"{DECODE_DEFAULTS.alpha}). Default: {TUNE_SHARE:.0%} of the training time for runs of "
+                        f"{TUNE_MIN_TRAIN_S:.0f} s or more, none for shorter ones")
     r.add_argument("--no-test", action="store_true", help="skip translating the test set at the end")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
@@ -357,10 +367,11 @@ def finish(args, trainer, model, data, out) -> None:
                 print("the average is worse on validation than the last checkpoint: testing the last checkpoint")
                 model.load_state_dict(last_state)
                 averaged.unlink()
+    alpha, alpha_from = decoding_alpha(args, trainer, model, data, out)
     if not args.no_test and data.text.get("test") and data.text["test"][0]:
         src, ref = data.text["test"]
         t1 = time.perf_counter()
-        opts = DecodeOptions(beam=args.beam, alpha=args.alpha)
+        opts = DecodeOptions(beam=args.beam, alpha=alpha)
         hyps = translate_lines(model, data.vocab, src, opts)
         secs = time.perf_counter() - t1
         atomic_write_text(out / run_file_names.TEST_HYPOTHESES, "".join(h + "\n" for h in hyps))
@@ -370,14 +381,34 @@ def finish(args, trainer, model, data, out) -> None:
         if paper is not None:  # the paper's corpora: its own BLEU beside sacreBLEU's, each labelled
             scores.update(bleu_paper=paper["bleu"], bleu_paper_method=paper["method"],
                           bleu_paper_counts=paper["counts"], bleu_paper_totals=paper["totals"])
-        scores.update(sentences=len(src), decode_seconds=round(secs, 1), beam=args.beam, alpha=args.alpha,
+        scores.update(sentences=len(src), decode_seconds=round(secs, 1), beam=args.beam, alpha=alpha, alpha_from=alpha_from,
                       steps=trainer.optimizer.step_count, train_minutes=round(trainer.elapsed / 60, 2))
         write_json(out / run_file_names.TEST_SCORES, scores)
         print(f"test: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(src)} sentences, beam "
-              f"{args.beam}, {secs:.0f} s)\n{scores['bleu_signature']}")
+              f"{args.beam}, alpha {alpha:g}, {secs:.0f} s)\n{scores['bleu_signature']}")
         if paper is not None:
             print(f"test: BLEU {paper['bleu']:.2f} paper-comparable ({paper['method']}); the one above is "
                   f"sacreBLEU on detokenised text\n{WHICH_FIGURE}")
+
+
+def decoding_alpha(args, trainer, model, data, out) -> tuple:
+    """(alpha, where it came from) for the test translation: ``--alpha``; else chosen on the validation split
+    (numformer/decoding/valid_choice.py) within ``--tune-seconds``, written to the run for translate.py; else
+    the paper's."""
+    if args.alpha is not None:
+        return args.alpha, "--alpha"
+    seconds = args.tune_seconds
+    if seconds is None:
+        seconds = TUNE_SHARE * trainer.elapsed if trainer.elapsed >= TUNE_MIN_TRAIN_S else 0.0
+    valid = data.text.get("valid")
+    if seconds <= 0 or not valid or not valid[0]:
+        return DECODE_DEFAULTS.alpha, "the paper's"
+    choice = choose_alpha(model, data.vocab, valid[0], valid[1], seconds, beam=args.beam)
+    if choice is None:
+        return DECODE_DEFAULTS.alpha, "the paper's"
+    write_choice(out, choice)
+    print(f"decoding: {choice.line()} ({run_file_names.DECODING})")
+    return choice.alpha, "validation"
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from numformer.data.text_files import split_lines
 from numformer.data.unk_share import TRANSLATING_ADVICE, warn_unk_share
 from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
+from numformer.decoding.valid_choice import read_choice, run_folder_of
 
 DEFAULTS = DecodeOptions()  # Section 6.1's search settings: the flags' defaults
 
@@ -57,6 +58,17 @@ given, each line is translated and printed as soon as Enter is pressed (the mode
 first); a line that is not UTF-8 gets an error on stderr and an empty output line; Ctrl-D ends.
 From a pipe or a file, all input is read first and translated in length-sorted batches.
 """
+
+
+def chosen_alpha(flag, model_path) -> tuple:
+    """(alpha, where it came from): ``--alpha``; else the choice train.py made on the validation split for the
+    run the model file belongs to; else the paper's."""
+    if flag is not None:
+        return flag, "--alpha"
+    choice = read_choice(run_folder_of(model_path))
+    if choice is not None:
+        return choice.alpha, f"chosen on validation, {run_file_names.DECODING}"
+    return DEFAULTS.alpha, "the paper's"
 
 
 def parse_args(argv=None):
@@ -81,8 +93,9 @@ def parse_args(argv=None):
     ap.add_argument("--target-lang", metavar="LANG", help="the reference's language for --bleu paper (de, fr, ...)")
     ap.add_argument("--beam", type=positive_int, help=f"beam size (default {DEFAULTS.beam}, Section 6.1)")
     ap.add_argument("--greedy", action="store_true", help="greedy search (same as --beam 1)")
-    ap.add_argument("--alpha", type=nonneg_float, default=DEFAULTS.alpha,
-                    help=f"length penalty ((5+len)/6)^alpha (default {DEFAULTS.alpha})")
+    ap.add_argument("--alpha", type=nonneg_float, default=None,
+                    help=f"length penalty ((5+len)/6)^alpha (default: the one train.py chose on the validation "
+                         f"split, in the run's {run_file_names.DECODING}; else the paper's {DEFAULTS.alpha})")
     ap.add_argument("--max-len-a", type=nonneg_float, default=DEFAULTS.max_len_a,
                     help=f"output length limit: a * input length + b (default a = {DEFAULTS.max_len_a:g})")
     ap.add_argument("--max-len-b", type=nonneg_int, default=DEFAULTS.max_len_b,
@@ -196,7 +209,8 @@ def main(argv=None) -> int:
     if lines is not None:  # input the vocabulary does not cover becomes <unk>: said once, before decoding
         warn_unk_share({args.input or "standard input": vocab.encode_source(lines)}, vocab.unk_id,
                        lambda line: print(f"translate.py: {line}", file=sys.stderr), TRANSLATING_ADVICE)
-    opts = DecodeOptions(beam=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
+    alpha, alpha_from = chosen_alpha(args.alpha, path)
+    opts = DecodeOptions(beam=args.beam, alpha=alpha, max_len_a=args.max_len_a,
                          max_len_b=args.max_len_b, nbest=args.nbest, max_tokens=args.max_tokens)
     if interactive:
         _translate_as_typed(model, vocab, opts, args.nbest)
@@ -208,7 +222,7 @@ def main(argv=None) -> int:
     text_out = "".join(("\t".join(h) if args.nbest > 1 else h) + "\n" for h in hyps)
     output.write(text_out.encode("utf-8"))
     print(f"translated {len(lines)} lines in {secs:.1f} s with {path} "
-          f"({'greedy' if args.beam == 1 else f'beam {args.beam}, alpha {args.alpha}'})", file=sys.stderr)
+          f"({'greedy' if args.beam == 1 else f'beam {args.beam}, alpha {alpha:g} ({alpha_from})'})", file=sys.stderr)
     if references is not None:
         _print_scores([h[0] if args.nbest > 1 else h for h in hyps], references, args)
     return 0

@@ -10,7 +10,6 @@ is looked for); a right one is what a student runs most, once per edit.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -22,13 +21,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from numformer.cli.arguments import OneLineParser, positive_int  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
 import lab_files  # noqa: E402
 from grad_checks import exercises, lab  # noqa: E402
 
+PROG = "bench/check_time.py"  # the name its one-line errors start with
 
+
+@command_line(PROG)
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per exercise (the median is reported)")
+    ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=positive_int, default=3, help="timed runs per exercise (the median is reported)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args(argv)
     rows = {}

@@ -11,6 +11,7 @@
     RUN/averaged.npz          the average of the last checkpoints (Section 6.1)
     RUN/metrics.jsonl         one JSON record per log line or validation
     RUN/grad_stats.jsonl      per-tensor gradient statistics (--log-grads N)
+    RUN/decoding.json         the length penalty chosen on the validation split (numformer.decoding.valid_choice)
     RUN/test.hyp              the test set's translations; RUN/test_scores.json their scores
     RUN/crash.log             the traceback of a bug (the one-line message names it)
 """
@@ -27,6 +28,7 @@ CHECKPOINTS = "checkpoints"
 AVERAGED = "averaged.npz"
 METRICS = "metrics.jsonl"
 GRAD_STATS = "grad_stats.jsonl"
+DECODING = "decoding.json"
 TEST_HYPOTHESES = "test.hyp"
 TEST_SCORES = "test_scores.json"
 CRASH_LOG = "crash.log"

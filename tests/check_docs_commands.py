@@ -175,6 +175,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "from grad_checks import exercises; Path('lab').mkdir(exist_ok=True); [lab_files.write(ex, ex.target, Path('lab')) "
                   "for ex in exercises.all_exercises()]\" && python3 train.py --corpus bible-en-es --preset small "
                   f"--out runs/bible-all-mine --swap all=lab {SMALL_BIBLE}  # every exercise solved first"),
+    "python -m grad_checks exercise softmax --out mistakes": ("run", "python -m grad_checks exercise softmax --out mistakes"),
+    "python -m grad_checks exercise layernorm --out mistakes": ("run", "python -m grad_checks exercise layernorm --out mistakes"),
+    "python -m grad_checks exercise attention --out mistakes": ("run", "python -m grad_checks exercise attention --out mistakes"),
+    "python -m grad_checks exercise embedding --out mistakes": ("run", "python -m grad_checks exercise embedding --out mistakes"),
+    "python -m grad_checks check mistakes/my_softmax.py":
+        ("small", "python -m grad_checks check mistakes/my_softmax.py; test $? -eq 1  # a wrong (or unwritten) answer: exit 1"),
+    "python -m grad_checks check mistakes/my_layernorm.py":
+        ("small", "python -m grad_checks check mistakes/my_layernorm.py; test $? -eq 1  # a wrong (or unwritten) answer: exit 1"),
+    "python -m grad_checks check mistakes/my_attention.py":
+        ("small", "python -m grad_checks check mistakes/my_attention.py; test $? -eq 1  # a wrong (or unwritten) answer: exit 1"),
+    "python -m grad_checks check mistakes/my_embedding.py":
+        ("small", "python -m grad_checks check mistakes/my_embedding.py; test $? -eq 1  # a wrong (or unwritten) answer: exit 1"),
     # -- studies and TensorBoard -------------------------------------------------------------------------------
     "python3 -m numformer.studies --list": ("run", "python3 -m numformer.studies --list"),
     "python3 -m numformer.studies NAME --small": ("run", "python3 -m numformer.studies output-change --small"),
