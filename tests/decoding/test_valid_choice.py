@@ -98,3 +98,30 @@ def test_translate_py_uses_the_runs_choice_unless_told(tuned_run, tmp_path, caps
     assert translate.main(["--model", str(tuned_run), "--input", str(src), "--output", str(tmp_path / "b"),
                            "--alpha", "1.7"]) == 0
     assert "alpha 1.7 (--alpha)" in capsys.readouterr().err
+
+
+def test_the_short_hypotheses_report_is_a_beam_search_per_alpha(tuned_run, tmp_path, capsys):
+    """bench/short_hypotheses.py's BLEU for alpha 0.6 and 1.2 is that of translating with that alpha."""
+    import sacrebleu
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import short_hypotheses
+    from numformer.checkpoint.trained_model import load_model
+    from numformer.decoding.translation import translate_lines
+
+    src, ref = ["a b c d", "e f g", "h i j k l"], ["a b c d", "e f g", "h i j k l"]
+    (tmp_path / "s").write_text("\n".join(src) + "\n")
+    (tmp_path / "r").write_text("\n".join(ref) + "\n")
+    assert short_hypotheses.main(["--run", str(tuned_run), "--source", str(tmp_path / "s"), "--reference",
+                                  str(tmp_path / "r"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    model, vocab, _ = load_model(tuned_run)
+    for alpha in (0.6, 1.2):
+        hyps = translate_lines(model, vocab, src, DecodeOptions(beam=4, alpha=alpha))
+        bleu = sacrebleu.corpus_bleu(hyps, [ref])
+        row = report["by_alpha"][f"{alpha:g}"]
+        # the same hypotheses: the same score and the same length (6 steps of training translate nothing well,
+        # so the length is what tells two hypothesis sets apart here)
+        assert row["bleu"] == round(bleu.score, 2) and row["ratio"] == round(bleu.sys_len / bleu.ref_len, 4)
+    assert report["sentences"] == 3 and set(report["eos"]) == {
+        "p_eos_at_reference_end", "p_eos_before_the_end", "sentences_with_eos_most_probable_before_the_end"}
