@@ -305,6 +305,20 @@ class Module:
             target[...] = to_xp(value, get_array_module(target), target.dtype)  # in place: the array the layer holds
 
 
+@contextlib.contextmanager
+def tapped(modules, forward=None, backward=None):
+    """:meth:`Module.tap` on each of ``modules`` at once (the same ``forward`` and ``backward`` taps), all of
+    them installed on entering the block and removed at its end, an exception included::
+
+        with tapped([m for m in model.modules() if isinstance(m, ReLU)], forward=record):
+            model(src, tgt_in)
+    """
+    with contextlib.ExitStack() as taps:
+        for m in modules:
+            taps.enter_context(m.tap(forward=forward, backward=backward))
+        yield
+
+
 def _through_taps(kind: str, method):
     """``method`` (a class's own forward or backward) run through the instance's taps of that kind, when
     any is installed and this class's method is the one the instance calls (a subclass calling

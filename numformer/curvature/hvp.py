@@ -20,13 +20,13 @@ four-fold): ``|Hv(h) - Hv(h / 2)| * 4 / 3`` bounds it as long as truncation domi
 """
 from __future__ import annotations
 
-import contextlib
 
 import numpy as np
 
 from ..backend import get_array_module
 from ..layers import Dropout, ReLU
 from ..loss import LabelSmoothedCrossEntropy
+from ..module import tapped
 
 STEP = 5e-6  # u^(1/3) for float64, in units of the block's scale
 
@@ -73,23 +73,19 @@ class BlockHessian:
             y = forward(x)
             sets[id(m)] = m.saved["positive"]
             return y
-        with contextlib.ExitStack() as taps:
-            for m in self._relus():
-                taps.enter_context(m.tap(forward=record))
+        with tapped(self._relus(), forward=record):
             self._loss_and_backward()
         return sets
 
-    def _held(self) -> contextlib.ExitStack:
+    def _held(self):
         """A context in which every ReLU stays on its recorded active set S: ``y = x * S``, and S is what
-        it saves for its backward (``dx = dy * S``), whatever the sign of x under the probe."""
+        it saves for its backward (``dx = dy * S``), whatever the sign of x under the probe. The taps go on
+        when the block is entered, not when this is called."""
         def hold(m, forward, x):
             positive = self._sets[id(m)]
             m.save_for_backward(positive=positive)
             return x * positive
-        taps = contextlib.ExitStack()
-        for m in self._relus():
-            taps.enter_context(m.tap(forward=hold))
-        return taps
+        return tapped(self._relus(), forward=hold)
 
     # -- the gradient of the block -----------------------------------------------------------------------
     def _loss_and_backward(self):

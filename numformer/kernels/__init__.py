@@ -56,19 +56,30 @@ _off = frozenset()  # kernel files left out (measurements of what each one buys)
 _chosen = {}        # plain function -> what kernel() returns for it in fast mode (built once)
 
 
-def _load() -> None:
-    """Import the kernel files (each registers its functions in :data:`numformer.kernels.twins.TWINS`);
-    Python imports each once. Loaded on the first call in fast mode, not on import: the plain mode never
-    pays for them."""
+def _twin_of(plain):
+    """The :class:`~numformer.kernels.twins.Twin` registered for ``plain``, or None. The kernel files are
+    imported here (each registers its functions in :data:`numformer.kernels.twins.TWINS`; Python imports each
+    once): on the first call in fast mode, not on import, so the plain mode never pays for them."""
+    return _registry().get(_name_of(plain))
+
+
+def _registry() -> dict:
+    """:data:`numformer.kernels.twins.TWINS`, every kernel file imported."""
     from . import adam, attention, decoding, embedding, layernorm, loss  # noqa: F401,PLC0415
+    from .twins import TWINS  # noqa: PLC0415  (imports numpy: not before tune_host, see host/)
+
+    return TWINS
+
+
+def _name_of(plain) -> str:
+    from .twins import name_of  # noqa: PLC0415
+
+    return name_of(plain)
 
 
 def _choose(plain):
     """The fast twin of ``plain`` (or a function choosing between the two by ``when``), else ``plain``."""
-    from .twins import TWINS, name_of  # noqa: PLC0415  (imports numpy: not before tune_host, see host/)
-
-    _load()
-    twin = TWINS.get(name_of(plain))
+    twin = _twin_of(plain)
     if twin is None or twin.file in _off:
         return plain
     if twin.when is None:
@@ -107,18 +118,12 @@ def set_disabled(names) -> frozenset:
 
 def registered() -> dict:
     """{plain function's dotted name: fast function} for every kernel (loads them)."""
-    from .twins import TWINS  # noqa: PLC0415
-
-    _load()
-    return {name: twin.fast for name, twin in TWINS.items()}
+    return {name: twin.fast for name, twin in _registry().items()}
 
 
 def fast_twin(plain):
     """The fast function registered for ``plain`` (None when it has none), whatever the mode."""
-    from .twins import TWINS, name_of  # noqa: PLC0415
-
-    _load()
-    twin = TWINS.get(name_of(plain))
+    twin = _twin_of(plain)
     return None if twin is None else twin.fast
 
 

@@ -45,6 +45,7 @@ import numpy as np
 
 from ..layers import Residual
 from ..model import Transformer
+from ..module import tapped
 from ..presets import get_preset
 from .common import (Budget, bible_data, gradient_at, markdown_table, param_norm, pyplot, random_batch,
                      sentence_batch, save_figure, write_outputs)
@@ -104,10 +105,8 @@ def branch_ratios(model, into: dict):
             return y
         return forward(x, measured, *args, **kwargs)
 
-    with contextlib.ExitStack() as taps:  # a forward tap on each residual (numformer.module.Module.tap)
-        for name, res in model.named_modules():
-            if id(res) in names:
-                taps.enter_context(res.tap(forward=measure_branch))
+    # a forward tap on each residual (numformer.module.Module.tap)
+    with tapped([res for _, res in model.named_modules() if id(res) in names], forward=measure_branch):
         yield into
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..backend import get_array_module, to_host
 from ..layers import FeedForward, Residual
+from ..module import tapped
 from .gradient_noise_scale import noise_scales
 from .per_sentence_gradients import PerSentenceGradients
 from .step_hooks import StepHook
@@ -94,8 +95,7 @@ class GradientStatistics(StepHook):
             self._outputs[names[id(m)]] = (y.mean(), y.std())
             return y
         self._watching = contextlib.ExitStack()
-        for _, m in self.residuals:
-            self._watching.enter_context(m.tap(forward=keep))
+        self._watching.enter_context(tapped([m for _, m in self.residuals], forward=keep))
 
     def _stop_watching(self) -> None:
         if self._watching is not None:

@@ -165,14 +165,15 @@ class PerSentenceGradients:
     def _tap(self, kind):
         """The backward tap of a layer of ``kind``: its summands reduced, then its own backward."""
         record = getattr(self, f"_{kind}")
-
-        def tapped(m, backward, dy, *args, **kwargs):
-            if kind == "general":
+        if kind == "general":  # the layer's own backward, run per sentence: it needs the backward and its arguments
+            def tap(m, backward, dy, *args, **kwargs):
                 record(m, dy, backward, *args, **kwargs)
-            else:
+                return backward(dy, *args, **kwargs)
+        else:
+            def tap(m, backward, dy, *args, **kwargs):
                 record(m, dy)
-            return backward(dy, *args, **kwargs)
-        return tapped
+                return backward(dy, *args, **kwargs)
+        return tap
 
     def _around_the_model(self, model, backward, *args, **kwargs):
         self._begin()

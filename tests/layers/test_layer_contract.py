@@ -200,3 +200,27 @@ def test_a_subclass_calling_super_is_tapped_once():
     with m.tap(forward=lambda mod, run, x: (seen.append(1), run(x))[1]):
         np.testing.assert_array_equal(m(np.array([1.0, -1.0])), [2.0, 0.0])
     assert seen == [1]
+
+
+def test_tapped_puts_one_tap_on_many_layers_at_the_with_and_takes_them_all_off():
+    from numformer.module import tapped
+
+    relus = [ReLU(), ReLU(), ReLU()]
+    seen = []
+
+    def record(m, forward, x):
+        seen.append(id(m))
+        return forward(x)
+    block = tapped(relus, forward=record)
+    x = np.ones((2, 3))
+    relus[0](x)
+    assert seen == []  # made, not entered: no tap yet (BlockHessian's held sets rely on this)
+    with pytest.raises(RuntimeError):
+        with block:
+            for r in relus:
+                r(x)
+            raise RuntimeError("inside the block")
+    assert seen == [id(r) for r in relus]
+    for r in relus:
+        r(x)
+    assert len(seen) == 3  # every one removed, after the error too
