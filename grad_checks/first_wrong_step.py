@@ -185,9 +185,7 @@ def first_wrong_steps(ex, answer, seed: int = 0, file=None, time_limit=None) -> 
             return bool(after) and all(status[r.index][0] == "right" for r in after)
 
         said, replacements = _say(ex, step, ref_calls, my_calls, verify)
-        if said.note and said.note in {s.note for s in out}:  # the same wrong operand again: one mistake, said once
-            said = None
-        else:
+        if not (said.note and said.note in {s.note for s in out}):  # the same wrong operand: one mistake, said once
             out.append(said)
         said_keys.add(step.key)
         if replacements is None:  # never computed: nothing to replay numformer's with

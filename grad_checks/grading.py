@@ -97,6 +97,11 @@ class Grade:
         return [c.error for c in self.cases if c.error is not None]
 
     @property
+    def raised_cases(self) -> list:
+        """The numbers (from 1) of the cases that stopped at an error."""
+        return [i for i, c in enumerate(self.cases, 1) if c.error is not None]
+
+    @property
     def passed(self) -> bool:
         return (self.not_implemented is None and self.not_yours is None and not self.errors and bool(self.tensors)
                 and all(t.verdict != "wrong" and (t.fd is None or t.fd.passed) for t in self.tensors))
@@ -115,7 +120,7 @@ class Grade:
             ": the mistake located (see the diagnosis)" if self.location or self.steps else ""
         wrong = [t for t in self.tensors if t.verdict == "wrong" or (t.fd is not None and not t.fd.passed)]
         if self.errors:
-            raised = [i for i, c in enumerate(self.cases, 1) if c.error is not None]
+            raised = self.raised_cases
             if len(raised) == len(self.cases):
                 return f"ERROR{named}: {self.errors[0]}"
             ran_wrong = [i for i, c in enumerate(self.cases, 1) if c.error is None and any(t in wrong for t in c.tensors)]
@@ -257,7 +262,7 @@ def _locate(result: Grade, ex: Exercise, mine: list, reference: list, seed: int)
         return
     result.hints += _hints(result, mine, reference)
     if any(t.verdict == "wrong" for t in result.tensors):
-        raised = [i for i, c in enumerate(result.cases, 1) if c.error is not None]
+        raised = result.raised_cases
         over = "over every case" if not raised else \
             f"over the {len(result.cases) - len(raised)} cases that ran ({_cases(raised)} raised)"
         result.hints.append(f"{over}: " + _right_and_wrong(result)[2:-1].replace("wrong as a result", "wrong"))

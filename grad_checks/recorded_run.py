@@ -119,7 +119,7 @@ class Recorder:
         if isinstance(value, tuple) and (isinstance(bind, tuple) or returned == "tuple"):
             names = bind if isinstance(bind, tuple) else (None,) * len(value)
             return tuple(self._record(call, node, item, name, i if returned == "tuple" else None)
-                         for i, (item, name) in enumerate(zip(value, names))) + value[len(names):]
+                         for i, (item, name) in enumerate(zip(value, names)))
         return self._record(call, node, value, bind if isinstance(bind, str) else None, returned)
 
     def changed(self, call: Call, node: int, name: str, value) -> None:
@@ -130,8 +130,7 @@ class Recorder:
             return
         info = self.nodes[node]
         operands = tuple(i for i in (last,) if i is not None) + self._operands(call, info)
-        occurrence = call.seen[node] = call.seen.get(node, -1) + 1
-        override = self.overrides.get((call.number, (node, occurrence)))
+        occurrence, override = self._next(call, node)
         if override is not None and isinstance(value, np.ndarray):
             value[...] = np.asarray(override).reshape(value.shape)  # changed in place: so is its replacement
             arr = _array(value)
@@ -144,13 +143,17 @@ class Recorder:
         found += [call.by_name[n] for n in info.names if n in call.by_name]
         return tuple(dict.fromkeys(found))
 
+    def _next(self, call: Call, node: int) -> tuple:
+        """(this record's occurrence of ``node`` in the call, the value to replay in its place or None)."""
+        occurrence = call.seen[node] = call.seen.get(node, -1) + 1
+        return occurrence, self.overrides.get((call.number, (node, occurrence)))
+
     def _record(self, call, node, value, bind, returned):
         arr = _array(value)
         info = self.nodes[node]
         if arr is None:
             return value
-        occurrence = call.seen[node] = call.seen.get(node, -1) + 1
-        override = self.overrides.get((call.number, (node, occurrence)))
+        occurrence, override = self._next(call, node)
         if override is not None:
             value = np.asarray(override, dtype=value.dtype).reshape(value.shape)
             arr = _array(value)
@@ -385,8 +388,9 @@ def recorded(fn, recorder: Recorder):
     params = [a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs if a.arg != "self"]
     rewriter = _Rewriter(recorder, source, first)
     fdef.body = [rewriter.visit(stmt) for stmt in fdef.body]
+    # a statement may come back as a list (it and its ``changed`` calls); NodeTransformer flattens the nested
+    # bodies (if, for, with) itself, the function's own body is flattened here
     fdef.body = [s for stmt in fdef.body for s in (stmt if isinstance(stmt, list) else [stmt])]
-    _flatten_bodies(fdef)
     enter = ast.parse(f"{CALL} = {RECORDER}.enter({{{', '.join(f'{p!r}: {p}' for p in params)}}})").body[0]
     fdef.body = [enter] + fdef.body
     freevars = fn.__code__.co_freevars
@@ -407,11 +411,3 @@ def recorded(fn, recorder: Recorder):
     new.__qualname__, new.__module__ = fn.__qualname__, fn.__module__
     return new
 
-
-def _flatten_bodies(node) -> None:
-    """Statement lists may hold lists (a statement and its ``changed`` calls): flattened, at every depth."""
-    for child in ast.walk(node):
-        for attr in ("body", "orelse", "finalbody"):
-            stmts = getattr(child, attr, None)
-            if isinstance(stmts, list) and any(isinstance(s, list) for s in stmts):
-                setattr(child, attr, [x for s in stmts for x in (s if isinstance(s, list) else [s])])

@@ -157,19 +157,23 @@ def folder_status(folder, time_limit: float | None = DEFAULT_TIME_LIMIT, files: 
             continue
         others = tuple(files.answering[ex.name][1:])
         result, _, message = check_file(str(path), ex.name, finite_differences=False, time_limit=time_limit)
-        if result is None:
-            rows.append(Solved(ex, path, "error", message, others))
-        elif getattr(result, "not_yours", None):  # numformer's own backward used (grad_checks/own_code.py)
-            rows.append(Solved(ex, path, "not yours", result.summary(), others))
-        elif result.not_implemented:
-            rows.append(Solved(ex, path, "not implemented", result.summary(), others))
-        elif result.exact:
-            rows.append(Solved(ex, path, "exact", result.summary(), others))
-        elif result.passed:
-            rows.append(Solved(ex, path, "approximate", result.summary(), others))
-        else:
-            rows.append(Solved(ex, path, "error" if result.errors else "wrong", result.summary(), others))
+        rows.append(Solved(ex, path, _state(result), message if result is None else result.summary(), others))
     return rows
+
+
+def _state(result) -> str:
+    """A grade's row state (:class:`Solved`); None, a file that could not be graded, is an error."""
+    if result is None:
+        return "error"
+    if result.not_yours:  # numformer's own backward used (grad_checks/own_code.py)
+        return "not yours"
+    if result.not_implemented:
+        return "not implemented"
+    if result.exact:
+        return "exact"
+    if result.passed:
+        return "approximate"
+    return "error" if result.errors else "wrong"
 
 
 def status_table(rows, folder) -> str:

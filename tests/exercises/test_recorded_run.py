@@ -7,6 +7,8 @@ import inspect
 import numpy as np
 import pytest
 
+import student_mistakes
+import student_mistakes_layers
 from grad_checks import exercises
 from grad_checks.factor_names import name_factor
 from grad_checks.first_wrong_step import first_wrong_steps
@@ -112,11 +114,9 @@ def test_a_factor_is_named_by_what_it_equals_in_every_case():
     assert name_factor(at, [2.0, 3.0], calls) == "sqrt(d_k)"
 
 
-def _sums_where_means(dy, xhat, r, gamma):
-    dxhat = dy * gamma
-    m1 = dxhat.sum(axis=-1, keepdims=True)
-    m2 = (dxhat * xhat).sum(axis=-1, keepdims=True)
-    return r * (dxhat - m1 - xhat * m2), (dy * xhat).sum(axis=0), dy.sum(axis=0)
+# two of the students' mistakes of the set (tests/exercises/student_mistakes*.py), run here on the engine itself
+_sums_where_means = student_mistakes.layernorm_sums_where_means_belong  # the 1/d forgotten in both means
+_mask_reversed = student_mistakes_layers.attention_mask_polarity_reversed  # np.where(masked, ds, 0)
 
 
 def _right(dy, xhat, r, gamma):
@@ -132,17 +132,6 @@ def test_two_mistakes_are_two_first_steps_and_a_right_answer_has_none():
     first = inspect.getsourcelines(_sums_where_means)[1]
     assert [s.line - first for s in steps] == [2, 3]
     assert first_wrong_steps(ln, _right) == []
-
-
-def _mask_reversed(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
-    dv = p_used.swapaxes(-1, -2) @ dout
-    dp = dout @ v.swapaxes(-1, -2)
-    if dropout_backward is not None:
-        dp = dropout_backward(dp)
-    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
-    if masked is not None:
-        ds = np.where(masked, ds, 0.0)
-    return ds @ k * scale, ds.swapaxes(-1, -2) @ q * scale, dv
 
 
 def test_a_reversed_mask_is_said_in_the_exercises_terms():
