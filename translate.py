@@ -30,6 +30,7 @@ from numformer import run_file_names
 from numformer.backend import resolve_device, xp_for
 from numformer.cli.arguments import OneLineParser, nonneg_float, nonneg_int, positive_int
 from numformer.cli.front import command_line
+from numformer.checkpoint.run_model_file import run_folder_of
 from numformer.checkpoint.trained_model import load_model
 from numformer.data import read_lines
 from numformer.errors import UsageError
@@ -38,7 +39,7 @@ from numformer.data.text_files import split_lines
 from numformer.data.unk_share import TRANSLATING_ADVICE, warn_unk_share
 from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
-from numformer.decoding.valid_choice import read_choice, run_folder_of
+from numformer.decoding.valid_choice import read_choice
 
 DEFAULTS = DecodeOptions()  # Section 6.1's search settings: the flags' defaults
 

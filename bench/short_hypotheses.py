@@ -36,18 +36,11 @@ from numformer.checkpoint.trained_model import load_model  # noqa: E402
 from numformer.data import read_lines  # noqa: E402
 from numformer.data.batching import pad_rows  # noqa: E402
 from numformer.decoding.search import log_softmax  # noqa: E402
-from numformer.decoding.translation import DecodeOptions, clean_output, source_batch, translate_ids  # noqa: E402
-from numformer.decoding.valid_choice import best_under  # noqa: E402
+from numformer.decoding.translation import source_batch  # noqa: E402
+from numformer.decoding.valid_choice import bleu_figures, finished_hypotheses, texts_under  # noqa: E402
 
 ALPHAS = (0.6, 1.0, 1.2, 1.5)
 BUCKETS = ((1, 15), (16, 30), (31, 50), (51, 10**9))
-
-
-def _bleu(hyps, refs) -> dict:
-    import sacrebleu  # noqa: PLC0415
-
-    b = sacrebleu.corpus_bleu(hyps, [refs])
-    return {"bleu": round(b.score, 2), "bp": round(b.bp, 4), "ratio": round(b.sys_len / max(b.ref_len, 1), 4)}
 
 
 def _ratios(hyps, refs, src_len) -> dict:
@@ -63,12 +56,12 @@ def _ratios(hyps, refs, src_len) -> dict:
 
 
 def decode_every_alpha(model, vocab, src_ids, refs) -> dict:
-    found = translate_ids(model, src_ids, vocab.bos_id, vocab.eos_id, DecodeOptions(beam=4, alpha=0.0, nbest=4))
+    found = finished_hypotheses(model, vocab, src_ids, beam=4)
     src_len = [len(s) for s in src_ids]
     out = {}
     for alpha in ALPHAS:
-        hyps = [clean_output(t) for t in vocab.decode(best_under(found, alpha))]
-        out[f"{alpha:g}"] = {**_bleu(hyps, refs), "by_source_length": _ratios(hyps, refs, src_len)}
+        hyps = texts_under(vocab, found, alpha)
+        out[f"{alpha:g}"] = {**bleu_figures(hyps, refs), "by_source_length": _ratios(hyps, refs, src_len)}
     return out
 
 
@@ -123,8 +116,8 @@ def main(argv=None) -> int:
         table = report["by_alpha"] if key is None else report.get(key, {}).get("by_alpha")
         for alpha, row in (table or {}).items():
             buckets = ", ".join(f"{b} {v['ratio']:.3f} ({v['sentences']})" for b, v in row["by_source_length"].items())
-            print(f"{name:<16} alpha {alpha:<4} BLEU {row['bleu']:6.2f}  BP {row['bp']:.3f}  ratio {row['ratio']:.3f}"
-                  f"  by source tokens: {buckets}")
+            print(f"{name:<16} alpha {alpha:<4} BLEU {row['bleu']:6.2f}  BP {row['bp']:.3f}  "
+                  f"ratio {row['length_ratio']:.3f}  by source tokens: {buckets}")
     print("teacher-forced p(EOS): " + ", ".join(f"{k} {v}" for k, v in report["eos"].items()))
     return 0
 

@@ -55,12 +55,19 @@ def newest_model_file(path) -> Path:
     return found[-1]
 
 
+def run_folder_of(model_path) -> Path:
+    """The run folder a model path belongs to: the folder itself, the run of ``RUN/*.npz`` or of
+    ``RUN/checkpoints/step_*.npz``."""
+    path = Path(model_path)
+    if path.is_dir():
+        return path
+    return path.parent.parent if path.parent.name == run_file_names.CHECKPOINTS else path.parent
+
+
 def vocab_beside(model_file) -> Path:
     """The ``spm.model`` of the run folder a model file sits in (``RUN/checkpoints/step_*.npz`` or ``RUN/*.npz``):
     where the vocabulary of a checkpoint that does not carry its own is."""
-    path = Path(model_file)
-    run_dir = path.parent.parent if path.parent.name == run_file_names.CHECKPOINTS else path.parent
-    return run_dir / run_file_names.VOCAB
+    return run_folder_of(model_file) / run_file_names.VOCAB
 
 
 def foreign_model_folder(path: Path) -> str | None:

@@ -58,39 +58,51 @@ def choose_alpha(model, vocab, src: list, ref: list, seconds: float, beam: int =
     """Decode validation sentences (``src``, ``ref``: lines) for about ``seconds`` (at least :data:`CHUNK`
     of them, at most :data:`MAX_SENTENCES`), then pick the alpha of the best BLEU; None when no sentence
     fits (empty lines, or longer than the positional table allows)."""
-    import sacrebleu  # noqa: PLC0415  (only needed when scoring)
-
     limit = max_source_tokens(model)
     pairs = [(s, r) for s, r in zip(map(normalize_line, src), ref) if s]
     ids = vocab.encode_source([s for s, _ in pairs]) if pairs else []
     usable = [(i, r) for i, (one, (_, r)) in enumerate(zip(ids, pairs)) if len(one) <= limit][:MAX_SENTENCES]
     if not usable:
         return None
-    opts = DecodeOptions(beam=beam, alpha=0.0, nbest=beam)  # alpha 0: a hypothesis' score is its log-probability
     found, refs, start = [], [], time.perf_counter()
     was_training = model.training
     model.eval()
     try:
         for at in range(0, len(usable), CHUNK):
             chunk = usable[at: at + CHUNK]
-            found += translate_ids(model, [ids[i] for i, _ in chunk], vocab.bos_id, vocab.eos_id, opts)
+            found += finished_hypotheses(model, vocab, [ids[i] for i, _ in chunk], beam)
             refs += [r for _, r in chunk]
             if time.perf_counter() - start >= seconds:
                 break
     finally:
         model.train(was_training)
-    by_alpha = {}
-    for alpha in alphas:
-        texts = [clean_output(t) for t in vocab.decode(best_under(found, alpha))]
-        bleu = sacrebleu.corpus_bleu(texts, [refs])
-        by_alpha[_key(alpha)] = {"bleu": round(bleu.score, 2), "bp": round(bleu.bp, 4),
-                                 "length_ratio": round(bleu.sys_len / max(bleu.ref_len, 1), 4)}
+    by_alpha = {_key(alpha): bleu_figures(texts_under(vocab, found, alpha), refs) for alpha in alphas}
     return DecodingChoice(pick(by_alpha, alphas), beam, len(found), round(time.perf_counter() - start, 1), by_alpha)
 
 
 def pick(by_alpha: dict, alphas) -> float:
     """The alpha of the best BLEU; of equal ones, the nearest to the paper's 0.6 (a tie says nothing against it)."""
     return max(alphas, key=lambda a: (by_alpha[_key(a)]["bleu"], -abs(a - PAPER_ALPHA)))
+
+
+def finished_hypotheses(model, vocab, src_ids: list, beam: int) -> list:
+    """Per sentence, the (tokens, log-probability) of every hypothesis a beam search of size ``beam`` finishes
+    (``nbest`` = beam, alpha 0: a hypothesis' score is its log-probability); the model in eval mode."""
+    return translate_ids(model, src_ids, vocab.bos_id, vocab.eos_id, DecodeOptions(beam=beam, alpha=0.0, nbest=beam))
+
+
+def texts_under(vocab, found: list, alpha: float) -> list:
+    """The detokenised translations a beam search with ``alpha`` returns, from :func:`finished_hypotheses`."""
+    return [clean_output(t) for t in vocab.decode(best_under(found, alpha))]
+
+
+def bleu_figures(texts: list, refs: list) -> dict:
+    """{"bleu", "bp", "length_ratio"} of translations against one reference each (sacreBLEU)."""
+    import sacrebleu  # noqa: PLC0415  (only needed when scoring)
+
+    bleu = sacrebleu.corpus_bleu(texts, [refs])
+    return {"bleu": round(bleu.score, 2), "bp": round(bleu.bp, 4),
+            "length_ratio": round(bleu.sys_len / max(bleu.ref_len, 1), 4)}
 
 
 def best_under(found: list, alpha: float) -> list:
@@ -117,12 +129,3 @@ def read_choice(run_dir) -> DecodingChoice | None:
                               float(data["seconds"]), dict(data.get("by_alpha", {})))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def run_folder_of(model_path) -> Path:
-    """The run folder a model path belongs to: the folder itself, the run of ``RUN/averaged.npz`` or of
-    ``RUN/checkpoints/step_N.npz``."""
-    path = Path(model_path)
-    if path.is_dir():
-        return path
-    return path.parent.parent if path.parent.name == run_file_names.CHECKPOINTS else path.parent

@@ -12,7 +12,8 @@ import pytest
 from numformer import run_file_names
 from numformer.decoding import valid_choice
 from numformer.decoding.translation import DecodeOptions, translate_ids
-from numformer.decoding.valid_choice import ALPHAS, best_under, read_choice, run_folder_of
+from numformer.checkpoint.run_model_file import run_folder_of
+from numformer.decoding.valid_choice import ALPHAS, best_under, read_choice
 from numformer.model import Transformer
 from numformer.presets import get_preset
 
@@ -122,6 +123,6 @@ def test_the_short_hypotheses_report_is_a_beam_search_per_alpha(tuned_run, tmp_p
         row = report["by_alpha"][f"{alpha:g}"]
         # the same hypotheses: the same score and the same length (6 steps of training translate nothing well,
         # so the length is what tells two hypothesis sets apart here)
-        assert row["bleu"] == round(bleu.score, 2) and row["ratio"] == round(bleu.sys_len / bleu.ref_len, 4)
+        assert row["bleu"] == round(bleu.score, 2) and row["length_ratio"] == round(bleu.sys_len / bleu.ref_len, 4)
     assert report["sentences"] == 3 and set(report["eos"]) == {
         "p_eos_at_reference_end", "p_eos_before_the_end", "sentences_with_eos_most_probable_before_the_end"}
