@@ -178,13 +178,15 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = PAPER_BEAM, al
     limits = max_lengths(src, pad, max_len_a, max_len_b, model.cfg.max_len)
     # one encoder output per sentence, shared by its k beams (decoder rows are sentence-major: s*k + j)
     memory, src_mask = model.encode(src)
-    cache = model.new_decoder_caches(beam=k)
+    # the first step feeds one hypothesis per sentence (its k beams would all be BOS alone: the same
+    # projection and log-sum-exp k times); its 2k best extensions then fill the k beams
+    live = 1                                # hypotheses per sentence fed to the decoder this step
+    cache = model.new_decoder_caches(beam=live)
     active = list(range(n))                 # original index of each sentence still searching
     limits_act = xp.asarray(limits)         # their length budgets
-    history = xp.full((n * k, 0), pad, dtype=src.dtype)
-    last = xp.full(n * k, bos_id, dtype=src.dtype)
-    scores = xp.full((n, k), -xp.inf, dtype=memory.dtype)
-    scores[:, 0] = 0.0                      # all beams start identical: expand only the first
+    history = xp.full((n, 0), pad, dtype=src.dtype)
+    last = xp.full(n, bos_id, dtype=src.dtype)
+    scores = xp.zeros((n, live), dtype=memory.dtype)
     finished = [[] for _ in range(n)]
     t = 0
     while active:
@@ -204,7 +206,7 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = PAPER_BEAM, al
         # set finished hypotheses aside (host bookkeeping only for the EOS events)
         if bool(is_eos.any()):
             rows, cols = (to_host(a) for a in xp.nonzero(is_eos))
-            host_hist = to_host(history.reshape(m, k, -1))
+            host_hist = to_host(history.reshape(m, live, -1))
             host_origin, host_scores = to_host(origin), to_host(top_scores)
             penalty = length_penalty(t + 1, alpha)
             for r, c in zip(rows, cols):
@@ -228,7 +230,7 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = PAPER_BEAM, al
         host_done = [len(finished[s]) >= k for s in active]
         host_done = [d or bool(f) for d, f in zip(host_done, to_host(force_eos))]
         stay = [i for i, d in enumerate(host_done) if not d]
-        beam_rows = (xp.arange(m)[:, None] * k + new_origin).reshape(-1)
+        beam_rows = (xp.arange(m)[:, None] * live + new_origin).reshape(-1)
         if len(stay) < m:
             stay_dev = xp.asarray(stay, dtype=xp.int64)
             beam_rows = beam_rows.reshape(m, k)[stay_dev].reshape(-1)
@@ -243,6 +245,9 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = PAPER_BEAM, al
             break
         # each new beam continues its parent's prefix: the self-attention keys/values follow it
         cache.take_hypotheses_(beam_rows)
+        if live != k:  # after the first step: k hypotheses per sentence from now on
+            live = k
+            cache.set_beam(k)
         history = xp.concatenate([history[beam_rows], new_token.reshape(-1, 1).astype(history.dtype)], axis=1)
         last = new_token.reshape(-1).astype(history.dtype)
         scores = new_scores

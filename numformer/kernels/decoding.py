@@ -21,8 +21,15 @@ Shapes: logits (m*k, V) for m sentences of k beams, or (B, V); scores (m, k).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..backend import get_array_module, is_cupy_array
+from .host.threads import parallel_rows
 from .twins import replaces
+
+# elements per block of the per-step passes: a few sentences' k*V scores, cache-resident through the passes,
+# few enough blocks that numpy's per-call cost stays small (measured on (115*4, 8000) float32, docs/speed.md)
+BLOCK_ELEMENTS = 1 << 18
 
 
 def _log_normaliser(logits):
@@ -47,12 +54,19 @@ def greedy_pick_fast(logits, pad_id: int, bos_id: int, eos_id: int, force_eos):
 
     The arg-max of the logits is the arg-max of the log-probabilities, so the log-softmax is never
     formed: only the picked entry is normalised. Forced rows take EOS at the model's own log-probability.
+    On the host, row blocks run in the host threads (:data:`BLOCK_ELEMENTS` each, cache-resident).
     """
     xp = get_array_module(logits)
-    lse = _log_normaliser(logits)[:, 0]
-    _ban(logits, pad_id, bos_id)
-    nxt = xp.where(force_eos, eos_id, logits.argmax(axis=1))
-    gained = xp.take_along_axis(logits, nxt[:, None], axis=1)[:, 0] - lse
+    nxt = xp.empty(logits.shape[0], dtype=xp.int64)
+    gained = xp.empty(logits.shape[0], dtype=logits.dtype)
+
+    def block(z, force, nxt_out, gained_out):
+        lse = _log_normaliser(z)[:, 0]
+        _ban(z, pad_id, bos_id)
+        nxt_out[:] = xp.where(force, eos_id, z.argmax(axis=1))
+        gained_out[:] = xp.take_along_axis(z, nxt_out[:, None], axis=1)[:, 0] - lse
+
+    parallel_rows(block, logits, xp.asarray(force_eos), nxt, gained, chunk_elements=BLOCK_ELEMENTS)
     return nxt, gained
 
 
@@ -63,26 +77,57 @@ def beam_candidates_fast(logits, scores, n: int, pad_id: int, bos_id: int, eos_i
     logits (m*k, V), scores (m, k) (the beams' log-probabilities so far, -inf for unused beams),
     force_eos (m,) bool -> (index (m, n) into the flattened (k*V) candidates, their total
     scores (m, n)). A candidate's score is ``scores[s, j] + log_softmax(logits)[s*k + j, token]``.
+    On the host, blocks of whole sentences run in the host threads, each block's passes (log-sum-exp,
+    the scores folded in, the bans, the forced EOS, the top ``n``) over cache-resident rows.
     """
     xp = get_array_module(logits)
     m, k = scores.shape
     vocab = logits.shape[-1]
-    lse = _log_normaliser(logits)
-    # logits - lse + score, in place: the candidate matrix without a new (m, k*V) array
-    logits -= lse - scores.reshape(m * k, 1).astype(logits.dtype, copy=False)
-    cand = logits.reshape(m, k, vocab)
-    _ban(cand, pad_id, bos_id)
+    if is_cupy_array(logits):
+        return _beam_candidates_device(logits, scores, n, pad_id, bos_id, eos_id, force_eos)
+    top = np.empty((m, n), dtype=np.int64)
+    top_scores = np.empty((m, n), dtype=logits.dtype)
+
+    def block(cand, sc, force, top_out, scores_out):
+        # logits - lse + score, in place: the candidate matrix without a new (m, k*V) array
+        cand -= _log_normaliser(cand) - sc[:, :, None]
+        _ban(cand, pad_id, bos_id)
+        _force_end(cand, force, eos_id)
+        flat = cand.reshape(cand.shape[0], k * vocab)
+        if n >= flat.shape[1]:
+            idx = np.argsort(-flat, axis=1)[:, :n]
+            vals = np.take_along_axis(flat, idx, axis=1)
+        else:
+            idx, vals = top_n(flat, n)
+        order = np.argsort(-vals, axis=1)
+        top_out[:] = np.take_along_axis(idx, order, axis=1)
+        scores_out[:] = np.take_along_axis(vals, order, axis=1)
+
+    parallel_rows(block, logits.reshape(m, k, vocab), scores.astype(logits.dtype, copy=False),
+                  np.asarray(force_eos), top, top_scores, chunk_elements=BLOCK_ELEMENTS)
+    return top, top_scores
+
+
+def _force_end(cand, force_eos, eos_id: int) -> None:
+    """Sentences ``force_eos`` may only end: every other candidate -inf, EOS keeps its score (in place)."""
+    xp = get_array_module(cand)
     eos = cand[force_eos, :, eos_id]  # a copy: the model's own EOS scores of the forced sentences
     cand[force_eos] = -xp.inf
     cand[force_eos, :, eos_id] = eos
-    cand = cand.reshape(m, k * vocab)
-    if is_cupy_array(cand) or n >= cand.shape[1]:
-        top = xp.argsort(-cand, axis=1)[:, :n]
-        top_scores = xp.take_along_axis(cand, top, axis=1)
-    else:
-        top, top_scores = top_n(cand, n)
-    order = xp.argsort(-top_scores, axis=1)
-    return xp.take_along_axis(top, order, axis=1), xp.take_along_axis(top_scores, order, axis=1)
+
+
+def _beam_candidates_device(logits, scores, n: int, pad_id: int, bos_id: int, eos_id: int, force_eos):
+    """:func:`beam_candidates_fast` on a GPU: the same passes over the whole (m, k, V) at once, a sort for the top."""
+    xp = get_array_module(logits)
+    m, k = scores.shape
+    lse = _log_normaliser(logits)
+    logits -= lse - scores.reshape(m * k, 1).astype(logits.dtype, copy=False)
+    cand = logits.reshape(m, k, -1)
+    _ban(cand, pad_id, bos_id)
+    _force_end(cand, force_eos, eos_id)
+    cand = cand.reshape(m, -1)
+    top = xp.argsort(-cand, axis=1)[:, :n]
+    return top, xp.take_along_axis(cand, top, axis=1)
 
 
 def top_n(a, n: int, rows_per_group: int = 16):

@@ -146,6 +146,13 @@ class DecoderCache:
         self.take_hypotheses_(index)
         self.take_sentences_(index)
 
+    def set_beam(self, beam: int) -> None:
+        """The self-attention rows now hold ``beam`` hypotheses per sentence (beam search's first step
+        feeds one per sentence, then :meth:`take_hypotheses_` copies each into its ``beam`` extensions)."""
+        self.beam = beam
+        for layer in self.layers:
+            layer.beam = beam
+
     def take_hypotheses_(self, rows) -> None:
         """The self-attention caches keep hypothesis rows ``rows`` (batch' * beam,), in this order."""
         for layer in self.layers:

@@ -83,3 +83,27 @@ def test_forced_eos_keeps_the_models_log_probability(search, start):
         again = greedy_search(model, src, bos, eos, max_len_a=0.0, max_len_b=limit, use_cache=False)
         assert [h.tokens for h in again] == [h.tokens for h in hyps]
         np.testing.assert_allclose([h.logprob for h in again], [h.logprob for h in hyps], rtol=1e-4)
+
+
+def test_beam_search_feeds_one_hypothesis_per_sentence_at_its_first_step():
+    """At the first step a sentence's k beams would all be BOS alone: beam search feeds one row per sentence
+    (no projection or log-sum-exp for the k-1 empty beams), then k rows per sentence still searching."""
+    m = Transformer(get_preset("tiny", vocab_size=30, d_model=16, d_ff=32, heads=2, max_len=64), seed=3,
+                    dtype=np.float64).eval()
+    src = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3], [12, 13, 3, 0, 0]])
+    fed = []
+    step = m.decode_step
+
+    def counting_step(tokens, *args, **kwargs):
+        fed.append(len(tokens))
+        return step(tokens, *args, **kwargs)
+
+    m.decode_step = counting_step
+    try:
+        hyps = beam_search(m, src, bos_id=1, eos_id=3, beam=4, max_len_b=6)
+    finally:
+        del m.decode_step
+    assert fed[0] == 3
+    assert fed[1] == 3 * 4
+    assert all(n % 4 == 0 for n in fed[1:])
+    assert [len(h) for h in hyps] == [1, 1, 1]
