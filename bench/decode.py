@@ -8,7 +8,9 @@ and the cost of one step by position.
    and output tokens/s (subword pieces of the best hypothesis, EOS not counted).
    The same weights are loaded into a PyTorch eager decoder (``tests/reference/torch_decode.py``:
    fused Q/K/V, ``F.scaled_dot_product_attention``, a key/value cache, the same search rules,
-   the same batches) that runs the same searches right after numformer's; reported beside
+   the same batches) that runs the same searches right after numformer's; each side's timed search runs in
+   a child process of its own (a warm-up on 8 sentences first): the engines' worker threads spin for a while
+   after each call and measurably slowed whichever side ran next in a shared process. Reported beside
    numformer's: its sentences/s and tokens/s, the ratio numformer/PyTorch of sentences/s,
    and the share of sentences where both found the same best hypothesis (with ``--dtype
    float64`` at least 99% is expected: a check of the search; in float32 rounding may
@@ -54,6 +56,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -104,6 +107,10 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                     help="both sides compute in this dtype (default float32; float64 checks the search)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    # a child process timing one side's search (run_side): the side, the search's beam, CTranslate2's export
+    ap.add_argument("--time-side", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--time-beam", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--ct2-folder", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
         args.sentences, args.step_batch, args.step_positions, args.step_repeat = 32, 8, 10, 1
@@ -153,22 +160,6 @@ def time_torch_search(dec, vocab, ids, opts):
     seconds = time.perf_counter() - t0
     best = [h.tokens for h in found]
     return _speed(best, ids, seconds, opts.beam), best
-
-
-def ctranslate2_translators(model, vocab, folder: Path, compute_types, threads: int, device: str):
-    """The model exported by numformer's converter into ``folder`` (float32 weights) and one
-    ``ctranslate2.Translator`` per compute type (int8 quantizes the float32 weights on load); {} when
-    ctranslate2 is not installed."""
-    try:
-        import ctranslate2  # noqa: PLC0415
-    except ImportError:
-        return {}
-    from numformer.interop.ctranslate2 import export_model  # noqa: PLC0415
-
-    out = export_model(model, vocab, folder / "ct2")
-    return {ct: ctranslate2.Translator(str(out), device=device, compute_type=ct, intra_threads=threads,
-                                       inter_threads=1)
-            for ct in compute_types}
 
 
 def time_ct2_search(translator, vocab, ids, opts, max_len: int):
@@ -249,6 +240,58 @@ def position_costs(model, src, bos_id: int, positions: int, repeat: int, cached:
             "ms_total": sum(per_pos)}
 
 
+def _has(package: str) -> bool:
+    import importlib.util  # noqa: PLC0415
+
+    return importlib.util.find_spec(package) is not None
+
+
+def run_side(child_argv: list, side: str, beam: int):
+    """One side's timed search in a child process of its own (other engines' threads, which spin after their
+    calls, would slow it in a shared process) -> (speed dict with its backend, best token lists)."""
+    out = subprocess.run([sys.executable, __file__, *child_argv, "--time-side", side, "--time-beam", str(beam)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"the {side} side failed: {out.stderr.strip().splitlines()[-1:]}")
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    return report["speed"], report["best"]
+
+
+def time_side(args, model, vocab, ids, opts, sync) -> dict:
+    """A child's work: a warm-up on 8 sentences (not counted), then the timed search of ``args.time_side``
+    -> {"speed": speed dict with "backend", "best": best token lists}."""
+    side = args.time_side
+    if side == "numformer":
+        from numformer.backend import describe  # noqa: PLC0415
+
+        time_search(model, vocab, ids[:8], opts, sync)
+        speed, best = time_search(model, vocab, ids, opts, sync)
+        speed["backend"] = describe(model.xp)
+    elif side == "torch":
+        import torch  # noqa: PLC0415
+
+        from reference.torch_decode import TorchDecoder  # noqa: PLC0415
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        dec = TorchDecoder.from_numformer(model, getattr(torch, args.dtype))
+        time_torch_search(dec, vocab, ids[:8], opts)
+        speed, best = time_torch_search(dec, vocab, ids, opts)
+        speed["backend"] = f"torch {torch.__version__}, {torch.get_num_threads()} threads, eager"
+    else:
+        import ctranslate2  # noqa: PLC0415
+
+        compute_type = side.split(":", 1)[1]
+        device = "cpu" if args.device in (None, "cpu") else "cuda"
+        translator = ctranslate2.Translator(args.ct2_folder, device=device, compute_type=compute_type,
+                                            intra_threads=args.threads, inter_threads=1)
+        time_ct2_search(translator, vocab, ids[:8], opts, model.cfg.max_len)
+        speed, best = time_ct2_search(translator, vocab, ids, opts, model.cfg.max_len)
+        speed["backend"] = (f"ctranslate2 {ctranslate2.__version__}, {device}, intra_threads "
+                            f"{args.threads or 'default'}, compute type {compute_type} ({translator.compute_type})")
+    return {"speed": speed, "best": best}
+
+
 @command_line(PROG)
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -264,25 +307,16 @@ def main(argv=None) -> int:
 
     model, vocab, path = load_model(args.model, args.vocab, args.device)
     xp = model.xp
-    ct2_dir = tempfile.TemporaryDirectory(prefix="bench_decode_ct2_")
-    ct2 = {}
-    if args.ctranslate2:  # exported before a float64 cast: the weights as trained, float32
-        import numpy as np  # noqa: PLC0415
+    ct2_dir = tempfile.TemporaryDirectory(prefix="bench_decode_ct2_") if args.time_side is None else None
+    ct2_types = []
+    if args.time_side is None and args.ctranslate2 and _has("ctranslate2"):
+        # exported before a float64 cast: the weights as trained, float32; each child loads its translator
+        from numformer.interop.ctranslate2 import export_model  # noqa: PLC0415
 
-        ct2_device = "cpu" if xp is np else "cuda"
-        compute_types = [c for c in args.ct2_compute_types.split(",") if c]
-        ct2 = ctranslate2_translators(model, vocab, Path(ct2_dir.name), compute_types, args.threads, ct2_device)
+        export_model(model, vocab, Path(ct2_dir.name) / "ct2")
+        ct2_types = [c for c in args.ct2_compute_types.split(",") if c]
     if args.dtype == "float64":
         model.to(xp, xp.float64)
-    dec = None
-    if args.torch:
-        import torch  # noqa: PLC0415
-
-        from reference.torch_decode import TorchDecoder  # noqa: PLC0415
-
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        dec = TorchDecoder.from_numformer(model, getattr(torch, args.dtype))
     sync = make_sync(xp)
     src_path = Path(args.input) if args.input else default_input()
     all_lines = src_path.read_text(encoding="utf-8").splitlines()
@@ -291,6 +325,12 @@ def main(argv=None) -> int:
         kept = kept[: args.sentences]
     lines = [all_lines[i] for i in kept]
     ids = vocab.encode(lines)
+    warm = DecodeOptions(beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens)
+    searches = [warm] + ([DecodeOptions(beam=1, max_tokens=args.max_tokens)] if args.greedy else [])
+    if args.time_side is not None:  # a child: one side, one search, then the JSON line
+        opts = next(o for o in searches if o.beam == args.time_beam)
+        print(json.dumps(time_side(args, model, vocab, ids, opts, sync)))
+        return 0
     reference = args.reference or (None if args.input else str(src_path.with_suffix(".tgt")))
     refs = None
     if reference and reference != "none":
@@ -300,44 +340,37 @@ def main(argv=None) -> int:
     result = {"model": str(path), "input": str(src_path), "backend": describe(xp), "dtype": args.dtype,
               "config": {"d_model": cfg.d_model, "heads": cfg.heads, "layers": cfg.layers, "d_ff": cfg.d_ff,
                          "vocab": cfg.vocab_size},
-              "threads": os.environ.get("OMP_NUM_THREADS"), "max_tokens": args.max_tokens, "search": []}
-    # a short warm-up (allocator, BLAS threads), not counted
-    warm = DecodeOptions(beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens)
-    time_search(model, vocab, ids[:8], warm, sync)
-    if dec is not None:
-        time_torch_search(dec, vocab, ids[:8], warm)
-        result["torch_backend"] = f"torch {torch.__version__}, {torch.get_num_threads()} threads, eager"
-    for translator in ct2.values():
-        time_ct2_search(translator, vocab, ids[:8], warm, cfg.max_len)
-    if ct2:
-        import ctranslate2  # noqa: PLC0415
-
-        result["ctranslate2_backend"] = (f"ctranslate2 {ctranslate2.__version__}, {ct2_device}, intra_threads "
-                                         f"{args.threads or 'default'}, compute types "
-                                         + ", ".join(f"{k} ({t.compute_type})" for k, t in ct2.items()))
-    searches = [warm] + ([DecodeOptions(beam=1, max_tokens=args.max_tokens)] if args.greedy else [])
+              "threads": os.environ.get("OMP_NUM_THREADS"), "max_tokens": args.max_tokens,
+              "sides": "each side's run in its own process, one after the other", "search": []}
 
     def add_bleu(speed, best_ids):  # the side's best hypotheses, detokenised, against the references
         if refs is not None:
             speed["bleu"] = score_translations([clean_output(t) for t in vocab.decode(best_ids)], refs)["bleu"]
 
+    child_argv = [a for a in (sys.argv[1:] if argv is None else list(argv)) if a != "--json"]
     for opts in searches:
-        ours, best = time_search(model, vocab, ids, opts, sync)
+        ours, best = run_side(child_argv, "numformer", opts.beam)
         add_bleu(ours, best)
-        if dec is not None:  # right after numformer's run, on the same weights and batches
-            theirs, their_best = time_torch_search(dec, vocab, ids, opts)
+        if args.torch:  # right after numformer's run, on the same weights and batches
+            theirs, their_best = run_side(child_argv, "torch", opts.beam)
+            result["torch_backend"] = theirs.pop("backend")
             add_bleu(theirs, their_best)
             ours["torch"] = theirs
             ours["ratio_sentences_per_s"] = ours["sentences_per_s"] / theirs["sentences_per_s"]
             ours["same_hypotheses"] = sum(a == b for a, b in zip(best, their_best)) / max(len(ids), 1)
-        for ct, translator in ct2.items():  # right after numformer's run too, the same batches
-            theirs, their_best = time_ct2_search(translator, vocab, ids, opts, cfg.max_len)
+        for ct in ct2_types:  # right after numformer's run too, the same batches
+            theirs, their_best = run_side(child_argv + ["--ct2-folder", str(Path(ct2_dir.name) / "ct2")],
+                                          f"ctranslate2:{ct}", opts.beam)
+            result["ctranslate2_backend"] = theirs.pop("backend")
             add_bleu(theirs, their_best)
             theirs["ratio_sentences_per_s"] = ours["sentences_per_s"] / theirs["sentences_per_s"]
             theirs["same_hypotheses"] = sum(a == b for a, b in zip(best, their_best)) / max(len(ids), 1)
             theirs["same_within_limit"] = same_within_limit(best, their_best, ids, opts, cfg.max_len)
             ours.setdefault("ctranslate2", {})[ct] = theirs
+        ours.pop("backend", None)
         result["search"].append(ours)
+    ct2 = bool(ct2_types)
+    time_search(model, vocab, ids[:8], warm, sync)  # the per-position timing's warm-up (allocator, BLAS threads)
 
     limit = cfg.max_len - 1
     positions = min(args.step_positions, limit)
@@ -357,7 +390,7 @@ def main(argv=None) -> int:
           f"V={cfg.vocab_size}), {result['backend']}, threads {result['threads'] or 'default'}")
     print(f"input {src_path}: {len(ids)} sentences, batches of {args.max_tokens} source tokens, {args.dtype}"
           + (f"; sacreBLEU against {reference}" if refs is not None else "")
-          + (f"; PyTorch: {result['torch_backend']}" if dec is not None else ""))
+          + (f"; PyTorch: {result['torch_backend']}" if "torch_backend" in result else ""))
     if ct2:
         print(f"CTranslate2: {result['ctranslate2_backend']}; the batches' limit is their longest sentence's, "
               f"length_penalty {args.alpha} divides by length^alpha (numformer: ((5 + length) / 6)^alpha)")
