@@ -139,6 +139,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "python3 bench/train_step.py --preset base --steps 4 --warmup 2 --threads 1":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --threads 1 --no-torch"
                   "  # base: the same code at another size"),
+    "python3 bench/decode.py --model runs/bible-en-es-small --sentences 300 --no-uncached --ct2-compute-types float32":
+        ("small", "python3 bench/decode.py --model runs/bible-en-es-small --sentences 5 --no-uncached --ct2-compute-types "
+                  "float32 --step-repeat 1 --step-positions 5"),
+    "python3 bench/decode_profile.py --model runs/bible-en-es-small --sentences 75 --cached 25 --source 52 --calls 30 "
+    "--repeat 2":
+        ("small", "python3 bench/decode_profile.py --model runs/bible-en-es-small --sentences 3 --cached 3 --source 5 "
+                  "--calls 1 --repeat 1"),
+    "python3 bench/train_step.py --preset tiny,small --steps 10 --repeat 1 --no-compile":
+        ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-compile"),
     "python3 bench/kernel_speed.py --calls 15": ("small", "python3 bench/kernel_speed.py --calls 1 --size batch-of-one"),
     "python3 bench/data_scale.py --pairs 500000,1500000,4500000":
         ("small", "python3 bench/data_scale.py --pairs 20000 --steps 1 --vocab-size 500"),
