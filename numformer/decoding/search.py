@@ -169,7 +169,8 @@ def beam_search(model, src, bos_id: int, eos_id: int, beam: int = PAPER_BEAM, al
     not end. A sentence is
     finished once ``beam`` hypotheses have ended (fairseq's rule) or its length
     budget ``max_len_a * source_length + max_len_b`` is spent (EOS is forced, scored with the
-    model's own EOS log-probability).
+    model's own EOS log-probability). Only live hypotheses reach the decoder: one per sentence at the
+    first step (its k beams would all be BOS alone), then the k that continue; ended ones are set aside.
     """
     xp = model.xp
     src = xp.asarray(src)

@@ -14,6 +14,9 @@
   log-probability, without forming the log-softmax (the arg-max of the logits is the arg-max of the
   log-probabilities).
 
+On the host both run their passes block by block over whole sentences (:data:`BLOCK_ELEMENTS` scores
+each, cache-resident through the passes) in the host threads (:func:`~.host.threads.parallel_rows`).
+
 Unlike the training kernels, these two run on cupy arrays as well (everything here goes through
 ``xp``): on a GPU they fold the same passes into the logits and take the top ``n`` with a sort.
 
@@ -57,8 +60,9 @@ def greedy_pick_fast(logits, pad_id: int, bos_id: int, eos_id: int, force_eos):
     On the host, row blocks run in the host threads (:data:`BLOCK_ELEMENTS` each, cache-resident).
     """
     xp = get_array_module(logits)
-    nxt = xp.empty(logits.shape[0], dtype=xp.int64)
-    gained = xp.empty(logits.shape[0], dtype=logits.dtype)
+    # filled so that a row no block wrote is plainly wrong (-1, NaN), never a stale value
+    nxt = xp.full(logits.shape[0], -1, dtype=xp.int64)
+    gained = xp.full(logits.shape[0], xp.nan, dtype=logits.dtype)
 
     def block(z, force, nxt_out, gained_out):
         lse = _log_normaliser(z)[:, 0]
@@ -85,8 +89,8 @@ def beam_candidates_fast(logits, scores, n: int, pad_id: int, bos_id: int, eos_i
     vocab = logits.shape[-1]
     if is_cupy_array(logits):
         return _beam_candidates_device(logits, scores, n, pad_id, bos_id, eos_id, force_eos)
-    top = np.empty((m, n), dtype=np.int64)
-    top_scores = np.empty((m, n), dtype=logits.dtype)
+    top = np.full((m, n), -1, dtype=np.int64)  # -1 and NaN where no block wrote, never a stale value
+    top_scores = np.full((m, n), np.nan, dtype=logits.dtype)
 
     def block(cand, sc, force, top_out, scores_out):
         # logits - lse + score, in place: the candidate matrix without a new (m, k*V) array

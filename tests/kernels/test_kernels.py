@@ -301,6 +301,10 @@ def _plants():
          lambda a, n: top_n(a[:, : a.shape[1] // 2], n)),
         ("greedy_pick: log-probability without the log-sum-exp", "greedy_pick", dec, "_log_normaliser",
          lambda z: z.max(axis=-1, keepdims=True)),
+        ("beam_candidates: the last sentence's block never searched", "beam_candidates", dec, "parallel_rows",
+         lose(kthreads.parallel_rows)),
+        ("greedy_pick: the last row's block never picked", "greedy_pick", dec, "parallel_rows",
+         lose(kthreads.parallel_rows)),
     ]
 
 
