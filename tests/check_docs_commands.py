@@ -148,6 +148,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "--calls 1 --repeat 1"),
     "python3 bench/train_step.py --preset tiny,small --steps 10 --repeat 1 --no-compile":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-compile"),
+    "python3 bench/train_step.py --preset base --steps 6 --warmup 2 --repeat 1 --no-compile":
+        ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-compile  # base: the same code"),
     "python3 bench/kernel_speed.py --calls 15": ("small", "python3 bench/kernel_speed.py --calls 1 --size batch-of-one"),
     "python3 bench/data_scale.py --pairs 500000,1500000,4500000":
         ("small", "python3 bench/data_scale.py --pairs 20000 --steps 1 --vocab-size 500"),
