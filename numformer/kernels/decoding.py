@@ -84,7 +84,6 @@ def beam_candidates_fast(logits, scores, n: int, pad_id: int, bos_id: int, eos_i
     On the host, blocks of whole sentences run in the host threads, each block's passes (log-sum-exp,
     the scores folded in, the bans, the forced EOS, the top ``n``) over cache-resident rows.
     """
-    xp = get_array_module(logits)
     m, k = scores.shape
     vocab = logits.shape[-1]
     if is_cupy_array(logits):
