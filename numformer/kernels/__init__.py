@@ -60,7 +60,9 @@ def _twin_of(plain):
     """The :class:`~numformer.kernels.twins.Twin` registered for ``plain``, or None. The kernel files are
     imported here (each registers its functions in :data:`numformer.kernels.twins.TWINS`; Python imports each
     once): on the first call in fast mode, not on import, so the plain mode never pays for them."""
-    return _registry().get(_name_of(plain))
+    from .twins import name_of  # noqa: PLC0415
+
+    return _registry().get(name_of(plain))
 
 
 def _registry() -> dict:
@@ -69,12 +71,6 @@ def _registry() -> dict:
     from .twins import TWINS  # noqa: PLC0415  (imports numpy: not before tune_host, see host/)
 
     return TWINS
-
-
-def _name_of(plain) -> str:
-    from .twins import name_of  # noqa: PLC0415
-
-    return name_of(plain)
 
 
 def _choose(plain):

@@ -24,8 +24,6 @@ Shapes: logits (m*k, V) for m sentences of k beams, or (B, V); scores (m, k).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..backend import get_array_module, is_cupy_array
 from .host.threads import parallel_rows
 from .twins import replaces
@@ -84,53 +82,32 @@ def beam_candidates_fast(logits, scores, n: int, pad_id: int, bos_id: int, eos_i
     On the host, blocks of whole sentences run in the host threads, each block's passes (log-sum-exp,
     the scores folded in, the bans, the forced EOS, the top ``n``) over cache-resident rows.
     """
+    xp = get_array_module(logits)
     m, k = scores.shape
     vocab = logits.shape[-1]
-    if is_cupy_array(logits):
-        return _beam_candidates_device(logits, scores, n, pad_id, bos_id, eos_id, force_eos)
-    top = np.full((m, n), -1, dtype=np.int64)  # -1 and NaN where no block wrote, never a stale value
-    top_scores = np.full((m, n), np.nan, dtype=logits.dtype)
+    top = xp.full((m, n), -1, dtype=xp.int64)  # -1 and NaN where no block wrote, never a stale value
+    top_scores = xp.full((m, n), xp.nan, dtype=logits.dtype)
 
     def block(cand, sc, force, top_out, scores_out):
         # logits - lse + score, in place: the candidate matrix without a new (m, k*V) array
         cand -= _log_normaliser(cand) - sc[:, :, None]
         _ban(cand, pad_id, bos_id)
-        _force_end(cand, force, eos_id)
+        eos = cand[force, :, eos_id]  # a copy: the model's own EOS scores of the forced sentences
+        cand[force] = -xp.inf
+        cand[force, :, eos_id] = eos
         flat = cand.reshape(cand.shape[0], k * vocab)
-        if n >= flat.shape[1]:
-            idx = np.argsort(-flat, axis=1)[:, :n]
-            vals = np.take_along_axis(flat, idx, axis=1)
+        if is_cupy_array(flat) or n >= flat.shape[1]:
+            idx = xp.argsort(-flat, axis=1)[:, :n]
+            vals = xp.take_along_axis(flat, idx, axis=1)
         else:
             idx, vals = top_n(flat, n)
-        order = np.argsort(-vals, axis=1)
-        top_out[:] = np.take_along_axis(idx, order, axis=1)
-        scores_out[:] = np.take_along_axis(vals, order, axis=1)
+        order = xp.argsort(-vals, axis=1)
+        top_out[:] = xp.take_along_axis(idx, order, axis=1)
+        scores_out[:] = xp.take_along_axis(vals, order, axis=1)
 
     parallel_rows(block, logits.reshape(m, k, vocab), scores.astype(logits.dtype, copy=False),
-                  np.asarray(force_eos), top, top_scores, chunk_elements=BLOCK_ELEMENTS)
+                  xp.asarray(force_eos), top, top_scores, chunk_elements=BLOCK_ELEMENTS)
     return top, top_scores
-
-
-def _force_end(cand, force_eos, eos_id: int) -> None:
-    """Sentences ``force_eos`` may only end: every other candidate -inf, EOS keeps its score (in place)."""
-    xp = get_array_module(cand)
-    eos = cand[force_eos, :, eos_id]  # a copy: the model's own EOS scores of the forced sentences
-    cand[force_eos] = -xp.inf
-    cand[force_eos, :, eos_id] = eos
-
-
-def _beam_candidates_device(logits, scores, n: int, pad_id: int, bos_id: int, eos_id: int, force_eos):
-    """:func:`beam_candidates_fast` on a GPU: the same passes over the whole (m, k, V) at once, a sort for the top."""
-    xp = get_array_module(logits)
-    m, k = scores.shape
-    lse = _log_normaliser(logits)
-    logits -= lse - scores.reshape(m * k, 1).astype(logits.dtype, copy=False)
-    cand = logits.reshape(m, k, -1)
-    _ban(cand, pad_id, bos_id)
-    _force_end(cand, force_eos, eos_id)
-    cand = cand.reshape(m, -1)
-    top = xp.argsort(-cand, axis=1)[:, :n]
-    return top, xp.take_along_axis(cand, top, axis=1)
 
 
 def top_n(a, n: int, rows_per_group: int = 16):
