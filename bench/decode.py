@@ -313,7 +313,7 @@ def main(argv=None) -> int:
         # exported before a float64 cast: the weights as trained, float32; each child loads its translator
         from numformer.interop.ctranslate2 import export_model  # noqa: PLC0415
 
-        export_model(model, vocab, Path(ct2_dir.name) / "ct2")
+        ct2_folder = str(export_model(model, vocab, Path(ct2_dir.name) / "ct2"))
         ct2_types = [c for c in args.ct2_compute_types.split(",") if c]
     if args.dtype == "float64":
         model.to(xp, xp.float64)
@@ -348,6 +348,7 @@ def main(argv=None) -> int:
             speed["bleu"] = score_translations([clean_output(t) for t in vocab.decode(best_ids)], refs)["bleu"]
 
     child_argv = [a for a in (sys.argv[1:] if argv is None else list(argv)) if a != "--json"]
+    ct2_backends = {}  # compute type -> the engine as its child described it
     for opts in searches:
         ours, best = run_side(child_argv, "numformer", opts.beam)
         add_bleu(ours, best)
@@ -359,9 +360,8 @@ def main(argv=None) -> int:
             ours["ratio_sentences_per_s"] = ours["sentences_per_s"] / theirs["sentences_per_s"]
             ours["same_hypotheses"] = sum(a == b for a, b in zip(best, their_best)) / max(len(ids), 1)
         for ct in ct2_types:  # right after numformer's run too, the same batches
-            theirs, their_best = run_side(child_argv + ["--ct2-folder", str(Path(ct2_dir.name) / "ct2")],
-                                          f"ctranslate2:{ct}", opts.beam)
-            result["ctranslate2_backend"] = theirs.pop("backend")
+            theirs, their_best = run_side(child_argv + ["--ct2-folder", ct2_folder], f"ctranslate2:{ct}", opts.beam)
+            ct2_backends[ct] = theirs.pop("backend")
             add_bleu(theirs, their_best)
             theirs["ratio_sentences_per_s"] = ours["sentences_per_s"] / theirs["sentences_per_s"]
             theirs["same_hypotheses"] = sum(a == b for a, b in zip(best, their_best)) / max(len(ids), 1)
@@ -369,7 +369,8 @@ def main(argv=None) -> int:
             ours.setdefault("ctranslate2", {})[ct] = theirs
         ours.pop("backend", None)
         result["search"].append(ours)
-    ct2 = bool(ct2_types)
+    if ct2_backends:
+        result["ctranslate2_backend"] = "; ".join(ct2_backends.values())
     time_search(model, vocab, ids[:8], warm, sync)  # the per-position timing's warm-up (allocator, BLAS threads)
 
     limit = cfg.max_len - 1
@@ -391,7 +392,7 @@ def main(argv=None) -> int:
     print(f"input {src_path}: {len(ids)} sentences, batches of {args.max_tokens} source tokens, {args.dtype}"
           + (f"; sacreBLEU against {reference}" if refs is not None else "")
           + (f"; PyTorch: {result['torch_backend']}" if "torch_backend" in result else ""))
-    if ct2:
+    if ct2_backends:
         print(f"CTranslate2: {result['ctranslate2_backend']}; the batches' limit is their longest sentence's, "
               f"length_penalty {args.alpha} divides by length^alpha (numformer: ((5 + length) / 6)^alpha)")
     for r in result["search"]:

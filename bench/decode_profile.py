@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the reference decoder (tests/reference/torch_decode.py)
 from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+from thread_env import pin_threads  # noqa: E402  (bench/thread_env.py: before numpy is imported)
 
 PROG = "bench/decode_profile.py"  # the name its one-line errors start with
 SIDES = ("numformer", "torch")
@@ -217,8 +218,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.side is None:
         return report(args, argv)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMFORMER_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
+    pin_threads(args.threads)
     from numformer.kernels.host import tune_host  # noqa: PLC0415
 
     tune_host(blas=False)  # as translate.py does
