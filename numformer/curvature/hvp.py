@@ -20,7 +20,6 @@ four-fold): ``|Hv(h) - Hv(h / 2)| * 4 / 3`` bounds it as long as truncation domi
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..backend import get_array_module
