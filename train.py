@@ -29,6 +29,7 @@ leaves the previous one loadable.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -93,8 +94,8 @@ class InitFrom(NamedTuple):
     path: Path          # the file read (of a run folder: its fresh average, else its newest checkpoint)
 
 
-def parse_args(argv=None):
-    ap = OneLineParser(prog="train.py", description=__doc__.splitlines()[0], epilog=__doc__.split("Examples:")[1],
+def parse_args(argv=None, prog: str = "train.py"):
+    ap = OneLineParser(prog=prog, description=__doc__.splitlines()[0], epilog=__doc__.split("Examples:")[1],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_argument_group("data (one of; with --resume, the run's by default)")
     src.add_argument("--corpus", help=f"a corpus the project builds itself: {', '.join(CORPORA)}")
@@ -220,9 +221,18 @@ def parse_args(argv=None):
 
 @command_line("train.py")
 def main(argv=None) -> int:
-    """The flow: parse, open the run, prepare the data, build the model and the trainer, train, test."""
-    args = parse_on_rank0(parse_args, argv)
-    with processes("train.py", args.device) as procs, swapped_from_specs(args.swap, grade=grade_swap,
+    """train.py: the flow below with numformer's :class:`Trainer`."""
+    return train_with(Trainer, argv)
+
+
+def train_with(trainer_class, argv=None, prog: str = "train.py") -> int:
+    """The flow: parse, open the run, prepare the data, build the model and the trainer, train, test.
+
+    ``trainer_class``: numformer's :class:`Trainer`, or a subclass that computes the step elsewhere
+    (bench/torch_trainer.py: the same flow, data, schedule, checkpoints and beam search around a PyTorch step).
+    """
+    args = parse_on_rank0(functools.partial(parse_args, prog=prog), argv)
+    with processes(prog, args.device) as procs, swapped_from_specs(args.swap, grade=grade_swap,
                                                                                expand=solved_specs):
         world, device = procs.world, procs.device
         xp = xp_for(world.device if world.size > 1 else device)  # cuda asked for but missing: one line, now
@@ -242,7 +252,7 @@ def main(argv=None) -> int:
                 model.load_state_dict(load_checkpoint(run.init_from, with_optimizer=False).model)
             model = model.to(xp)
             print_plan(model, run, tcfg, args, device, world)
-            trainer = Trainer(model, data, tcfg, folder if folder is not None else out,
+            trainer = trainer_class(model, data, tcfg, folder if folder is not None else out,
                               progress=not args.no_progress, world=world, name=run.preset)
             if args.resume and not trainer.resume():
                 print("no checkpoint to resume from: starting fresh")

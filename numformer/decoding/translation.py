@@ -178,7 +178,8 @@ def translate_lines(model, vocab, lines: list, opts: DecodeOptions | None = None
 
 
 def score_translations(hypotheses: list, references: list) -> dict:
-    """sacreBLEU BLEU and chrF of detokenised hypotheses against one reference each."""
+    """sacreBLEU BLEU and chrF of detokenised hypotheses against one reference each, with BLEU's brevity penalty
+    and length ratio (hypothesis / reference tokens: below 1 the translations are short)."""
     import sacrebleu  # noqa: PLC0415  (only needed when scoring)
 
     if len(hypotheses) != len(references):
@@ -188,4 +189,5 @@ def score_translations(hypotheses: list, references: list) -> dict:
     b = bleu.corpus_score(hypotheses, [references])
     c = chrf.corpus_score(hypotheses, [references])
     return {"bleu": round(b.score, 2), "chrf": round(c.score, 2), "bleu_signature": str(bleu.get_signature()),
-            "chrf_signature": str(chrf.get_signature()), "bleu_detail": str(b)}
+            "chrf_signature": str(chrf.get_signature()), "bleu_detail": str(b),
+            "brevity_penalty": round(b.bp, 4), "length_ratio": round(b.sys_len / max(b.ref_len, 1), 4)}
