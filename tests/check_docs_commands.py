@@ -35,6 +35,9 @@ NO_GPU = "expect-no-gpu"   # run; it must stop with the one-line error of a mach
 COMMANDS: dict[str, tuple[str, str]] = {
     # -- the corpus and the main job (small), which later commands translate with ---------------------------
     "python3 -m numformer.data.bible": ("run", "python3 -m numformer.data.bible"),
+    "python3 -m numformer.data.messages": ("run", "python3 -m numformer.data.messages"),
+    "python3 train.py --corpus messages-en-es":
+        ("small", f"python3 train.py --corpus messages-en-es --out runs/messages {SMALL_BIBLE}"),
     "bash .ci/setup && python3 train.py --corpus bible-en-es":
         ("small", f"python3 train.py --corpus bible-en-es {SMALL_BIBLE}"),
     "python3 train.py --corpus bible-en-es": ("small", f"python3 train.py --corpus bible-en-es --out runs/main-2 {SMALL_BIBLE}"),

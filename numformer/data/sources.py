@@ -1,6 +1,6 @@
 """What a run trains on, named as train.py and ``python -m numformer.prepare`` name it: a corpus the
-project builds itself (``--corpus bible-en-es``), a folder of text files (``--data DIR``) or a
-synthetic task (``--task copy|reverse``), exactly one of the three. The WMT 2014 corpora
+project builds itself (``--corpus bible-en-es``, ``--corpus messages-en-es``), a folder of text files
+(``--data DIR``) or a synthetic task (``--task copy|reverse``), exactly one of the three. The WMT 2014 corpora
 (:mod:`numformer.data.wmt14`) also take ``--wmt-dir``, the user's own copy of their files.
 """
 from __future__ import annotations
@@ -11,9 +11,10 @@ from .errors import DataError
 from .synthetic import make_synthetic
 from .text_files import check_corpus_dir
 
-#: The corpora the project builds itself: from installed packages (bible-en-es) or, for the paper's WMT 2014
-#: pairs, through the datasets library or from the user's files (--wmt-dir).
-CORPORA = ("bible-en-es", "wmt14-en-de", "wmt14-en-fr")
+#: The corpora the project builds itself: from installed packages (bible-en-es from the SWORD Bible modules,
+#: messages-en-es from the gettext message catalogs) or, for the paper's WMT 2014 pairs, through the datasets
+#: library or from the user's files (--wmt-dir).
+CORPORA = ("bible-en-es", "messages-en-es", "wmt14-en-de", "wmt14-en-fr")
 #: The corpora whose files --wmt-dir gives.
 WMT_CORPORA = ("wmt14-en-de", "wmt14-en-fr")
 #: Train, valid and test pairs of a synthetic task.
@@ -25,7 +26,7 @@ def resolve_source(corpus, data_dir, task, wmt_dir=None, log=None) -> tuple[Path
     string 'corpus:NAME', 'data:DIR' or 'task:NAME' that logs and checkpoints record).
 
     A named corpus is built (or found in its cache) here, a WMT one from ``wmt_dir`` when given
-    (``log`` hears its filter counts, and for either corpus which source changed when a cached build is
+    (``log`` hears its filter counts, and for every corpus which source changed when a cached build is
     built again); a folder is checked to hold the six files.
     """
     if wmt_dir is not None and corpus not in WMT_CORPORA:
@@ -41,6 +42,10 @@ def resolve_source(corpus, data_dir, task, wmt_dir=None, log=None) -> tuple[Path
             from .wmt14 import build_wmt_corpus  # noqa: PLC0415
 
             return build_wmt_corpus(corpus, wmt_dir, log=log), f"corpus:{corpus}"
+        if corpus == "messages-en-es":
+            from .messages import build_messages_corpus  # noqa: PLC0415  (the catalogs' code only when asked for)
+
+            return build_messages_corpus(log=log), f"corpus:{corpus}"
         from .bible import build_bible_corpus  # noqa: PLC0415  (the Bible's code only when that corpus is asked for)
 
         return build_bible_corpus(log=log), f"corpus:{corpus}"
