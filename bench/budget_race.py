@@ -12,9 +12,13 @@ with the same architecture and data. Both sides run train.py's flow, so everythi
 
 Each side runs in its own process, alone on the machine (the budget is wall time of training steps: another
 program on the cores would slow either side), and shows its own progress bar against its budget. Flags after
-``--`` go to every side (e.g. ``-- --max-tokens 4000 --seed 2``). Written: ``OUT/race.json`` (every side's
-scores, steps, tokens a second, with the CPU model, the commit and the PyTorch version) and ``OUT/race.md``
-(the table). An OUT that holds a race or any side's folder is refused: nothing is overwritten.
+``--`` go to every side (e.g. ``-- --max-tokens 4000 --seed 2``). Written: ``OUT/race-plan.json`` (the settings,
+first), ``OUT/race.json`` (every side's scores, steps, tokens a second, with the CPU model, the commit and the
+PyTorch version) and ``OUT/race.md`` (the table).
+
+A race stopped part way continues where it stopped: the same command again reads the sides that finished (their
+folder holds ``test_scores.json``) and trains the others; ``--equal`` may be added later. A side's folder left
+half-done, or an OUT whose plan has other settings, is refused in one line: no run is overwritten.
 
     python3 bench/budget_race.py --corpus bible-en-es --minutes 10 --out runs/race-bible
     python3 bench/budget_race.py --data my_corpus/ --minutes 20 --times 2 --equal --out runs/race-mine
@@ -38,7 +42,7 @@ from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see 
 from numformer.errors import UsageError  # noqa: E402
 
 PROG = "bench/budget_race.py"  # the name its one-line errors start with
-RACE_JSON, RACE_MD = "race.json", "race.md"
+RACE_JSON, RACE_MD, PLAN_JSON = "race.json", "race.md", "race-plan.json"
 
 
 def parse_args(argv=None):
@@ -75,21 +79,36 @@ def sides(args) -> list[tuple[str, str, float]]:
     return out
 
 
-def refuse_a_used_folder(out: Path, names) -> None:
-    """Nothing of an earlier race is overwritten: its report or any side's folder refuses the run, in one line."""
-    used = [p for p in (out / RACE_JSON, *(out / n for n in names)) if p.exists()]
-    if used:
-        raise UsageError(f"{out} already holds {', '.join(p.name for p in used)}: give a new --out "
+def plan_of(args) -> dict:
+    """What makes a race's sides comparable: the data, the budgets and every flag the sides share."""
+    return {"corpus": args.corpus, "data": args.data, "task": args.task, "minutes": args.minutes, "times": args.times,
+            "preset": args.preset, "shared": args.shared}
+
+
+def check_folder(out: Path, plan: dict, names) -> list[str]:
+    """The sides already done in ``out`` (to be read, not trained again); a refusal in one line when ``out`` holds a
+    race of other settings, or a side's folder without its test scores (a run stopped part way)."""
+    saved = out / PLAN_JSON
+    if saved.exists() and json.loads(saved.read_text()) != plan:
+        raise UsageError(f"{out} holds a race with other settings ({saved}): give a new --out "
                          "(an earlier race's runs are kept)")
+    present = [n for n in names if (out / n).exists()]
+    if present and not saved.exists():
+        raise UsageError(f"{out} holds {', '.join(present)} but no {PLAN_JSON}: give a new --out")
+    half = [n for n in present if not (out / n / "test_scores.json").exists()]
+    if half:
+        raise UsageError(f"{out / half[0]} was left half-done by a stopped race: delete it (or give a new --out) "
+                         "to train that side again")
+    return present
 
 
-def run_side(args, name: str, command: str, minutes: float, out: Path) -> dict:
-    """Train one side in its own process; its scores from the run folder."""
+def run_side(args, name: str, command: str, minutes: float, out: Path, done: bool) -> dict:
+    """Train one side in its own process (unless ``done``: then read); its scores from the run folder."""
     data = (["--corpus", args.corpus] if args.corpus else ["--data", args.data] if args.data else ["--task", args.task])
     cmd = [sys.executable, str(ROOT / command), *data, "--max-minutes", f"{minutes:g}", "--out", str(out / name),
            *(["--preset", args.preset] if args.preset else []), *args.shared]
     t0 = time.perf_counter()
-    code = subprocess.call(cmd)
+    code = 0 if done else subprocess.call(cmd)
     if code != 0:
         raise UsageError(f"the side {name} ({' '.join(cmd[1:])}) exited {code}: its messages are above; "
                          f"the race stops (the runs done so far are kept in {out})")
@@ -102,7 +121,8 @@ def run_side(args, name: str, command: str, minutes: float, out: Path) -> dict:
             "tokens_per_s": round(sum(speeds) / len(speeds)) if speeds else None,
             "bleu": scores["bleu"], "chrf": scores["chrf"], "brevity_penalty": scores.get("brevity_penalty"),
             "length_ratio": scores.get("length_ratio"), "alpha": scores.get("alpha"),
-            "alpha_from": scores.get("alpha_from"), "wall_minutes": round((time.perf_counter() - t0) / 60, 1)}
+            "alpha_from": scores.get("alpha_from"),
+            "wall_minutes": None if done else round((time.perf_counter() - t0) / 60, 1)}
 
 
 def machine() -> dict:
@@ -134,13 +154,14 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     plan = sides(args)
-    refuse_a_used_folder(out, [name for name, _, _ in plan])
+    done = check_folder(out, plan_of(args), [name for name, _, _ in plan])
     out.mkdir(parents=True, exist_ok=True)
+    (out / PLAN_JSON).write_text(json.dumps(plan_of(args), indent=1) + "\n")
     report = {"command": " ".join([PROG, *(sys.argv[1:] if argv is None else argv)]), "machine": machine(), "sides": []}
     for i, (name, command, minutes) in enumerate(plan, 1):
-        print(f"race: side {i} of {len(plan)}, {name}: {minutes:g} min of training, then validation and the test set",
-              flush=True)
-        report["sides"].append(run_side(args, name, command, minutes, out))
+        print(f"race: side {i} of {len(plan)}, {name}: " + ("done before, read from its folder" if name in done else
+              f"{minutes:g} min of training, then validation and the test set"), flush=True)
+        report["sides"].append(run_side(args, name, command, minutes, out, name in done))
     ours, theirs = report["sides"][0], report["sides"][1]
     report["verdict"] = (f"numformer in {args.minutes:g} min: BLEU {ours['bleu']:.2f}; PyTorch in "
                          f"{args.times * args.minutes:g} min: {theirs['bleu']:.2f}: goal "

@@ -13,8 +13,8 @@ and the update is ``torch.optim.Adam(fused=True)`` (``foreach`` where the fused 
 betas (0.9, 0.98), eps 1e-9 and Eq. 3's learning rate set before each step.
 
 The PyTorch model starts from the numformer model's initial weights (same seed, same initialisation) and
-its weights are copied back into the numformer model whenever the flow reads them (checkpoints, validation,
-the end), so checkpoints, ``averaged.npz`` and ``translate.py --model RUN`` work on its run folder as on any
+its weights are copied back into the numformer model whenever the flow reads them during training (checkpoints,
+validation) and once at its end, so checkpoints, ``averaged.npz`` and ``translate.py --model RUN`` work on its run folder as on any
 other. Its checkpoints carry no Adam state of their own (``--resume`` is refused).
 
     python3 bench/torch_trainer.py --corpus bible-en-es --max-minutes 50 --out runs/bible-torch
@@ -201,9 +201,11 @@ class TorchStepTrainer(Trainer):
         self.sync_weights()
         return super().save()
 
-    def evaluate(self, split: str = "valid", bleu_sentences=None, opts=None) -> dict:
+    def validate(self) -> dict:
+        """Validation during training: of the PyTorch weights. (Not :meth:`evaluate`: after training the flow
+        loads the averaged checkpoint into the numformer model and evaluates that, which a copy would overwrite.)"""
         self.sync_weights()
-        return super().evaluate(split, bleu_sentences, opts)
+        return super().validate()
 
     def train(self) -> dict:
         record = super().train()

@@ -1,9 +1,9 @@
 """The one front of every command line: ``@command_line(PROG)`` on a command's ``main(argv)``.
 
 Every command a user runs (train.py, translate.py, ``python -m numformer.checkpoint``, ``numformer.studies``,
-``numformer.prepare``, ``numformer.data.bible``, ``numformer.plot``, ``numformer.attention_maps``,
-``grad_checks``, the benches in bench/) ends the same way, because its whole ``main``, argument parsing
-included, runs inside :func:`numformer.cli.one_line_errors.one_line_errors`:
+``numformer.prepare``, ``numformer.data.bible``, ``numformer.data.messages``, ``numformer.plot``,
+``numformer.attention_maps``, ``grad_checks``, the benches in bench/) ends the same way, because its whole
+``main``, argument parsing included, runs inside :func:`numformer.cli.one_line_errors.one_line_errors`:
 
 * a bad flag: one line ``prog: error: ... (see prog --help)``, exit 2 (:class:`OneLineParser`, which
   :func:`parser` returns; its sub-commands inherit it);

@@ -41,9 +41,13 @@ class DecodingChoice:
     seconds: float
     by_alpha: dict = field(default_factory=dict)   # str(alpha) -> {"bleu", "bp", "length_ratio"}
 
+    def best(self) -> dict:
+        """The chosen alpha's validation figures: ``{"bleu", "bp", "length_ratio"}``."""
+        return self.by_alpha[_key(self.alpha)]
+
     def line(self) -> str:
         """One line for a log: the choice against the paper's alpha."""
-        best, paper = self.by_alpha[_key(self.alpha)], self.by_alpha.get(_key(PAPER_ALPHA))
+        best, paper = self.best(), self.by_alpha.get(_key(PAPER_ALPHA))
         against = f" (the paper's {PAPER_ALPHA}: {paper['bleu']:.2f}, BP {paper['bp']:.3f})" if paper else ""
         return (f"alpha {self.alpha:g} chosen on {self.sentences} validation sentences in {self.seconds:.0f} s: "
                 f"BLEU {best['bleu']:.2f}, BP {best['bp']:.3f}{against}")
