@@ -40,15 +40,13 @@ since (an upgrade of the packages), the corpus is built again, and the log line 
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
 from ... import environment
-from ...files import atomic_write_text
 from ..alignment import estimate_length_model, length_deviation
+from ..built_corpus import cached_build, holds_build, load_meta, write_meta
 from ..source_fingerprint import changes, fingerprint, is_fingerprint, summary
-from ..text_files import CORPUS_FILES, SPLITS, write_parallel_dir
+from ..text_files import SPLITS
 from .osis import clean_osis
 from .pairing import SUSPECT_MEDIAN, align_book
 from .sword import SRC_MODULE, TGT_MODULE, canon_books, find_sword_dir, module_files, open_modules, read_book
@@ -73,14 +71,7 @@ def default_cache_dir() -> Path:
 
 def cache_is_complete(folder: Path) -> bool:
     """Whether ``folder`` holds a finished build of this format (its ``meta.json`` says so)."""
-    meta_path = folder / "meta.json"
-    if not meta_path.is_file() or not all((folder / f).is_file() for f in CORPUS_FILES):
-        return False
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return meta.get("name") == CORPUS_NAME and meta.get("format_version") == FORMAT_VERSION
+    return holds_build(folder, CORPUS_NAME, FORMAT_VERSION)
 
 
 def _read_clean(bible, book: str) -> dict[tuple[int, int], str]:
@@ -163,24 +154,13 @@ def build_bible_corpus(cache_dir=None, force: bool = False, sword_path=None, log
         DataError: pysword or the SWORD modules are missing (the message
             gives the install command).
     """
-    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    if not force and cache_is_complete(folder):
-        changed = modules_changed(folder, sword_path)
-        if changed is None:
-            return folder
-        (log or (lambda *a: None))(f"{CORPUS_NAME}: {changed} since {folder} was built: building it again")
-    start = time.perf_counter()
-    splits, meta = build_pairs(sword_path)
-    meta["sources"] = fingerprint(module_files(Path(meta["sword_path"])))
-    folder.mkdir(parents=True, exist_ok=True)
-    meta_path = folder / "meta.json"
-    # meta.json marks a complete build: remove it first so an interrupted
-    # rebuild is never mistaken for a finished one.
-    meta_path.unlink(missing_ok=True)
-    write_parallel_dir(folder, splits)
-    meta["build_seconds"] = round(time.perf_counter() - start, 2)
-    atomic_write_text(meta_path, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-    return folder
+    def build():
+        splits, meta = build_pairs(sword_path)
+        meta["sources"] = fingerprint(module_files(Path(meta["sword_path"])))
+        return splits, meta
+
+    return cached_build(cache_dir if cache_dir is not None else default_cache_dir(), CORPUS_NAME, FORMAT_VERSION,
+                        build, lambda folder: modules_changed(folder, sword_path), force=force, log=log)
 
 
 def modules_changed(folder: Path, sword_path=None) -> str | None:
@@ -202,7 +182,7 @@ def modules_changed(folder: Path, sword_path=None) -> str | None:
         if differ:
             return f"the SWORD modules changed version ({', '.join(differ)})"
         meta["sources"] = now
-        atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        write_meta(folder, meta)
         return None
     found = [c for c in changes(recorded, now) if not c.gone]
     return summary(found) if found else None
@@ -216,8 +196,3 @@ def _conf_version(sword_dir: Path, module: str) -> str | None:
                 if line.strip().lower().startswith("version="):
                     return line.split("=", 1)[1].strip()
     return None
-
-
-def load_meta(folder) -> dict:
-    """The ``meta.json`` written by :func:`build_bible_corpus` in ``folder``."""
-    return json.loads((Path(folder) / "meta.json").read_text(encoding="utf-8"))

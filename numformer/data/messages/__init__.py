@@ -50,16 +50,14 @@ of it).
 from __future__ import annotations
 
 import hashlib
-import json
-import time
 from pathlib import Path
 
 from ... import environment
-from ...files import atomic_write_text
 from ..alignment import estimate_length_model, length_deviation
+from ..built_corpus import cached_build, holds_build, load_meta
 from ..errors import DataError
 from ..source_fingerprint import changes, fingerprint, is_fingerprint, summary
-from ..text_files import CORPUS_FILES, SPLITS, write_parallel_dir
+from ..text_files import SPLITS
 from .catalogs import INSTALL_HINT, NAME_LISTS, find_catalogs, locale_dirs
 from .cleaning import MAX_WORDS, clean_message, drop_reason, uses_mnemonics
 from .mo_file import MoFileError, read_mo
@@ -88,14 +86,7 @@ def default_cache_dir() -> Path:
 
 def cache_is_complete(folder: Path) -> bool:
     """Whether ``folder`` holds a finished build of this format (its ``meta.json`` says so)."""
-    folder = Path(folder)
-    if not all((folder / f).is_file() for f in CORPUS_FILES):
-        return False
-    try:
-        meta = load_meta(folder)
-    except (OSError, ValueError):
-        return False
-    return meta.get("name") == CORPUS_NAME and meta.get("format_version") == FORMAT_VERSION
+    return holds_build(folder, CORPUS_NAME, FORMAT_VERSION)
 
 
 def split_of(english: str) -> str:
@@ -229,23 +220,9 @@ def build_messages_corpus(folder=None, locale_dir=None, log=None, force: bool = 
         DataError: no Spanish catalogs are installed, or a folder or catalog cannot be read (one line
             saying what to do).
     """
-    folder = Path(folder) if folder is not None else default_cache_dir()
-    if not force and cache_is_complete(folder):
-        changed = catalogs_changed(folder, locale_dir)
-        if changed is None:
-            return folder
-        (log or (lambda *a: None))(f"{CORPUS_NAME}: {changed} since {folder} was built: building it again")
-    start = time.perf_counter()
-    splits, meta = build_pairs(locale_dir, log=log)
-    folder.mkdir(parents=True, exist_ok=True)
-    meta_path = folder / "meta.json"
-    # meta.json marks a complete build: remove it first so an interrupted
-    # rebuild is never mistaken for a finished one.
-    meta_path.unlink(missing_ok=True)
-    write_parallel_dir(folder, splits)
-    meta["build_seconds"] = round(time.perf_counter() - start, 2)
-    atomic_write_text(meta_path, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-    return folder
+    return cached_build(folder if folder is not None else default_cache_dir(), CORPUS_NAME, FORMAT_VERSION,
+                        lambda: build_pairs(locale_dir, log=log), lambda f: catalogs_changed(f, locale_dir),
+                        force=force, log=log)
 
 
 def catalogs_changed(folder: Path, locale_dir=None) -> str | None:
@@ -263,8 +240,3 @@ def catalogs_changed(folder: Path, locale_dir=None) -> str | None:
         return None  # the locale folder is gone: keep the build
     found = [c for c in changes(recorded, fingerprint(now)) if not c.gone]
     return summary(found) if found else None
-
-
-def load_meta(folder) -> dict:
-    """The ``meta.json`` written by :func:`build_messages_corpus` in ``folder``."""
-    return json.loads((Path(folder) / "meta.json").read_text(encoding="utf-8"))

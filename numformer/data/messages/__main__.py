@@ -4,13 +4,11 @@ corpus (or find it in the cache) and print its counts."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from ...cli.front import command_line, parser as command_parser
-from ..text_files import SPLITS
-from . import (CORPUS_NAME, MAX_DEVIATION, build_messages_corpus, cache_is_complete, catalogs_changed,
-               default_cache_dir, load_meta)
+from ..built_corpus import print_build, timed_build
+from . import CORPUS_NAME, MAX_DEVIATION, build_messages_corpus, default_cache_dir
 from .cleaning import MAX_WORDS
 
 
@@ -28,28 +26,18 @@ def main(argv=None) -> int:
                         help="locale folder holding es/LC_MESSAGES/ (default /usr/share/locale and "
                              "/usr/share/locale-langpack)")
     args = parser.parse_args(argv)
-    folder = args.out if args.out is not None else default_cache_dir()
-    cached = not args.force and cache_is_complete(folder) and catalogs_changed(folder, args.locale_dir) is None
-    start = time.perf_counter()
-    folder = build_messages_corpus(folder, locale_dir=args.locale_dir, log=print, force=args.force)
-    elapsed = time.perf_counter() - start
-    meta = load_meta(folder)
-    counts, stats = meta["counts"], meta["stats"]
-    set_aside = meta["set_aside"]
-    print(f"{CORPUS_NAME} (English -> Spanish) in {folder}")
-    for split in SPLITS:
-        print(f"  {split:5s} {counts[split]:6d} pairs")
-    print(f"  read {len(meta['catalogs'])} catalogs ({stats['entries']} entries); set aside {len(set_aside)} lists "
-          f"of names ({sum(c['entries'] or 0 for c in set_aside.values())} entries)"
-          + (f"; skipped {len(meta['skipped'])} damaged" if meta["skipped"] else ""))
-    print(f"  dropped {stats['plural']} plural, {stats['untranslated']} untranslated, {stats['no_letters']} without "
-          f"a letter, {stats['identical']} the same in both languages, {stats['too_long']} over {MAX_WORDS} words, "
-          f"{stats['length_ratio']} by the length rule (|d| > {MAX_DEVIATION}), {stats['duplicate']} repeated "
-          "English messages")
-    if cached:
-        print(f"  found in the cache in {elapsed:.2f} s (built in {meta['build_seconds']:.1f} s); --force rebuilds")
-    else:
-        print(f"  built in {elapsed:.1f} s")
+    folder, meta, cached, elapsed = timed_build(
+        args.out if args.out is not None else default_cache_dir(),
+        lambda folder: build_messages_corpus(folder, locale_dir=args.locale_dir, log=print, force=args.force))
+    stats, set_aside = meta["stats"], meta["set_aside"]
+    print_build(CORPUS_NAME, folder, meta, cached, elapsed, [
+        f"read {len(meta['catalogs'])} catalogs ({stats['entries']} entries); set aside {len(set_aside)} lists of names "
+        f"({sum(c['entries'] or 0 for c in set_aside.values())} entries)"
+        + (f"; skipped {len(meta['skipped'])} damaged" if meta["skipped"] else ""),
+        f"dropped {stats['plural']} plural, {stats['untranslated']} untranslated, {stats['no_letters']} without a "
+        f"letter, {stats['identical']} the same in both languages, {stats['too_long']} over {MAX_WORDS} words, "
+        f"{stats['length_ratio']} by the length rule (|d| > {MAX_DEVIATION}), {stats['duplicate']} repeated English "
+        "messages"])
     return 0
 
 
