@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from numformer.cli.arguments import OneLineParser, positive_float  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 from numformer.errors import UsageError  # noqa: E402
+from numformer.studies.common import markdown_table  # noqa: E402
 
 PROG = "bench/budget_race.py"  # the name its one-line errors start with
 RACE_JSON, RACE_MD, PLAN_JSON = "race.json", "race.md", "race-plan.json"
@@ -138,15 +139,13 @@ def machine() -> dict:
 
 def table(report: dict) -> str:
     """The race as a markdown table, with its machine line."""
-    lines = ["| side | budget | steps | tokens/s | test BLEU | chrF | BP | length ratio | alpha |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in report["sides"]:
-        lines.append(f"| {r['side']} | {r['budget_minutes']:g} min | {r['steps']} | {r['tokens_per_s']} | {r['bleu']:.2f} "
-                     f"| {r['chrf']:.2f} | {r['brevity_penalty']} | {r['length_ratio']} | {r['alpha']:g} ({r['alpha_from']}) |")
+    rows = [[r["side"], f"{r['budget_minutes']:g} min", r["steps"], r["tokens_per_s"], f"{r['bleu']:.2f}",
+             f"{r['chrf']:.2f}", f"{r['brevity_penalty']:.3f}", f"{r['length_ratio']:.3f}",
+             f"{r['alpha']:g} ({r['alpha_from']})"] for r in report["sides"]]
     m = report["machine"]
-    verdict = report["verdict"]
-    return "\n".join(lines) + (f"\n\n{verdict}\n\n{m['cpu']}, commit {m['commit']}, PyTorch {m['torch']}, {m['date']}; "
-                               f"`{report['command']}`\n")
+    return markdown_table(["side", "budget", "steps", "tokens/s", "test BLEU", "chrF", "BP", "length ratio", "alpha"],
+                          rows) + (f"\n{report['verdict']}\n\n{m['cpu']}, commit {m['commit']}, PyTorch {m['torch']}, "
+                                   f"{m['date']}; `{report['command']}`\n")
 
 
 @command_line(PROG)

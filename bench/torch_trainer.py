@@ -75,53 +75,40 @@ def torch_model_for(cfg) -> TorchTransformer:
                             max_len=cfg.max_len, pad_id=cfg.pad_id, attn=FusedMHA)
 
 
-def _layers(cfg):
-    """(numformer prefix, PyTorch prefix, attentions as (numformer, PyTorch) names, norms) of every layer."""
-    for i in range(cfg.layers):
-        yield f"encoder.layers.{i}", f"enc.{i}", (("self_attn", "attn"),), ENCODER_NORMS
-    for i in range(cfg.n_decoder_layers):
-        yield (f"decoder.layers.{i}", f"dec.{i}", (("self_attn", "self_attn"), ("cross_attn", "cross_attn")),
-               DECODER_NORMS)
+def weight_map(cfg) -> list[tuple[str, tuple[str, ...], bool]]:
+    """Every PyTorch parameter as ``(its name, the numformer arrays stacked into it along axis 0, whether each is
+    transposed)``: nn.Linear keeps (d_out, d_in) where numformer keeps (d_in, d_out), and one in-projection holds
+    Q, K and V as ``nn.MultiheadAttention`` does."""
+    out = [("embed", ("src_embed.weight",), False)]
+    layers = [(f"encoder.layers.{i}", f"enc.{i}", (("self_attn", "attn"),), ENCODER_NORMS) for i in range(cfg.layers)]
+    layers += [(f"decoder.layers.{i}", f"dec.{i}", (("self_attn", "self_attn"), ("cross_attn", "cross_attn")),
+                DECODER_NORMS) for i in range(cfg.n_decoder_layers)]
+    for nf, pt, attentions, norms in layers:
+        for a_nf, a_pt in attentions:
+            for x, linear in (("weight", True), ("bias", False)):
+                out.append((f"{pt}.{a_pt}.in_proj.{x}", tuple(f"{nf}.{a_nf}.w_{q}.{x}" for q in "qkv"), linear))
+                out.append((f"{pt}.{a_pt}.w_o.{x}", (f"{nf}.{a_nf}.w_o.{x}",), linear))
+        for w in ("w_1", "w_2"):
+            for x, linear in (("weight", True), ("bias", False)):
+                out.append((f"{pt}.ffn.{w}.{x}", (f"{nf}.ffn.{w}.{x}",), linear))
+        for n_pt, n_nf in norms.items():
+            for x in ("weight", "bias"):
+                out.append((f"{pt}.{n_pt}.{x}", (f"{nf}.{n_nf}.norm.{x}",), False))
+    return out
 
 
 def numformer_to_torch(cfg, state: dict) -> dict:
-    """numformer's state dict (Linear weights (d_in, d_out)) -> the PyTorch model's (nn.Linear's (d_out, d_in),
-    Q/K/V stacked into one in-projection as ``nn.MultiheadAttention`` keeps them)."""
-    out = {"embed": state["src_embed.weight"]}
-    for nf, pt, attentions, norms in _layers(cfg):
-        for a_nf, a_pt in attentions:
-            w = [state[f"{nf}.{a_nf}.w_{x}.weight"].T for x in "qkv"]
-            out[f"{pt}.{a_pt}.in_proj.weight"] = np.concatenate(w, 0)
-            out[f"{pt}.{a_pt}.in_proj.bias"] = np.concatenate([state[f"{nf}.{a_nf}.w_{x}.bias"] for x in "qkv"])
-            out[f"{pt}.{a_pt}.w_o.weight"] = state[f"{nf}.{a_nf}.w_o.weight"].T
-            out[f"{pt}.{a_pt}.w_o.bias"] = state[f"{nf}.{a_nf}.w_o.bias"]
-        for w in ("w_1", "w_2"):
-            out[f"{pt}.ffn.{w}.weight"] = state[f"{nf}.ffn.{w}.weight"].T
-            out[f"{pt}.ffn.{w}.bias"] = state[f"{nf}.ffn.{w}.bias"]
-        for n_pt, n_nf in norms.items():
-            for x in ("weight", "bias"):
-                out[f"{pt}.{n_pt}.{x}"] = state[f"{nf}.{n_nf}.norm.{x}"]
-    return out
+    """numformer's state dict -> the PyTorch model's arrays (:func:`weight_map`)."""
+    return {name: np.concatenate([state[n].T if transposed else state[n] for n in parts], 0)
+            for name, parts, transposed in weight_map(cfg)}
 
 
 def torch_to_numformer(cfg, state: dict) -> dict:
     """The inverse of :func:`numformer_to_torch`: the PyTorch model's arrays under numformer's names and layout."""
-    d = cfg.d_model
-    out = {"src_embed.weight": state["embed"]}
-    for nf, pt, attentions, norms in _layers(cfg):
-        for a_nf, a_pt in attentions:
-            w, b = state[f"{pt}.{a_pt}.in_proj.weight"], state[f"{pt}.{a_pt}.in_proj.bias"]
-            for j, x in enumerate("qkv"):
-                out[f"{nf}.{a_nf}.w_{x}.weight"] = w[j * d:(j + 1) * d].T
-                out[f"{nf}.{a_nf}.w_{x}.bias"] = b[j * d:(j + 1) * d]
-            out[f"{nf}.{a_nf}.w_o.weight"] = state[f"{pt}.{a_pt}.w_o.weight"].T
-            out[f"{nf}.{a_nf}.w_o.bias"] = state[f"{pt}.{a_pt}.w_o.bias"]
-        for w in ("w_1", "w_2"):
-            out[f"{nf}.ffn.{w}.weight"] = state[f"{pt}.ffn.{w}.weight"].T
-            out[f"{nf}.ffn.{w}.bias"] = state[f"{pt}.ffn.{w}.bias"]
-        for n_pt, n_nf in norms.items():
-            for x in ("weight", "bias"):
-                out[f"{nf}.{n_nf}.norm.{x}"] = state[f"{pt}.{n_pt}.{x}"]
+    out = {}
+    for name, parts, transposed in weight_map(cfg):
+        for n, a in zip(parts, np.split(state[name], len(parts), axis=0)):
+            out[n] = a.T if transposed else a
     return out
 
 
