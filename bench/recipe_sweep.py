@@ -30,9 +30,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from numformer.cli.arguments import OneLineParser, positive_float  # noqa: E402  (one-line usage errors)
+from numformer.checkpoint.run_model_file import step_of  # noqa: E402
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 from numformer.decoding.valid_choice import read_choice  # noqa: E402
 from numformer.errors import UsageError  # noqa: E402
+from numformer.run_file_names import run_checkpoints  # noqa: E402
+from numformer.studies.common import markdown_table  # noqa: E402
 
 from budget_race import machine  # noqa: E402  (the CPU, commit and versions a figure belongs to)
 
@@ -105,24 +108,24 @@ def run_point(args, point: dict, out: Path) -> dict:
     if chosen is None:
         raise UsageError(f"{choice} does not read as a length-penalty choice: delete {folder} to run that point again")
     best = chosen.best()
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    steps = max((r["step"] for r in records if "step" in r), default=0)
+    metrics = folder / "metrics.jsonl"  # none when the run was shorter than one log interval
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
-    return {"point": folder.name, **point, "steps": steps, "tokens_per_s": round(sum(speeds) / max(len(speeds), 1)),
+    return {"point": folder.name, **point, "steps": step_of(run_checkpoints(folder)[-1]),  # the run's last checkpoint
+            "tokens_per_s": round(sum(speeds) / len(speeds)) if speeds else None,
             "valid_bleu": best["bleu"], "valid_bp": best["bp"], "alpha": chosen.alpha,
             "valid_sentences": chosen.sentences}
 
 
 def table(report: dict) -> str:
+    """The points as a markdown table, best validation BLEU first, with the machine line."""
     names = report["flags"]
-    lines = ["| " + " | ".join([*names, "steps", "tokens/s", "valid BLEU", "BP", "alpha"]) + " |",
-             "|" + "---|" * (len(names) + 5)]
-    for r in sorted(report["points"], key=lambda r: -r["valid_bleu"]):
-        lines.append("| " + " | ".join([*(f"{r[n]:g}" for n in names), str(r["steps"]), str(r["tokens_per_s"]),
-                                         f"{r['valid_bleu']:.2f}", f"{r['valid_bp']:.3f}", f"{r['alpha']:g}"]) + " |")
+    rows = [[*(f"{r[n]:g}" for n in names), r["steps"], r["tokens_per_s"], f"{r['valid_bleu']:.2f}",
+             f"{r['valid_bp']:.3f}", f"{r['alpha']:g}"] for r in sorted(report["points"], key=lambda r: -r["valid_bleu"])]
     m = report["machine"]
-    return "\n".join(lines) + (f"\n\n{report['minutes']:g} min a point, {report['valid_sentences']} validation sentences; "
-                               f"{m['cpu']}, commit {m['commit']}, {m['date']}; `{report['command']}`\n")
+    return markdown_table([*names, "steps", "tokens/s", "valid BLEU", "BP", "alpha"], rows) + (
+        f"\n{report['minutes']:g} min a point, {report['valid_sentences']} validation sentences; {m['cpu']}, commit "
+        f"{m['commit']}, {m['date']}; `{report['command']}`\n")
 
 
 @command_line(PROG)

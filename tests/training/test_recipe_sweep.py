@@ -27,11 +27,14 @@ def test_a_two_point_sweep_scores_each_point_on_validation_and_continues_where_i
         assert p["steps"] >= 1 and p["alpha"] in ALPHAS and p["valid_sentences"] == 500
         assert not (out / p["point"] / "test_scores.json").exists()  # the test split is never read
     first = (out / "warmup50" / "decoding.json").stat().st_mtime_ns
+    steps = report["points"][0]["steps"]
+    (out / "warmup50" / "metrics.jsonl").unlink(missing_ok=True)  # as a run shorter than one log interval leaves it
     shutil.rmtree(out / "warmup400")
     again = sweep(out)
     assert again.returncode == 0, again.stderr
     assert (out / "warmup50" / "decoding.json").stat().st_mtime_ns == first  # read, not trained again
     assert "point 1 of 2" in again.stdout and (out / "warmup400" / "decoding.json").exists()
+    assert json.loads((out / "sweep.json").read_text())["points"][0]["steps"] == steps  # from its last checkpoint
     (out / "warmup400" / "decoding.json").unlink()  # as a run stopped before its choice leaves it
     half = sweep(out)
     assert half.returncode == 2 and len(half.stderr.strip().splitlines()) == 1 and "half-done" in half.stderr
