@@ -191,7 +191,7 @@ def parse_args(argv=None, prog: str = "train.py"):
     r.add_argument("--tune-seconds", type=nonneg_float, default=None, metavar="S",
                    help="after training, choose the length penalty on validation sentences for about S seconds "
                         f"(written to the run's {run_file_names.DECODING}; translate.py uses it; 0: the paper's "
-                        f"{DECODE_DEFAULTS.alpha}). Default: {TUNE_SHARE:.0%} of the training time for runs of "
+                        f"{DECODE_DEFAULTS.alpha}). Default: {TUNE_SHARE * 100:.0f}%% of the training time for runs of "
                         f"{TUNE_MIN_TRAIN_S:.0f} s or more, none for shorter ones")
     r.add_argument("--no-test", action="store_true", help="skip translating the test set at the end")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -107,3 +107,11 @@ def test_a_bug_says_it_is_one_and_where_its_traceback_went(path, tmp_path):
     assert log.is_file() and log.parent == tmp_path, lines[0]
     text = log.read_text(encoding="utf-8")
     assert "Traceback" in text and "planted bug" in text
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=IDS)
+def test_help_prints_and_exits_0(path, tmp_path):
+    """``--help`` is what a new user types first: it must print, not crash (a bare '%' in a help string made
+    argparse's formatting raise, which train.py reported as a bug of ours)."""
+    code, err = run_script(path, ["--help"], tmp_path)
+    assert code == 0 and "internal error" not in err, err
