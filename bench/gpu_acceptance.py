@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The GPU acceptance run: one command that proves the CuPy path and measures it.
 
-    python3 bench/gpu_acceptance.py OUT --corpus-dir .gpu_carry/bible-en-es   # on one GPU, under 9 minutes
+    bash bench/gpu_run.sh OUT                                                 # on the GPU machine: the one command
+    python3 bench/gpu_acceptance.py OUT --corpus-dir .gpu_carry/bible-en-es   # what it runs: one GPU, 5 minutes
+    python3 bench/gpu_acceptance.py OUT --parts train_step,decode ...         # a rerun of the named parts only
     python3 bench/gpu_acceptance.py OUT --device cpu --quick                  # the dry run (seconds a part; CI)
 
 Parts, each in its own child process with its own time box (a part that fails or runs
@@ -12,14 +14,18 @@ out of time is recorded as such and the others still run):
     grad_checks   every grad_checks case on the device in float64 (bench/gpu_grad_checks.py)
     torch_parity  python -m pytest -m gpu tests/device/test_gpu_parity.py (whole model on cupy vs the torch mirror)
     kernels       NUMFORMER_TEST_DEVICE=<device> python -m pytest tests/kernels/test_kernels.py ('missing' if absent)
-    train         train.py --preset base --device cuda --max-minutes 4 on the corpus: validation loss curve
+    train         train.py --preset base --device cuda --max-minutes 1.25 on the corpus: validation loss curve
     train_step    bench/gpu_train_step.py: base, 25,000 target tokens, fp32/tf32/fp16, numformer vs PyTorch
-    decode        greedy and beam 4 on the test set: a fresh small model and the base model of the train part
+    decode        greedy and beam 4 on 100 test sentences: a fresh small model and the base model of the train part
 
-The train part runs in the background while the correctness parts (env to kernels) run;
-train_step and decode run after it, alone on the device, so their timings are clean.
-Everything stops at ``--budget-s`` (default 530 s): parts not started by then are
-recorded as 'out of time'.
+A GPU lease is about 15 minutes in all, start-up and any rerun included, so the whole run is
+cut to fit 300 s (``--budget-s``), most important first: after env, the correctness parts
+(gpu_tests, torch_parity, grad_checks, kernels) run side by side with the short base run
+in the background, each recorded the moment it ends; then train_step and decode, each alone
+on the device, so that their timings are clean. Parts not started by the budget's end are
+recorded as 'out of time'; summary.json is rewritten after every part, so a run cut short
+still says what passed. ``--parts`` reruns only the named parts (decode without train reads
+no trained model: it decodes a fresh base one).
 
 Output (at most 8 files, no sub-folders; the format is described in docs/gpu.md ("The acceptance run")):
 
@@ -69,18 +75,18 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="tiny shapes and a few steps per part")
     ap.add_argument("--corpus-dir", help="folder with {train,valid,test}.{src,tgt} (default: the bible-en-es cache)")
     ap.add_argument("--work", help="scratch folder for the run folder and vocabulary (default: a temporary one)")
-    ap.add_argument("--budget-s", type=float, default=None, help="stop starting parts after this (default 530; quick 300)")
+    ap.add_argument("--budget-s", type=float, default=None, help="stop starting parts after this (default 300)")
     ap.add_argument("--box-scale", type=float, default=1.0,
                     help="multiply every part's time box (the CPU dry run's test uses 10: a slow machine is no failure)")
-    ap.add_argument("--train-minutes", type=float, default=4.0, help="training budget of the train part (default 4)")
-    ap.add_argument("--sentences", type=int, default=None, help="test sentences decoded (default 300; quick 8)")
+    ap.add_argument("--train-minutes", type=float, default=1.25, help="training budget of the train part (default 1.25)")
+    ap.add_argument("--sentences", type=int, default=None, help="test sentences decoded (default 100; quick 8)")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     ap.add_argument("--part", help=argparse.SUPPRESS)  # worker mode: run one in-process part, print JSON
     ap.add_argument("--vocab", help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    args.budget_s = args.budget_s or (300.0 if args.quick else 530.0)
-    args.sentences = args.sentences or (8 if args.quick else 300)
+    args.budget_s = args.budget_s or 300.0
+    args.sentences = args.sentences or (8 if args.quick else 100)
     unknown = set(args.parts.split(",")) - set(PARTS)
     if unknown:
         ap.error(f"unknown part(s) {', '.join(sorted(unknown))}: choose from {', '.join(PARTS)}")
@@ -89,41 +95,67 @@ def parse_args(argv=None):
 
 # -- child processes, time-boxed -------------------------------------------------------------
 class Runner:
-    """Runs commands with a time box each and a global deadline; appends everything to OUT/log.txt."""
+    """Runs commands with a time box each and a global deadline; appends everything to OUT/log.txt.
 
-    def __init__(self, out: Path, deadline: float, box_scale: float = 1.0):
+    Each child writes to its own file in the scratch folder (not a pipe), so that several can run at
+    once without one blocking on a full pipe while another is waited for."""
+
+    def __init__(self, out: Path, work: Path, deadline: float, box_scale: float = 1.0):
         self.log = open(out / "log.txt", "a", encoding="utf-8")
+        self.work = work
         self.deadline = deadline
         self.box_scale = box_scale
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def start(self, name, cmd, env=None):
-        self.log.write(f"\n===== {name}: {' '.join(map(str, cmd))}\n")
-        self.log.flush()
+    def start(self, name, cmd, box, env=None):
+        """-> a running child: its process, output file, start time and the moment its box ends."""
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-        return subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+        path = self.work / f"{name}.out"
+        sink = open(path, "w", encoding="utf-8")
+        proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=full_env, stdout=sink,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-    def wait(self, name, proc, box):
-        """-> (returncode or None on timeout, output, seconds)."""
+        sink.close()
         t0 = time.monotonic()
-        timeout = max(min(box * self.box_scale, self.left()), 1.0)
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the part's whole process group (pytest's children too)
-            output, _ = proc.communicate()
-            rc = None
-        self.log.write(output or "")
-        self.log.write(f"===== {name}: {'timed out after %.0f s' % timeout if rc is None else f'exit {rc}'}\n")
+        box = max(min(box * self.box_scale, self.left()), 1.0)
+        return {"name": name, "cmd": cmd, "proc": proc, "path": path, "t0": t0, "box": box, "ends": t0 + box}
+
+    def finish(self, child, timed_out=False):
+        """Kill a child out of time (with its whole process group: pytest's children too), log its output.
+        -> (returncode or None on timeout, output, seconds)."""
+        proc = child["proc"]
+        if timed_out:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        output = child["path"].read_text(encoding="utf-8", errors="replace")
+        self.log.write(f"\n===== {child['name']}: {' '.join(map(str, child['cmd']))}\n{output}")
+        self.log.write(f"===== {child['name']}: "
+                       f"{'timed out after %.0f s' % child['box'] if timed_out else f'exit {proc.returncode}'}\n")
         self.log.flush()
-        return rc, output or "", round(time.monotonic() - t0, 1)
+        return (None if timed_out else proc.returncode), output, round(time.monotonic() - child["t0"], 1)
+
+    def wait(self, child):
+        try:
+            child["proc"].wait(timeout=max(child["ends"] - time.monotonic(), 0.1))
+            return self.finish(child)
+        except subprocess.TimeoutExpired:
+            return self.finish(child, timed_out=True)
+
+    def wait_each(self, children):
+        """Yield (child, result) for each child as it ends (or runs out of its box), in the order they end."""
+        running = list(children)
+        while running:
+            for child in list(running):
+                over = time.monotonic() >= child["ends"]
+                if child["proc"].poll() is not None or over:
+                    running.remove(child)
+                    yield child, self.finish(child, timed_out=child["proc"].poll() is None and over)
+            if running:
+                time.sleep(0.2)
 
     def run(self, name, cmd, box, env=None):
-        return self.wait(name, self.start(name, cmd, env), box)
+        return self.wait(self.start(name, cmd, box, env))
 
 
 def _last_json(output: str):
@@ -199,68 +231,100 @@ def env_worker(args) -> dict:
     return info
 
 
-def _pytest(run, name, targets, box, extra=(), env=None) -> dict:
+class Part:
+    """One part's child process: its command, time box and environment, and how its output becomes a result."""
+
+    def __init__(self, name, cmd, box, parse, env=None):
+        self.name, self.cmd, self.box, self.parse, self.env = name, cmd, box, parse, env
+
+
+def _pytest_part(name, targets, box, extra=(), env=None) -> Part:
     # addopts emptied: one pytest process on the device (pyproject.toml's two xdist workers are for 2-core CPUs)
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-o", "addopts=", "-p", "no:cacheprovider", *extra, *targets]
-    rc, output, secs = run.run(name, cmd, box, env)
-    counts = {}
-    for line in reversed(output.strip().splitlines()):
-        found = PYTEST_COUNTS.findall(line)
-        if found and (" in " in line):
-            counts = {k.rstrip("s") if k.startswith("error") else k: int(n) for n, k in found}
-            break
-    if rc is None:
-        status = "timeout"
-    elif rc == 0 and counts.get("passed", 0) == 0:
-        status = "skipped"  # everything skipped: no GPU, or no cupy
-    elif rc == 0:
-        status = "ok"
-    elif rc == 5:
-        status = "no tests"
-    else:
-        status = "failed"
-    failed = [ln for ln in output.splitlines() if ln.startswith(("FAILED", "ERROR"))][:20]
-    return {"status": status, "seconds": secs, "counts": counts, "command": " ".join(cmd[1:]),
-            **({"failures": failed} if failed else {}), **({"tail": _tail(output)} if status != "ok" else {})}
+
+    def parse(rc, output, secs):
+        counts = {}
+        for line in reversed(output.strip().splitlines()):
+            found = PYTEST_COUNTS.findall(line)
+            if found and (" in " in line):
+                counts = {k.rstrip("s") if k.startswith("error") else k: int(n) for n, k in found}
+                break
+        if rc is None:
+            status = "timeout"
+        elif rc == 0 and counts.get("passed", 0) == 0:
+            status = "skipped"  # everything skipped: no GPU, or no cupy
+        elif rc == 0:
+            status = "ok"
+        elif rc == 5:
+            status = "no tests"
+        else:
+            status = "failed"
+        failed = [ln for ln in output.splitlines() if ln.startswith(("FAILED", "ERROR"))][:20]
+        return {"status": status, "seconds": secs, "counts": counts, "command": " ".join(map(str, cmd[1:])),
+                **({"failures": failed} if failed else {}), **({"tail": _tail(output)} if status != "ok" else {})}
+
+    return Part(name, cmd, box, parse, env)
 
 
-def part_gpu_tests(run, args, out):
-    return _pytest(run, "gpu_tests", ["tests/"], 150 if not args.quick else 120,
-                   ["-m", "gpu", "--ignore=tests/device/test_gpu_parity.py"])
+def _json_part(name, cmd, box, ok=lambda res: True) -> Part:
+    """A part whose child prints one JSON line last: the result, ok when the child exits 0 and ``ok(result)``."""
+    def parse(rc, output, secs):
+        res = _last_json(output)
+        if res is None:
+            return {"status": _status(rc, False), "seconds": secs, "tail": _tail(output)}
+        return {"status": _status(rc, ok(res)), "seconds": secs, **res}
+
+    return Part(name, cmd, box, parse)
 
 
-def part_torch_parity(run, args, out):
-    return _pytest(run, "torch_parity", ["tests/device/test_gpu_parity.py"], 90, ["-m", "gpu"])
+def gpu_tests_part(args):
+    return _pytest_part("gpu_tests", ["tests/"], 120, ["-m", "gpu", "--ignore=tests/device/test_gpu_parity.py"])
 
 
-def part_kernels(run, args, out):
-    if not (ROOT / "tests" / "kernels" / "test_kernels.py").exists():
-        return {"status": "missing", "seconds": 0.0, "note": "tests/kernels/test_kernels.py does not exist in this tree"}
+def torch_parity_part(args):
+    return _pytest_part("torch_parity", ["tests/device/test_gpu_parity.py"], 90, ["-m", "gpu"])
+
+
+def kernels_part(args):
     # the dry run checks the plumbing: the batch-of-one comparisons and the planted bugs (the main suite runs all)
     extra = ["-k", "batch-of-one or planted"] if args.quick else []
-    return _pytest(run, "kernels", ["tests/kernels/test_kernels.py"], 90, extra,
-                   env={"NUMFORMER_TEST_DEVICE": args.device})
+    return _pytest_part("kernels", ["tests/kernels/test_kernels.py"], 90, extra,
+                        env={"NUMFORMER_TEST_DEVICE": args.device})
 
 
-def part_grad_checks(run, args, out):
+def grad_checks_part(args):
     cmd = [sys.executable, "bench/gpu_grad_checks.py", "--device", args.device, "--json"]
     if args.quick:
         cmd += ["--layer", "LayerNorm", "--layer", "MultiHeadAttention", "--layer", "Transformer"]
-    rc, output, secs = run.run("grad_checks", cmd, 120)
-    res = _last_json(output)
-    if res is None:
-        return {"status": _status(rc, False), "seconds": secs, "tail": _tail(output)}
-    return {"status": "ok" if rc == 0 else "failed", "seconds": secs, **res}
+    return _json_part("grad_checks", cmd, 120, ok=lambda res: res.get("failed") == 0)
 
 
-def train_command(args, corpus: Path, run_dir: Path) -> list:
+def train_step_part(args):
+    cmd = [sys.executable, "bench/gpu_train_step.py", "--device", args.device, "--json"]
+    # 2 warm-up and 5 counted steps a side: the medians of base steps of a few hundred ms settle after the first
+    # two (cupy compiles its kernels and the pools fill); six child processes of about 15 s each
+    cmd += ["--quick", "--steps", "1", "--warmup", "1"] if args.quick else ["--steps", "5", "--warmup", "2",
+                                                                             "--timeout", "45"]
+    return _json_part("train_step", cmd, 100 if args.quick else 130, ok=lambda res: all(
+        r["numformer"].get("status") in ("ok", "not on cpu") for r in res["rows"]))
+
+
+def decode_part(args, vocab: Path, run_dir: Path, corpus: Path):
+    cmd = [sys.executable, __file__, args.out, "--part", "decode", "--device", args.device, "--vocab", vocab,
+           "--run-dir", run_dir, "--corpus-dir", corpus, "--sentences", str(args.sentences)]
+    return _json_part("decode", cmd, 60)
+
+
+def train_part(args, corpus: Path, run_dir: Path, out: Path):
     cmd = [sys.executable, "train.py", "--data", corpus, "--out", run_dir, "--device", args.device, "--no-test",
-           "--no-progress", "--eval-sentences", "0"]
+           "--no-progress", "--eval-sentences", "0", "--tune-seconds", "0", "--keep-last", "1", "--average-last", "1"]
     if args.quick:
-        return cmd + ["--preset", "tiny", "--max-steps", "6", "--eval-every", "2", "--log-every", "2",
-                      "--max-tokens", "400", "--keep-last", "1", "--average-last", "1"]
-    return cmd + ["--preset", "base", "--max-minutes", str(args.train_minutes), "--eval-every", "100",
-                  "--log-every", "10", "--keep-last", "1", "--average-last", "1"]
+        cmd += ["--preset", "tiny", "--max-steps", "6", "--eval-every", "2", "--log-every", "2", "--max-tokens", "400"]
+    else:
+        cmd += ["--preset", "base", "--max-minutes", str(args.train_minutes), "--eval-every", "50", "--log-every", "10"]
+    # start-up (cupy's first kernels), the last validation and the checkpoint of a 65M-parameter model
+    box = 120 if args.quick else 45 + 60 * args.train_minutes * 1.3
+    return Part("train", cmd, box, lambda rc, output, secs: train_result(rc, output, secs, run_dir, out))
 
 
 def train_result(rc, output, secs, run_dir: Path, out: Path) -> dict:
@@ -286,27 +350,6 @@ def train_result(rc, output, secs, run_dir: Path, out: Path) -> dict:
     if res["status"] != "ok":
         res["tail"] = _tail(output)
     return res
-
-
-def part_train_step(run, args, out):
-    cmd = [sys.executable, "bench/gpu_train_step.py", "--device", args.device, "--json"]
-    cmd += ["--quick", "--steps", "1", "--warmup", "1"] if args.quick else ["--timeout", "75"]
-    rc, output, secs = run.run("train_step", cmd, 100 if args.quick else 330)
-    res = _last_json(output)
-    if res is None:
-        return {"status": _status(rc, False), "seconds": secs, "tail": _tail(output)}
-    ok = all(r["numformer"].get("status") in ("ok", "not on cpu") for r in res["rows"])
-    return {"status": "ok" if rc == 0 and ok else "failed", "seconds": secs, **res}
-
-
-def part_decode(run, args, out, vocab: Path, run_dir: Path, corpus: Path):
-    cmd = [sys.executable, __file__, args.out, "--part", "decode", "--device", args.device, "--vocab", vocab,
-           "--run-dir", run_dir, "--corpus-dir", corpus, "--sentences", str(args.sentences)]
-    rc, output, secs = run.run("decode", cmd, 60 if args.quick else 150)
-    res = _last_json(output)
-    if res is None:
-        return {"status": _status(rc, False), "seconds": secs, "tail": _tail(output)}
-    return {"status": "ok" if rc == 0 else "failed", "seconds": secs, **res}
 
 
 def decode_worker(args) -> dict:
@@ -383,23 +426,34 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="numformer-acceptance-"))
     work.mkdir(parents=True, exist_ok=True)
-    run = Runner(out, t_start + args.budget_s, args.box_scale)
+    run = Runner(out, work, t_start + args.budget_s, args.box_scale)
     wanted = args.parts.split(",")
     summary = {"format": FORMAT, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": args.device,
                "quick": args.quick, "budget_s": args.budget_s, "commit": _commit(), "parts": {}}
     parts = summary["parts"]
 
     def save():
+        """Written after every part, so that a run cut short (the device call's own limit) still says what passed."""
         summary["wall_s"] = round(time.monotonic() - t_start, 1)
         done = [p for p in parts.values() if isinstance(p, dict)]
-        summary["ok"] = bool(done) and all(p["status"] in ("ok", "skipped", "missing", "not wanted") for p in done)
+        summary["ok"] = bool(done) and all(p["status"] in ("ok", "skipped", "missing") for p in done)
         (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+    def record(name, result):
+        parts[name] = result
+        save()
+
+    def alone(part):
+        """One part with the device to itself (timings), if the budget still allows one."""
+        if run.left() < 5:
+            return record(part.name, {"status": "out of time", "seconds": 0.0})
+        child = run.start(part.name, part.cmd, part.box, part.env)
+        record(part.name, part.parse(*run.wait(child)))
 
     corpus, how = find_corpus(args, work)
     summary["corpus"] = {"path": str(corpus) if corpus else None, "source": how}
     run_dir = work / "run"
     vocab = run_dir / "spm.model"
-    train_proc = None
     if corpus is not None and ({"train", "decode"} & set(wanted)):
         run_dir.mkdir(parents=True, exist_ok=True)
         rc, output, secs = run.run("vocabulary", [sys.executable, "-c",
@@ -407,46 +461,48 @@ def main(argv=None) -> int:
                                                   "d = prepare(sys.argv[1], data_dir=sys.argv[2]); "
                                                   "print('vocabulary', d.vocab.size)", run_dir, corpus], 120)
         summary["corpus"].update(vocabulary=_tail(output, 1), vocabulary_seconds=secs)
+    no_corpus = {"status": "failed", "seconds": 0.0, "error": f"no corpus or vocabulary ({how})"}
+    # 1. what the machine is
+    if "env" in wanted:
+        record("env", part_env(run, args, out) if run.left() >= 5 else {"status": "out of time", "seconds": 0.0})
+    # 2. the correctness parts side by side, with the short base run in the background: a part that ends is
+    #    recorded at once (the device's memory holds them all; their timings are not figures)
+    side_by_side = [make(args) for name, make in (("gpu_tests", gpu_tests_part), ("torch_parity", torch_parity_part),
+                                                   ("grad_checks", grad_checks_part), ("kernels", kernels_part))
+                    if name in wanted]
     if "train" in wanted:
         if corpus is None or not vocab.exists():
-            parts["train"] = {"status": "failed", "seconds": 0.0, "error": f"no corpus or vocabulary ({how})"}
-        else:  # in the background, while the correctness parts run
-            train_t0 = time.monotonic()
-            train_proc = run.start("train", train_command(args, corpus, run_dir))
-    for name, fn in (("env", part_env), ("gpu_tests", part_gpu_tests), ("grad_checks", part_grad_checks),
-                     ("torch_parity", part_torch_parity), ("kernels", part_kernels)):
-        if name not in wanted:
-            continue
+            record("train", dict(no_corpus))
+        else:
+            side_by_side.insert(0, train_part(args, corpus, run_dir, out))
+    children, by_name = [], {part.name: part for part in side_by_side}
+    for part in side_by_side:
         if run.left() < 5:
-            parts[name] = {"status": "out of time", "seconds": 0.0}
-            continue
-        try:
-            parts[name] = fn(run, args, out)
-        except Exception as exc:  # noqa: BLE001  (a broken part must not lose the others)
-            parts[name] = {"status": "failed", "seconds": 0.0, "error": f"{type(exc).__name__}: {exc}"}
-        save()
-    if train_proc is not None:
-        box = 60 + 60 * args.train_minutes * 1.35 if not args.quick else 120
-        rc, output, _ = run.wait("train", train_proc, box - (time.monotonic() - train_t0))
-        parts["train"] = train_result(rc, output, round(time.monotonic() - train_t0, 1), run_dir, out)
-        save()
+            record(part.name, {"status": "out of time", "seconds": 0.0})
+        else:
+            children.append(run.start(part.name, part.cmd, part.box, part.env))
+    for child, result in run.wait_each(children):
+        record(child["name"], by_name[child["name"]].parse(*result))
+    # 3. one training step against PyTorch's, alone on the device (clean timings)
     if "train_step" in wanted:
-        parts["train_step"] = part_train_step(run, args, out) if run.left() >= 5 else {"status": "out of time",
-                                                                                         "seconds": 0.0}
-        save()
+        alone(train_step_part(args))
+    # 4. decoding, alone again: a fresh small model and the base model the train part left
     if "decode" in wanted:
         if corpus is None or not vocab.exists():
-            parts["decode"] = {"status": "failed", "seconds": 0.0, "error": f"no corpus or vocabulary ({how})"}
-        elif run.left() < 5:
-            parts["decode"] = {"status": "out of time", "seconds": 0.0}
+            record("decode", dict(no_corpus))
         else:
-            parts["decode"] = part_decode(run, args, out, vocab, run_dir, corpus)
+            alone(decode_part(args, vocab, run_dir, corpus))
+    summary["parts"] = {name: parts[name] for name in PARTS if name in parts}  # the documented order
+    parts = summary["parts"]
     save()
     print(report(summary))
     return 0 if summary["ok"] else 1
 
 
 def _commit() -> str | None:
+    """The commit the run is of: bench/gpu_prepare.sh's (the GPU machine's copy of the tree has no git history)."""
+    if os.environ.get("NUMFORMER_COMMIT"):
+        return os.environ["NUMFORMER_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=10).stdout.strip() or None

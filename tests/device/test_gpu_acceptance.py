@@ -5,6 +5,7 @@ same script on the CPU with tiny shapes, so it cannot rot before a GPU appears. 
 output format checked here is the one ``docs/gpu.md`` ("The acceptance run") describes.
 """
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_acceptance.py"
+RUN_SCRIPT = ROOT / "bench" / "gpu_run.sh"  # the one command run on the GPU machine
+GPU_MACHINE = Path(__file__).resolve().parent / "gpu_machine"
 PARTS = ["env", "gpu_tests", "grad_checks", "torch_parity", "kernels", "train", "train_step", "decode"]
 STATUSES = {"ok", "failed", "timeout", "skipped", "missing", "no tests", "out of time"}
+
+
+def only_gpu_machine_packages() -> dict:
+    """An environment in which Python sees only the GPU machine's packages (tests/device/gpu_machine/)."""
+    return {**os.environ, "PYTHONPATH": str(GPU_MACHINE)}
 
 
 def _files(out: Path):
@@ -23,18 +31,20 @@ def _files(out: Path):
 
 @pytest.mark.slow
 def test_quick_cpu_dry_run_writes_the_documented_summary(tmp_path):
-    """The dry run's parts all finish ok and the summary has the documented form. Its time boxes and budget
+    """The dry run's parts all finish ok and the summary has the documented form, run as on the GPU machine:
+    through bench/gpu_run.sh, with only the packages that machine has (numformer not installed). Its time boxes and budget
     exist for a GPU lease; here they are ten times as long, so that a slow or busy machine is not a failure
     (the budget's own behaviour is the next test's)."""
     pytest.importorskip("torch")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), "--device", "cpu", "--quick", "--box-scale", "10",
-                           "--budget-s", "3000", "--work", str(tmp_path / "work")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=3600)
+    proc = subprocess.run(["bash", str(RUN_SCRIPT), str(out), "--device", "cpu", "--quick", "--box-scale", "10",
+                           "--budget-s", "3000", "--work", str(tmp_path / "work")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=3600, env=only_gpu_machine_packages())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = _files(out)
     assert len(files) <= 8 and all(len(f.relative_to(out).parts) <= 3 for f in files)
-    assert {f.name for f in files} >= {"summary.json", "log.txt", "train_metrics.jsonl"}
+    assert {f.name for f in files} >= {"summary.json", "log.txt", "train_metrics.jsonl", "console.txt"}
+    assert (out / "console.txt").read_text() == proc.stdout  # teed as it came
     s = json.loads((out / "summary.json").read_text())
     assert s["format"] == "numformer-gpu-acceptance/1" and s["device"] == "cpu" and s["quick"] is True and s["ok"]
     assert list(s["parts"]) == PARTS
@@ -79,3 +89,22 @@ def test_unknown_part_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--parts", "env,nope"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown part(s) nope" in proc.stderr
+
+
+def test_the_gpu_machine_emulation_refuses_what_is_not_there(tmp_path):
+    """The package emulation the dry run runs under can fail: ctranslate2 (installed here, not there) is refused,
+    numformer is not installed, and what the acceptance needs is there."""
+    code = ("import importlib.util as u\n"
+            "try:\n    import ctranslate2\nexcept ModuleNotFoundError:\n    print('refused')\n"
+            "print(u.find_spec('numformer') is None, all(u.find_spec(m) for m in "
+            "('numpy', 'torch', 'sentencepiece', 'sacrebleu', 'tqdm', 'pytest')))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=only_gpu_machine_packages())
+    assert proc.stdout.split() == ["refused", "True", "True"], proc.stdout + proc.stderr
+
+
+def test_the_run_script_refuses_a_real_run_without_the_carried_corpus(tmp_path):
+    env = {**os.environ, "NUMFORMER_GPU_CARRY": str(tmp_path / "not-prepared")}
+    proc = subprocess.run(["bash", str(RUN_SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, timeout=60,
+                          env=env)
+    assert proc.returncode == 2 and "run 'bash bench/gpu_prepare.sh'" in proc.stderr
