@@ -24,6 +24,7 @@ if [ ! -f "$corpus/train.src" ]; then
     esac
 fi
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
+# NUMFORMER_DEBUG: a bug's traceback is printed into the log (its crash file would stay on the GPU machine)
+export PYTHONUNBUFFERED=1 NUMFORMER_DEBUG=1 PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
 [ -f "$carry/COMMIT" ] && export NUMFORMER_COMMIT=$(cat "$carry/COMMIT")
 cd "$root" && python3 bench/gpu_acceptance.py "$out" "${corpus_flag[@]}" "$@" 2>&1 | tee "$out/console.txt"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numformer.backend import RandomState
+from numformer.backend import RandomState, get_array_module
 from numformer.layers import Embedding
 from numformer.model import causal_mask, padding_mask
 from numformer.module import Module
@@ -89,7 +89,8 @@ class HeldPadEmbedding(Embedding):
 
     def forward(self, ids):
         out = super().forward(ids)
-        out[np.asarray(ids) == self.padding_idx] = self.held_pad_row * self.scale
+        xp = get_array_module(out)  # ids and the held row on the layer's device (the GPU checks run these too)
+        out[xp.asarray(ids) == self.padding_idx] = xp.asarray(self.held_pad_row) * self.scale
         return out
 
 

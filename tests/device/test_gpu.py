@@ -24,6 +24,13 @@ def rel(a, b):
     return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
 
 
+def no_exact_gradient(name: str) -> bool:
+    """The key biases get no gradient in exact arithmetic: softmax ignores a shift of a whole row of scores,
+    and q.(k + b) shifts row q by q.b. What their gradient holds on either device is rounding noise (the first
+    GPU run found it 1.4 apart, relatively, in float32), so it is checked to be noise, not compared."""
+    return name.endswith("w_k.bias")
+
+
 def pair(dtype, **kw):
     cfg = get_preset("tiny", vocab_size=50, d_model=32, d_ff=64, heads=4, dropout=0.0, **kw)
     cpu = Transformer(cfg, seed=3, dtype=dtype)
@@ -55,8 +62,12 @@ def test_model_forward_backward_match(dtype, tol, kw):
         model.logits = logits
     assert rel(gpu.logits, cpu.logits) < tol
     assert rel(gpu.loss, cpu.loss) < tol
+    scale = max(np.linalg.norm(to_host(p.grad)) for p in cpu.parameters())
     for (n, a), (_, b) in zip(gpu.named_parameters(), cpu.named_parameters()):
-        worst = max(worst, rel(a.grad, b.grad) if np.linalg.norm(to_host(b.grad)) > 1e-9 else 0.0)
+        if no_exact_gradient(n):
+            assert max(np.linalg.norm(to_host(a.grad)), np.linalg.norm(to_host(b.grad))) < 10 * tol * scale, n
+            continue
+        worst = max(worst, rel(a.grad, b.grad))
         assert worst < tol, n
 
 
@@ -74,6 +85,9 @@ def test_adam_steps_match():
             opt.step()
             opt.zero_grad()
     for (n, a), (_, b) in zip(gpu.named_parameters(), cpu.named_parameters()):
+        if no_exact_gradient(n):  # zero at the start; Adam moves them by round-off over its eps, on both devices
+            assert max(np.abs(to_host(a.data)).max(), np.abs(to_host(b.data)).max()) < 1e-6, n
+            continue
         assert rel(a.data, b.data) < 1e-10, n
 
 
@@ -187,6 +201,9 @@ def test_dropout_masks_replay_on_gpu(layer):
             assert np.all((mask == 0) | np.isclose(mask, 1 / (1 - p))), case.case
         dropped = np.mean(np.concatenate([(mask == 0).ravel() for _, mask in masks]))
         assert 0 < dropped < 0.5, case.case
+        # Equal up to the order of a sum: cupyx's scatter_add (the embedding's gradient) adds with atomics, in
+        # whatever order the threads arrive, so two runs differ in the last bits (the first GPU run found them
+        # unequal, not by more). A mask drawn anew would change outputs and gradients at order one.
         for a, b in zip(first[0] + list(first[1].values()) + list(first[2].values()),
                         second[0] + list(second[1].values()) + list(second[2].values())):
-            assert np.array_equal(a, b), case.case
+            assert rel(a, b) < 1e-12, case.case

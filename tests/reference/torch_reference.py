@@ -131,7 +131,7 @@ class TorchTransformer(nn.Module):
     def forward(self, src, tgt_in):
         src_mask = (src != self.pad_id)[:, None, None, :]
         t = tgt_in.shape[1]
-        causal = torch.ones(t, t, dtype=torch.bool).tril()[None, None]
+        causal = torch.ones(t, t, dtype=torch.bool, device=tgt_in.device).tril()[None, None]
         tgt_mask = causal & (tgt_in != self.pad_id)[:, None, None, :]
         x = self._embed(src)
         for layer in self.enc:
