@@ -108,7 +108,7 @@ def worker_numformer(args, s):
                for _ in range(2)]
     on_gpu = xp is not np
     sync = (lambda: xp.cuda.Stream.null.synchronize()) if on_gpu else (lambda: None)
-    times, loss_host = [], float("nan")
+    times, host, loss_host = [], [], float("nan")
     for i in range(args.warmup + args.steps):
         src, tgt_in, tgt_out = batches[i % len(batches)]
         sync()
@@ -120,6 +120,7 @@ def worker_numformer(args, s):
         model.backward(dlogits if scaler is None else scaler.scale_grad_(dlogits))
         if scaler is not None:
             scaler.unscale_(opt.params)
+        enqueued = time.perf_counter()  # the host has issued forward and backward; the GPU may still be at work
         loss_host, gnorm = read_scalars(xp, loss, grad_norm(opt.params))  # the trainer's one sync per step
         if scaler is not None and scaler.update(found_nonfinite=not np.isfinite(gnorm)):
             opt.zero_grad()
@@ -128,8 +129,12 @@ def worker_numformer(args, s):
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+            host.append(enqueued - t0)
     peak = xp.get_default_memory_pool().total_bytes() / 2 ** 20 if on_gpu else _peak_rss_mb()
-    return _result(times, s, peak, loss_host, describe(xp) + f", precision {args.mode}")
+    # host time to issue forward and backward: near the step's whole time, the step waits on Python and kernel
+    # launches, not on the GPU's arithmetic
+    return {**_result(times, s, peak, loss_host, describe(xp) + f", precision {args.mode}"),
+            "host_issue_ms": round(statistics.median(host) * 1e3, 2)}
 
 
 def worker_torch(args, s):

@@ -3,7 +3,7 @@
 Post-LN (``LayerNorm(x + Dropout(Sublayer(x)))``), sinusoidal positions, embeddings
 scaled by sqrt(d_model), source/target embeddings and the pre-softmax projection tied
 into one (vocab, d_model) matrix, dropout 0.1 on embeddings and sub-layer outputs,
-masked attention scores replaced by -1e9 (``masked_fill``), label-smoothed
+masked attention scores replaced by the type's lowest value (``masked_fill``), label-smoothed
 cross-entropy (``F.cross_entropy(label_smoothing=eps)``), Adam(betas=(0.9, 0.98),
 eps=1e-9). Nothing here imports numformer. Used by ``bench/train_step.py`` and ``bench/gpu_train_step.py``.
 
@@ -49,7 +49,8 @@ class MHA(nn.Module):
         v = self.w_v(kv).view(b, tk, self.h, self.dk).transpose(1, 2)
         scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(self.dk))
         if mask is not None:
-            scores = scores.masked_fill(~mask, -1e9)
+            # the most negative value of the scores' type: -1e9 overflows float16 under autocast (the first GPU run)
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         out = torch.softmax(scores, dim=-1) @ v
         return self.w_o(out.transpose(1, 2).reshape(b, tq, d))
 
