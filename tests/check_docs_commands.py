@@ -261,12 +261,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ("small", "printf 'Das Science-Fiction-Buch ist gut.\\n' > hyp.de && printf 'Das Science-Fiction-Buch ist "
                   "sehr gut.\\n' > ref.de && python3 translate.py --hypotheses hyp.de --reference ref.de --bleu paper "
                   "--target-lang de"),
-    "python3 bench/gpu_acceptance.py OUT --corpus-dir .gpu_carry/bible-en-es":
-        ("skip", "needs a GPU (its dry run, the next command, runs here)"),
+    "bash bench/gpu_prepare.sh":
+        ("skip", "writes .gpu_carry/ into the git checkout and reads its history: run by hand before a device call"),
+    'bash bench/gpu_run.sh "$OUT"':
+        ("skip", "needs a GPU (its dry run, through the same script, is tests/device/test_gpu_acceptance.py's)"),
+    'bash bench/gpu_run.sh "$OUT" --parts gpu_tests,train_step': ("skip", "needs a GPU"),
     "python3 bench/gpu_acceptance.py OUT --device cpu --quick":
         ("run", "python3 bench/gpu_acceptance.py OUT --device cpu --quick"),
-    "mkdir -p .gpu_carry && cp -r ~/.cache/numformer/bible-en-es .gpu_carry/":
-        ("run", "mkdir -p .gpu_carry && cp -r ~/.cache/numformer/bible-en-es .gpu_carry/"),
     # -- Hugging Face Marian in and out (docs/interop.md): the Hub is not reachable here -----------------------------
     "pip install -e '.[interop]'": ("skip", "bash .ci/setup installs this extra (the check runs in its tree)"),
     "python3 -m numformer.checkpoint import Helsinki-NLP/opus-mt-en-de --out opus-en-de.npz":

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Where a numformer training step's time goes, per layer type: the base step of bench/gpu_train_step.py, timed
+layer by layer with the device synchronised around every call.
+
+Every layer gets a forward and a backward tap (``numformer.module.tapped``, the layers' public contract) that
+synchronises the device, reads the clock, runs the layer and synchronises again. A layer's exclusive time is
+its time less that of the layers it calls, so the rows add up to the tapped step. The loss, the gradient norm
+with the step's one read-back, and Adam are timed the same way. The synchronisations cost time of their own,
+so the tapped step is longer than the plain one (both are printed); the shares are what the breakdown is for.
+
+    python3 bench/gpu_step_breakdown.py --device cuda                  # base, 25,000 target tokens, float32
+    python3 bench/gpu_step_breakdown.py --device cuda --precision tf32
+    python3 bench/gpu_step_breakdown.py --device cpu --quick           # tiny shapes (the dry run)
+"""
+from __future__ import annotations
+
+import collections
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+from gpu_train_step import SHAPES  # noqa: E402  (the same shapes as the step's benchmark)
+
+PROG = "bench/gpu_step_breakdown.py"
+
+
+class LayerClock:
+    """Exclusive device time per (layer type, forward/backward), the device synchronised around each call."""
+
+    def __init__(self, sync):
+        self.sync = sync
+        self.total = collections.defaultdict(float)
+        self.calls = collections.Counter()
+        self.inner = [0.0]  # time of the calls made inside the call now running, per nesting level
+
+    def timed(self, key, run, *args, **kwargs):
+        self.sync()
+        self.inner.append(0.0)
+        t0 = time.perf_counter()
+        out = run(*args, **kwargs)
+        self.sync()
+        took = time.perf_counter() - t0
+        inside = self.inner.pop()
+        self.total[key] += took - inside
+        self.calls[key] += 1
+        self.inner[-1] += took
+        return out
+
+    def tap(self, kind):
+        return lambda module, run, *a, **k: self.timed((type(module).__name__, kind), run, *a, **k)
+
+
+def breakdown(args) -> dict:
+    import numpy as np  # noqa: PLC0415
+
+    from numformer.backend import read_scalars, to_xp, xp_for  # noqa: PLC0415
+    from numformer.loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
+    from numformer.model import Transformer  # noqa: PLC0415
+    from numformer.module import tapped  # noqa: PLC0415
+    from numformer.optim import Adam, grad_norm  # noqa: PLC0415
+    from numformer.precision import set_matmul_precision  # noqa: PLC0415
+    from numformer.presets import ModelConfig  # noqa: PLC0415
+
+    s = SHAPES["quick" if args.quick else "base"]
+    set_matmul_precision(args.precision, args.device)
+    xp = xp_for(args.device)
+    on_gpu = xp is not np
+    sync = (lambda: xp.cuda.Stream.null.synchronize()) if on_gpu else (lambda: None)
+    cfg = ModelConfig(vocab_size=s["vocab"], d_model=s["d_model"], d_ff=s["d_ff"], heads=s["heads"],
+                      layers=s["layers"], dropout=0.1, label_smoothing=0.1, max_len=max(s["src_len"], s["tgt_len"]) + 1)
+    model = Transformer(cfg, seed=0, dtype=np.float32).to(xp)
+    model.train()
+    opt = Adam(model.parameters(), lr=1e-4)
+    crit = LabelSmoothedCrossEntropy(0.1, pad_id=0)
+    rng = np.random.default_rng(0)
+    src, tgt_in, tgt_out = (to_xp(rng.integers(1, s["vocab"], (s["batch"], n)), xp)
+                            for n in (s["src_len"], s["tgt_len"], s["tgt_len"]))
+
+    def step(clock=None):
+        def timed(key, run, *a):
+            return clock.timed(key, run, *a) if clock else run(*a)
+        logits = model(src, tgt_in)
+        loss = timed(("loss", "forward"), lambda: crit.forward(logits, tgt_out, overwrite_logits=True))
+        dlogits = timed(("loss", "backward"), crit.backward)
+        model.backward(dlogits)
+        timed(("gradient norm and read-back", "step"), lambda: read_scalars(xp, loss, grad_norm(opt.params)))
+        timed(("Adam", "step"), lambda: opt.step(zero_grad=True))
+
+    plain = []
+    for i in range(args.warmup + args.steps):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        if i >= args.warmup:
+            plain.append(time.perf_counter() - t0)
+    clock = LayerClock(sync)
+    tapped_times = []
+    with tapped(list(model.modules()), forward=clock.tap("forward"), backward=clock.tap("backward")):
+        for _ in range(args.steps):
+            sync()
+            t0 = time.perf_counter()
+            step(clock)
+            sync()
+            tapped_times.append(time.perf_counter() - t0)
+    total = sum(clock.total.values())
+    rows = sorted(({"layer": k[0], "pass": k[1], "ms_per_step": round(v / args.steps * 1e3, 2),
+                    "calls_per_step": clock.calls[k] // args.steps, "share": round(v / total, 4)}
+                   for k, v in clock.total.items()), key=lambda r: -r["ms_per_step"])
+    return {"device": args.device, "precision": args.precision, "shape": s, "steps": args.steps,
+            "plain_step_ms": round(statistics.median(plain) * 1e3, 2),
+            "tapped_step_ms": round(sum(tapped_times) / args.steps * 1e3, 2),  # a mean, as the rows are
+            "timed_ms": round(total / args.steps * 1e3, 2), "rows": rows}
+
+
+@command_line(PROG)
+def main(argv=None) -> int:
+    ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"))
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (the dry run)")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps, plain and tapped (default 3)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    res = breakdown(args)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"{args.device} {args.precision}: plain step {res['plain_step_ms']} ms, tapped {res['tapped_step_ms']} ms "
+          f"(layers and steps timed: {res['timed_ms']} ms)")
+    for r in res["rows"]:
+        print(f"  {r['layer']:28s} {r['pass']:8s} {r['ms_per_step']:9.2f} ms  {r['calls_per_step']:4d} calls  "
+              f"{100 * r['share']:5.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
