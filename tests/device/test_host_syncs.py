@@ -75,3 +75,40 @@ def test_the_counter_sees_a_hidden_read(monkeypatch):
     float(loss)
     bool(loss > 0)
     assert cs.READS == {"float": 1, "bool": 1}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_one_host_sync_per_training_step_on_the_gpu(monkeypatch, tmp_path, precision):
+    """The same count on a real GPU, by cupy itself: the steps run under ``cupyx.allow_synchronize(False)``,
+    which raises at any implicit synchronisation (``.get()``, ``float()``, ``bool()`` of a device value), and
+    the step's one read (``read_scalars``) is the only place allowed to synchronise. (cupy marks this API
+    deprecated since v10; cupy 14.2 on the first GPU machine still had it.)"""
+    import cupyx
+
+    from numformer.data.prepared_dataset import PreparedData
+    from numformer.model import Transformer
+    from numformer.presets import get_preset
+    from numformer.training import trainer as trainer_module
+    from numformer.training.config import TrainConfig
+
+    helper = _worker_helpers()
+    model = Transformer(get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=2), seed=5).to("cuda")
+    data = PreparedData(helper.TinyVocab(), {}, {"train": helper.pairs(200)}, "task:syncs")
+    cfg = TrainConfig(max_tokens=300, accum=ACCUM, warmup=4, max_steps=STEPS, eval_every=0, log_every=1,
+                      save_every=0, save_every_minutes=0, precision=precision)
+    trainer = trainer_module.Trainer(model, data, cfg, tmp_path, progress=False, log=lambda *a: None)
+    reads = []
+    plain_read = trainer_module.read_scalars
+
+    def the_one_read(xp, *values):
+        reads.append(len(values))
+        with cupyx.allow_synchronize(True):
+            return plain_read(xp, *values)
+
+    monkeypatch.setattr(trainer_module, "read_scalars", the_one_read)
+    at_save = []
+    monkeypatch.setattr(trainer, "save", lambda: at_save.append(len(reads)))  # the checkpoint reads on purpose
+    with cupyx.allow_synchronize(False):
+        trainer.train()
+    assert trainer.optimizer.step_count == STEPS and at_save[0] == STEPS  # one read a step, up to the checkpoint
