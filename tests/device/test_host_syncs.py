@@ -112,3 +112,15 @@ def test_one_host_sync_per_training_step_on_the_gpu(monkeypatch, tmp_path, preci
     with cupyx.allow_synchronize(False):
         trainer.train()
     assert trainer.optimizer.step_count == STEPS and at_save[0] == STEPS  # one read a step, up to the checkpoint
+
+
+@pytest.mark.gpu
+def test_the_gpu_count_sees_a_hidden_read():
+    """The GPU count is not vacuous: a float() or bool() of a device value raises under the same guard."""
+    import cupy
+    import cupyx
+
+    loss = cupy.ones(()) * 2.0
+    for read in (float, bool, lambda x: x.get()):
+        with pytest.raises(cupyx.DeviceSynchronized), cupyx.allow_synchronize(False):
+            read(loss)
