@@ -29,6 +29,14 @@ with a big numpy matmul under the same thread count.
 
 With ``--repeat R`` the two sides alternate R times and the median of the
 per-run medians is reported (robust against other load on the machine).
+
+``--corpus NAME`` (or ``--data DIR``) times real batches instead: the first ``--batches`` batches (default 40) of the corpus's
+first epoch, as train.py deals them (its vocabulary, ``EpochWalk``'s token buckets of ``--max-tokens``,
+padding included), each counted once, both sides on the same batches. Then the figures are means over those
+batches (``mean_step_ms``, target tokens/s from the real target tokens) and the ratios are ratios of the total
+times: a fixed-length random batch has no padding and one length, which real batches do not.
+
+    python bench/train_step.py --preset small --corpus bible-en-es --no-compile
 """
 from __future__ import annotations
 
@@ -76,11 +84,23 @@ def parse_args(argv=None):
     ap.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile column")
     ap.add_argument("--compile-repeat", type=int, default=1,
                     help="runs of the compiled column per preset (default 1: each run compiles anew)")
+    ap.add_argument("--corpus", help="time real batches of this corpus (bible-en-es, messages-en-es, ...)")
+    ap.add_argument("--data", help="time real batches of the corpus in this folder ({train,valid,test}.{src,tgt})")
+    ap.add_argument("--batches", type=int, default=40, help="with --corpus: batches timed (default 40)")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="with --corpus: tokens per batch (default: the preset's CPU recipe, small 3000)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--worker", choices=["numformer", "torch", "torch-best", "torch-compile", "peak"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--shape", help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    ap.add_argument("--batches-file", help=argparse.SUPPRESS)  # the parent's real batches, for the workers
+    args = ap.parse_args(argv)
+    if args.batches < 1:
+        ap.error(f"--batches must be at least 1, got {args.batches}")
+    if args.corpus and args.data:
+        ap.error("--corpus and --data both name a corpus: give one")
+    args.real = bool(args.corpus or args.data)
+    return args
 
 
 def configs(args):
@@ -117,12 +137,66 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def summarize(times, s, cpu_times=None):
+def summarize(times, s, cpu_times=None, tgt_tokens=None):
+    """Per-step figures. Random batches: medians (every step is the same work). Real batches (``tgt_tokens``,
+    the target tokens of each timed step): means, so that a ratio of two sides is a ratio of total times."""
     med = statistics.median(times)
     extra = {"median_cpu_ms": statistics.median(cpu_times) * 1e3} if cpu_times else {}
+    if tgt_tokens:
+        extra.update(mean_step_ms=statistics.fmean(times) * 1e3, mean_cpu_ms=statistics.fmean(cpu_times) * 1e3)
     return {**extra, "median_step_ms": med * 1e3, "min_step_ms": min(times) * 1e3,
-            "tokens_per_s": s["batch"] * s["tgt_len"] / med, "peak_rss_mb": peak_rss_mb(),
-            "steps": len(times)}
+            "tokens_per_s": sum(tgt_tokens) / sum(times) if tgt_tokens else s["batch"] * s["tgt_len"] / med,
+            "peak_rss_mb": peak_rss_mb(), "steps": len(times)}
+
+
+def real_batches(args, s) -> tuple[str, dict]:
+    """The corpus's first ``--batches`` training batches as train.py deals them, saved for the workers:
+    -> (the .npz file, the shape with the corpus's vocabulary and longest lengths)."""
+    import tempfile  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    from numformer.data.prepared_dataset import prepare  # noqa: PLC0415
+    from numformer.training.config import RECIPES  # noqa: PLC0415
+    from numformer.training.epochs import EpochWalk  # noqa: PLC0415
+
+    folder = Path(tempfile.mkdtemp(prefix="numformer-train-step-"))
+    data = prepare(folder / "run", corpus=args.corpus, data_dir=args.data, log=lambda *a: None)
+    max_tokens = args.max_tokens or RECIPES.get(s["name"], RECIPES["small"])["max_tokens"]
+    batches, _ = EpochWalk(data, max_tokens, args.seed, 256, 1024, log=lambda *a: None).next_batches(args.batches)
+    arrays = {f"{k}{i}": getattr(b, k) for i, b in enumerate(batches) for k in ("src", "tgt_in", "tgt_out")}
+    np.savez(folder / "batches.npz", **arrays)
+    shape = dict(s, vocab=data.vocab.size, src_len=max(b.src.shape[1] for b in batches),
+                 tgt_len=max(b.tgt_in.shape[1] for b in batches), batch=max(b.src.shape[0] for b in batches),
+                 corpus=args.corpus or args.data, batches=len(batches), max_tokens=max_tokens,
+                 tgt_tokens=sum(b.n_tgt_tokens for b in batches),
+                 tokens_with_padding=sum(b.src.size + b.tgt_in.size for b in batches))
+    # the matmul work of a mean step, each batch at its own shape (MFU is then mean work over mean time)
+    shape["flops_per_step"] = statistics.fmean(matmul_flops(dict(s, batch=b.src.shape[0], src_len=b.src.shape[1],
+                                                                 tgt_len=b.tgt_in.shape[1])) for b in batches)
+    return str(folder / "batches.npz"), shape
+
+
+def load_batches(args, s, to_device):
+    """The batches a worker times: the parent's real ones, else 4 random fixed-length ones.
+    -> (list of (src, tgt_in, tgt_out) on the device, the target tokens of each or None)."""
+    import numpy as np  # noqa: PLC0415
+
+    if args.batches_file:
+        with np.load(args.batches_file) as f:
+            n = len(f.files) // 3
+            host = [tuple(f[f"{k}{i}"] for k in ("src", "tgt_in", "tgt_out")) for i in range(n)]
+        return [tuple(to_device(a) for a in b) for b in host], [int((b[2] != 0).sum()) for b in host]
+    rng = np.random.default_rng(args.seed)
+    return [tuple(to_device(rng.integers(1, s["vocab"], (s["batch"], n))) for n in (s["src_len"], s["tgt_len"],
+                                                                                      s["tgt_len"]))
+            for _ in range(4)], None
+
+
+def timed_steps(args, batches):
+    """The order of the steps: warm-up first, then each batch once (real batches) or ``--steps`` steps."""
+    count = len(batches) if args.batches_file else args.steps
+    return [(i % len(batches), i >= args.warmup) for i in range(args.warmup + count)]
 
 
 # -- workers (run in child processes) ------------------------------------------------
@@ -163,17 +237,15 @@ def worker_numformer(args, s):
     model.train()
     opt = Adam(model.parameters(), lr=1e-4)
     crit = LabelSmoothedCrossEntropy(0.1, pad_id=0)
-    rng = np.random.default_rng(args.seed)
-    batches = [tuple(to_xp(rng.integers(1, s["vocab"], (s["batch"], n)), xp)
-                     for n in (s["src_len"], s["tgt_len"], s["tgt_len"])) for _ in range(4)]
+    batches, tgt_tokens = load_batches(args, s, lambda a: to_xp(a, xp))
     sync = (lambda: xp.cuda.Stream.null.synchronize()) if xp is not np else (lambda: None)
     import inspect  # noqa: PLC0415
 
     # The logits are not needed after the loss: let the loss reuse their buffer where it can.
     loss_kw = {"overwrite_logits": True} if "overwrite_logits" in inspect.signature(crit.forward).parameters else {}
-    times, cpu = [], []
-    for i in range(args.warmup + args.steps):
-        src, tgt_in, tgt_out = batches[i % len(batches)]
+    times, cpu, counted = [], [], []
+    for j, counts in timed_steps(args, batches):
+        src, tgt_in, tgt_out = batches[j]
         c0, t0 = time.process_time(), time.perf_counter()
         logits = model(src, tgt_in)
         loss = crit.forward(logits, tgt_out, **loss_kw)
@@ -181,10 +253,11 @@ def worker_numformer(args, s):
         model.backward(crit.backward())
         opt.step(zero_grad=True)  # as the Trainer does: gradients zeroed inside the update's pass
         sync()
-        if i >= args.warmup:
+        if counts:
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-    out = summarize(times, s, cpu)
+            counted.append(tgt_tokens[j] if tgt_tokens else 0)
+    out = summarize(times, s, cpu, counted if tgt_tokens else None)
     out.update(final_loss=float(loss), backend=describe(xp))
     return out
 
@@ -200,13 +273,11 @@ def worker_torch(args, s, variant="plain", compiled=False):
     model, opt, loss_fn = make(s["vocab"], s["d_model"], s["heads"], s["layers"], s["d_ff"], seed=args.seed,
                                variant=variant, device=dev)
     step_model = torch.compile(model) if compiled else model
-    g = torch.Generator().manual_seed(args.seed)
-    batches = [tuple(torch.randint(1, s["vocab"], (s["batch"], n), generator=g).to(dev)
-                     for n in (s["src_len"], s["tgt_len"], s["tgt_len"])) for _ in range(4)]
+    batches, tgt_tokens = load_batches(args, s, lambda a: torch.from_numpy(a).long().to(dev))
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    times, cpu = [], []
-    for i in range(args.warmup + args.steps):
-        src, tgt_in, tgt_out = batches[i % len(batches)]
+    times, cpu, counted = [], [], []
+    for i, (j, counts) in enumerate(timed_steps(args, batches)):
+        src, tgt_in, tgt_out = batches[j]
         c0, t0 = time.process_time(), time.perf_counter()
         loss = loss_fn(step_model(src, tgt_in), tgt_out)
         loss.backward()
@@ -215,10 +286,11 @@ def worker_torch(args, s, variant="plain", compiled=False):
         sync()
         if i == 0:
             first = time.perf_counter() - t0
-        if i >= args.warmup:
+        if counts:
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-    out = summarize(times, s, cpu)
+            counted.append(tgt_tokens[j] if tgt_tokens else 0)
+    out = summarize(times, s, cpu, counted if tgt_tokens else None)
     adam = "fused" if opt.defaults.get("fused") else "foreach" if opt.defaults.get("foreach") else "default"
     out.update(final_loss=float(loss), backend=f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
                f"{variant} attention, {adam} Adam" + (", torch.compile" if compiled else ""))
@@ -246,6 +318,8 @@ def run_child(args, kind, shape=None):
            "--seed", str(args.seed)]
     if shape is not None:
         cmd += ["--shape", json.dumps(shape)]
+    if getattr(args, "batches_file", None):
+        cmd += ["--batches-file", args.batches_file]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{kind} worker failed:\n{proc.stderr[-3000:]}")
@@ -254,8 +328,10 @@ def run_child(args, kind, shape=None):
 
 def median_of(runs):
     out = dict(runs[0])
-    for key in ("median_step_ms", "min_step_ms", "tokens_per_s", "peak_rss_mb", "median_cpu_ms"):
-        out[key] = statistics.median(r[key] for r in runs)
+    for key in ("median_step_ms", "min_step_ms", "tokens_per_s", "peak_rss_mb", "median_cpu_ms", "mean_step_ms",
+                "mean_cpu_ms"):
+        if key in out:
+            out[key] = statistics.median(r[key] for r in runs)
     out["runs_median_step_ms"] = [round(r["median_step_ms"], 1) for r in runs]
     return out
 
@@ -275,8 +351,14 @@ def main(argv=None) -> int:
         return
     peak = run_child(args, "peak")["gemm_peak_gflops"] if args.device == "cpu" else None
     results = []
+    if args.real:
+        args.compile = False  # batches of many shapes: torch.compile would time its recompilations
     for s in configs(args):
-        flops = matmul_flops(s)
+        if args.real:
+            args.batches_file, s = real_batches(args, s)
+        step = "mean_step_ms" if args.real else "median_step_ms"  # real batches: ratios of total times
+        cpu_key = "mean_cpu_ms" if args.real else "median_cpu_ms"
+        flops = s.get("flops_per_step") or matmul_flops(s)
         nf_runs, pt_runs, best_runs, compiled_runs = [], [], [], []
         for _ in range(max(args.repeat, 1)):
             nf_runs.append(run_child(args, "numformer", s))
@@ -288,18 +370,20 @@ def main(argv=None) -> int:
                         and not any("error" in r for r in compiled_runs)):
                     compiled_runs.append(run_child(args, "torch-compile", s))
         nf = median_of(nf_runs)
-        r = {"config": s["name"], "shape": {k: s[k] for k in SHAPE_KEYS}, "threads": args.threads,
-             "device": args.device, **{k: nf[k] for k in ("median_step_ms", "median_cpu_ms", "min_step_ms", "tokens_per_s",
-                                                           "peak_rss_mb", "runs_median_step_ms", "backend")},
+        keys = ("median_step_ms", "median_cpu_ms", "min_step_ms", "tokens_per_s", "peak_rss_mb", "runs_median_step_ms",
+                "backend") + (("mean_step_ms", "mean_cpu_ms") if args.real else ())
+        real = {k: s[k] for k in ("corpus", "batches", "max_tokens", "tgt_tokens", "tokens_with_padding")
+                if k in s}
+        r = {"config": s["name"], "shape": {k: s[k] for k in SHAPE_KEYS}, **({"real_batches": real} if real else {}),
+             "threads": args.threads, "device": args.device, **{k: nf[k] for k in keys},
              "matmul_gflop_per_step": flops / 1e9, "gemm_peak_gflops": peak,
              "mfu": (flops / (nf["median_step_ms"] / 1e3) / (peak * 1e9)) if peak else None}
         if args.compare:
             pt = median_of(pt_runs)
-            r["torch"] = {k: pt[k] for k in ("median_step_ms", "median_cpu_ms", "min_step_ms", "tokens_per_s", "peak_rss_mb",
-                                             "runs_median_step_ms", "backend")}
+            r["torch"] = {k: pt[k] for k in keys}
             r["torch"]["mfu"] = (flops / (pt["median_step_ms"] / 1e3) / (peak * 1e9)) if peak else None
-            r["ratio_step_time"] = nf["median_step_ms"] / pt["median_step_ms"]
-            r["ratio_cpu_time"] = nf["median_cpu_ms"] / pt["median_cpu_ms"]
+            r["ratio_step_time"] = nf[step] / pt[step]
+            r["ratio_cpu_time"] = nf[cpu_key] / pt[cpu_key]
             r["ratio_peak_rss"] = nf["peak_rss_mb"] / pt["peak_rss_mb"]
             for key, runs in (("torch_best", best_runs), ("torch_compiled", compiled_runs)):
                 if not runs:
@@ -308,12 +392,11 @@ def main(argv=None) -> int:
                     r[key] = {"error": next(x["error"] for x in runs if "error" in x)}
                     continue
                 col = median_of(runs)
-                r[key] = {k: col[k] for k in ("median_step_ms", "median_cpu_ms", "min_step_ms", "tokens_per_s",
-                                              "peak_rss_mb", "runs_median_step_ms", "backend")}
+                r[key] = {k: col[k] for k in keys}
                 r[key]["mfu"] = (flops / (col["median_step_ms"] / 1e3) / (peak * 1e9)) if peak else None
                 if "compile_s" in col:
                     r[key]["compile_s"] = statistics.median(x["compile_s"] for x in runs)
-                r[f"ratio_step_time_{key.split('_')[1]}"] = nf["median_step_ms"] / col["median_step_ms"]
+                r[f"ratio_step_time_{key.split('_')[1]}"] = nf[step] / col[step]
         results.append(r)
         if not args.json:
             report(r)
@@ -330,10 +413,14 @@ def report(r):
     rows = [("numformer", r)] + ([("pytorch", r["torch"])] if "torch" in r else [])
     rows += [(name, r[key]) for name, key in (("best eager", "torch_best"), ("compiled", "torch_compiled"))
              if key in r and "error" not in r[key]]
+    if "real_batches" in r:
+        rb = r["real_batches"]
+        print(f"  real batches: the first {rb['batches']} of {rb['corpus']} at --max-tokens {rb['max_tokens']} "
+              f"({rb['tgt_tokens']} target tokens; shapes above are the largest); means over the batches")
     for name, x in rows:
         mfu = x.get("mfu")
-        print(f"  {name:10s} {x['median_step_ms']:8.1f} ms/step (min {x['min_step_ms']:.1f})  "
-              f"(CPU {x['median_cpu_ms']:.0f} ms)  {x['tokens_per_s']:8.0f} tgt tok/s  peak RSS {x['peak_rss_mb']:7.1f} MB  "
+        print(f"  {name:10s} {x.get('mean_step_ms', x['median_step_ms']):8.1f} ms/step (min {x['min_step_ms']:.1f})  "
+              f"(CPU {x.get('mean_cpu_ms', x['median_cpu_ms']):.0f} ms)  {x['tokens_per_s']:8.0f} tgt tok/s  peak RSS {x['peak_rss_mb']:7.1f} MB  "
               f"MFU {100 * mfu if mfu else float('nan'):5.1f}%  runs {x['runs_median_step_ms']}"
               + (f"  (compile {x['compile_s']:.1f} s, not counted)" if "compile_s" in x else ""))
     if "torch_compiled" in r and "error" in r["torch_compiled"]:
