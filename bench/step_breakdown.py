@@ -8,15 +8,15 @@ its time less that of the layers it calls, so the rows add up to the tapped step
 with the step's one read-back, and Adam are timed the same way. The synchronisations cost time of their own,
 so the tapped step is longer than the plain one (both are printed); the shares are what the breakdown is for.
 
-    python3 bench/gpu_step_breakdown.py --device cuda                  # base, 25,000 target tokens, float32
-    python3 bench/gpu_step_breakdown.py --device cuda --precision tf32
-    python3 bench/gpu_step_breakdown.py --device cpu --quick           # tiny shapes (the dry run)
+    python3 bench/step_breakdown.py --device cuda                  # base, 25,000 target tokens, float32
+    python3 bench/step_breakdown.py --device cuda --precision tf32
+    python3 bench/step_breakdown.py --device cpu --quick           # tiny shapes (the dry run)
+    python3 bench/step_breakdown.py --device cpu --shape small --corpus bible-en-es   # real batches on the CPU
 """
 from __future__ import annotations
 
 import collections
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,9 +27,13 @@ if str(ROOT) not in sys.path:
 sys.path.insert(0, str(ROOT / "bench"))
 from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
-from gpu_train_step import SHAPES  # noqa: E402  (the same shapes as the step's benchmark)
+from gpu_train_step import SHAPES  # noqa: E402  (the same shapes as the GPU step's benchmark)
+from train_step import PRESETS, load_batches, real_batches  # noqa: E402  (the CPU bench's shapes and real batches)
 
-PROG = "bench/gpu_step_breakdown.py"
+#: --shape: the GPU bench's base batch of 25,000 target tokens, its dry-run shapes, and the CPU bench's presets
+BREAKDOWN_SHAPES = {"gpu-base": SHAPES["base"], "quick": SHAPES["quick"], **PRESETS}
+
+PROG = "bench/step_breakdown.py"
 
 
 class LayerClock:
@@ -69,7 +73,10 @@ def breakdown(args) -> dict:
     from numformer.precision import set_matmul_precision  # noqa: PLC0415
     from numformer.presets import ModelConfig  # noqa: PLC0415
 
-    s = SHAPES["quick" if args.quick else "base"]
+    s = dict(BREAKDOWN_SHAPES["quick" if args.quick else args.shape], name=args.shape)
+    args.batches_file, args.seed = None, 0  # seed: the batches' order, as train.py's default
+    if args.corpus or args.data:  # the corpus's first batches as train.py deals them, each timed once a pass
+        args.batches_file, s = real_batches(args, s)
     set_matmul_precision(args.precision, args.device)
     xp = xp_for(args.device)
     on_gpu = xp is not np
@@ -80,11 +87,14 @@ def breakdown(args) -> dict:
     model.train()
     opt = Adam(model.parameters(), lr=1e-4)
     crit = LabelSmoothedCrossEntropy(0.1, pad_id=0)
-    rng = np.random.default_rng(0)
-    src, tgt_in, tgt_out = (to_xp(rng.integers(1, s["vocab"], (s["batch"], n)), xp)
-                            for n in (s["src_len"], s["tgt_len"], s["tgt_len"]))
+    batches, tgt_tokens = load_batches(args, s, lambda a: to_xp(a, xp))
+    if not args.batches_file:
+        batches, tgt_tokens = batches[:1], None  # one random batch, the same every step
+    steps = len(batches) if args.batches_file else args.steps
 
-    def step(clock=None):
+    def step(batch, clock=None):
+        src, tgt_in, tgt_out = batch
+
         def timed(key, run, *a):
             return clock.timed(key, run, *a) if clock else run(*a)
         logits = model(src, tgt_in)
@@ -95,30 +105,32 @@ def breakdown(args) -> dict:
         timed(("Adam", "step"), lambda: opt.step(zero_grad=True))
 
     plain = []
-    for i in range(args.warmup + args.steps):
+    for i in range(args.warmup + steps):
         sync()
         t0 = time.perf_counter()
-        step()
+        step(batches[i % len(batches)])
         sync()
         if i >= args.warmup:
             plain.append(time.perf_counter() - t0)
     clock = LayerClock(sync)
     tapped_times = []
     with tapped(list(model.modules()), forward=clock.tap("forward"), backward=clock.tap("backward")):
-        for _ in range(args.steps):
+        for i in range(steps):
             sync()
             t0 = time.perf_counter()
-            step(clock)
+            step(batches[i % len(batches)], clock)
             sync()
             tapped_times.append(time.perf_counter() - t0)
     total = sum(clock.total.values())
-    rows = sorted(({"layer": k[0], "pass": k[1], "ms_per_step": round(v / args.steps * 1e3, 2),
-                    "calls_per_step": clock.calls[k] // args.steps, "share": round(v / total, 4)}
+    rows = sorted(({"layer": k[0], "pass": k[1], "ms_per_step": round(v / steps * 1e3, 2),
+                    "calls_per_step": clock.calls[k] // steps, "share": round(v / total, 4)}
                    for k, v in clock.total.items()), key=lambda r: -r["ms_per_step"])
-    return {"device": args.device, "precision": args.precision, "shape": s, "steps": args.steps,
-            "plain_step_ms": round(statistics.median(plain) * 1e3, 2),
-            "tapped_step_ms": round(sum(tapped_times) / args.steps * 1e3, 2),  # a mean, as the rows are
-            "timed_ms": round(total / args.steps * 1e3, 2), "rows": rows}
+    # a mean per step, as the rows are (real batches: each batch once a pass)
+    return {"device": args.device, "precision": args.precision, "shape": s, "steps": steps,
+            "target_tokens_per_step": (sum(tgt_tokens) / steps if tgt_tokens else s["batch"] * s["tgt_len"]),
+            "plain_step_ms": round(sum(plain) / steps * 1e3, 2),
+            "tapped_step_ms": round(sum(tapped_times) / steps * 1e3, 2),
+            "timed_ms": round(total / steps * 1e3, 2), "rows": rows}
 
 
 @command_line(PROG)
@@ -127,6 +139,12 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"))
     ap.add_argument("--quick", action="store_true", help="tiny shapes (the dry run)")
+    ap.add_argument("--shape", default="gpu-base", choices=sorted(BREAKDOWN_SHAPES),
+                    help="gpu-base (default: 625 x 40, bench/gpu_train_step.py's), or bench/train_step.py's presets")
+    ap.add_argument("--corpus", help="real batches of this corpus (as bench/train_step.py --corpus)")
+    ap.add_argument("--data", help="real batches of the corpus in this folder")
+    ap.add_argument("--batches", type=int, default=20, help="with --corpus or --data: batches timed (default 20)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="with --corpus or --data: tokens per batch")
     ap.add_argument("--steps", type=int, default=3, help="timed steps, plain and tapped (default 3)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     ap.add_argument("--json", action="store_true")
@@ -135,7 +153,8 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"{args.device} {args.precision}: plain step {res['plain_step_ms']} ms, tapped {res['tapped_step_ms']} ms "
+    print(f"{args.device} {args.precision}, {res['steps']} steps of {res['target_tokens_per_step']:.0f} target tokens "
+          f"on average: plain step {res['plain_step_ms']} ms, tapped {res['tapped_step_ms']} ms "
           f"(layers and steps timed: {res['timed_ms']} ms)")
     for r in res["rows"]:
         print(f"  {r['layer']:28s} {r['pass']:8s} {r['ms_per_step']:9.2f} ms  {r['calls_per_step']:4d} calls  "
