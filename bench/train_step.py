@@ -10,6 +10,10 @@ PyTorch columns (``tests/reference/torch_reference.py``, same architecture and r
   compile time (the first step's extra time over the median) is reported apart. When compiling
   fails on this machine the column says why (the exception's first line) instead of timing.
 
+Both sides run with the same glibc allocator tuning (numformer's, ``numformer/kernels/host/allocator.py``: large
+temporaries reused instead of re-mapped each step); without it PyTorch's step is 15-20% slower on this machine,
+and until 2026-11-27 this bench compared so (``--torch-malloc default`` still does).
+
 Random token batches of fixed length (no padding), float32, post-LN, tied
 embeddings, dropout 0.1, label smoothing 0.1. Each side runs in its own child
 process (so peak RSS is per process), pinned to the same thread count
@@ -89,6 +93,10 @@ def parse_args(argv=None):
     ap.add_argument("--batches", type=int, default=40, help="with --corpus: batches timed (default 40)")
     ap.add_argument("--max-tokens", type=int, default=None,
                     help="with --corpus: tokens per batch (default: the preset's CPU recipe, small 3000)")
+    ap.add_argument("--torch-malloc", choices=("tuned", "default"), default="tuned",
+                    help="PyTorch's processes get numformer's glibc allocator tuning (tuned, the default: PyTorch at its "
+                         "best, as a user who sets MALLOC_MMAP_THRESHOLD_ or preloads jemalloc has it) or glibc's "
+                         "defaults (default: how this bench compared before 2026-11-27)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--worker", choices=["numformer", "torch", "torch-best", "torch-compile", "peak"],
                     help=argparse.SUPPRESS)
@@ -264,6 +272,10 @@ def worker_numformer(args, s):
 
 def worker_torch(args, s, variant="plain", compiled=False):
     sys.path.insert(0, str(ROOT / "tests"))  # the reference models (tests/reference/)
+    if args.torch_malloc == "tuned":  # the allocator numformer's side runs with (numformer/kernels/host/allocator.py)
+        from numformer.kernels.host.allocator import tune_allocator  # noqa: PLC0415
+
+        tune_allocator()
     import torch  # noqa: PLC0415
 
     from reference.torch_reference import make  # noqa: PLC0415
@@ -293,7 +305,7 @@ def worker_torch(args, s, variant="plain", compiled=False):
     out = summarize(times, s, cpu, counted if tgt_tokens else None)
     adam = "fused" if opt.defaults.get("fused") else "foreach" if opt.defaults.get("foreach") else "default"
     out.update(final_loss=float(loss), backend=f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-               f"{variant} attention, {adam} Adam" + (", torch.compile" if compiled else ""))
+               f"{variant} attention, {adam} Adam, glibc malloc {args.torch_malloc}" + (", torch.compile" if compiled else ""))
     if compiled:  # the first step compiles forward and backward: its time over a steady step
         out["compile_s"] = first - statistics.median(times)
     return out
@@ -314,6 +326,7 @@ def run_child(args, kind, shape=None):
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
         env[var] = str(args.threads)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--threads", str(args.threads),
+           "--torch-malloc", args.torch_malloc,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
            "--seed", str(args.seed)]
     if shape is not None:
