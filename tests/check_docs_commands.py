@@ -151,6 +151,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "--calls 1 --repeat 1"),
     "python3 bench/train_step.py --preset tiny,small --steps 10 --repeat 1 --no-compile":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-compile"),
+    "python3 bench/train_step.py --preset tiny,small --steps 10 --repeat 2 --no-compile":
+        ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-compile"),
+    "python3 bench/train_step.py --preset tiny,small --corpus bible-en-es --batches 40 --repeat 2":
+        ("small", "python3 bench/train_step.py --preset tiny --corpus bible-en-es --batches 2 --warmup 1"),
+    "python3 bench/train_step.py --preset base --steps 4 --warmup 2 --repeat 1 --no-compile":
+        ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-compile  # base: the same code"),
     "python3 bench/train_step.py --preset base --steps 6 --warmup 2 --repeat 1 --no-compile":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-compile  # base: the same code"),
     "python3 bench/kernel_speed.py --calls 15": ("small", "python3 bench/kernel_speed.py --calls 1 --size batch-of-one"),
