@@ -85,22 +85,15 @@ def worker_numformer(args, s):
     import numpy as np  # noqa: PLC0415
 
     from numformer.backend import describe, to_xp, xp_for  # noqa: PLC0415
-    from numformer.loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
-    from numformer.model import Transformer  # noqa: PLC0415
-    from numformer.optim import Adam, grad_norm  # noqa: PLC0415
+    from numformer.optim import grad_norm  # noqa: PLC0415
     from numformer.precision import set_matmul_precision  # noqa: PLC0415
     from numformer.training.loss_scaling import DynamicLossScaler  # noqa: PLC0415
-    from numformer.presets import ModelConfig  # noqa: PLC0415
     from numformer.backend import read_scalars  # noqa: PLC0415
+    from train_step import benched_model  # noqa: PLC0415  (bench/ is on the path: this script's folder)
 
     set_matmul_precision(args.mode, args.device)  # before the model moves: TF32 is read at the first GEMM
     xp = xp_for(args.device)
-    cfg = ModelConfig(vocab_size=s["vocab"], d_model=s["d_model"], d_ff=s["d_ff"], heads=s["heads"],
-                      layers=s["layers"], dropout=0.1, label_smoothing=0.1, max_len=max(s["src_len"], s["tgt_len"]) + 1)
-    model = Transformer(cfg, seed=0, dtype=np.float32).to(xp)
-    model.train()
-    opt = Adam(model.parameters(), lr=1e-4)
-    crit = LabelSmoothedCrossEntropy(0.1, pad_id=0)
+    model, opt, crit = benched_model(s, xp)
     scaler = DynamicLossScaler() if args.mode == "fp16" else None
     rng = np.random.default_rng(0)
     batches = [tuple(to_xp(rng.integers(1, s["vocab"], (s["batch"], n)), xp) for n in (s["src_len"], s["tgt_len"],

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 from gpu_train_step import SHAPES  # noqa: E402  (the same shapes as the GPU step's benchmark)
-from train_step import PRESETS, load_batches, real_batches  # noqa: E402  (the CPU bench's shapes and real batches)
+from train_step import PRESETS, benched_model, load_batches, real_batches  # noqa: E402  (the CPU bench's pieces)
 
 #: --shape: the GPU bench's base batch of 25,000 target tokens, its dry-run shapes, and the CPU bench's presets
 BREAKDOWN_SHAPES = {"gpu-base": SHAPES["base"], "quick": SHAPES["quick"], **PRESETS}
@@ -66,27 +66,18 @@ def breakdown(args) -> dict:
     import numpy as np  # noqa: PLC0415
 
     from numformer.backend import read_scalars, to_xp, xp_for  # noqa: PLC0415
-    from numformer.loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
-    from numformer.model import Transformer  # noqa: PLC0415
     from numformer.module import tapped  # noqa: PLC0415
-    from numformer.optim import Adam, grad_norm  # noqa: PLC0415
+    from numformer.optim import grad_norm  # noqa: PLC0415
     from numformer.precision import set_matmul_precision  # noqa: PLC0415
-    from numformer.presets import ModelConfig  # noqa: PLC0415
 
     s = dict(BREAKDOWN_SHAPES["quick" if args.quick else args.shape], name=args.shape)
-    args.batches_file, args.seed = None, 0  # seed: the batches' order, as train.py's default
     if args.corpus or args.data:  # the corpus's first batches as train.py deals them, each timed once a pass
         args.batches_file, s = real_batches(args, s)
     set_matmul_precision(args.precision, args.device)
     xp = xp_for(args.device)
     on_gpu = xp is not np
     sync = (lambda: xp.cuda.Stream.null.synchronize()) if on_gpu else (lambda: None)
-    cfg = ModelConfig(vocab_size=s["vocab"], d_model=s["d_model"], d_ff=s["d_ff"], heads=s["heads"],
-                      layers=s["layers"], dropout=0.1, label_smoothing=0.1, max_len=max(s["src_len"], s["tgt_len"]) + 1)
-    model = Transformer(cfg, seed=0, dtype=np.float32).to(xp)
-    model.train()
-    opt = Adam(model.parameters(), lr=1e-4)
-    crit = LabelSmoothedCrossEntropy(0.1, pad_id=0)
+    model, opt, crit = benched_model(s, xp)
     batches, tgt_tokens = load_batches(args, s, lambda a: to_xp(a, xp))
     if not args.batches_file:
         batches, tgt_tokens = batches[:1], None  # one random batch, the same every step
@@ -148,6 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed steps, plain and tapped (default 3)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     ap.add_argument("--json", action="store_true")
+    # what bench/train_step.py's real_batches and load_batches read: no batches file yet, and train.py's seed
+    ap.set_defaults(batches_file=None, seed=0)
     args = ap.parse_args(argv)
     res = breakdown(args)
     if args.json:

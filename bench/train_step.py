@@ -201,10 +201,35 @@ def load_batches(args, s, to_device):
             for _ in range(4)], None
 
 
+def benched_model(s, xp, seed: int = 0):
+    """The model, Adam and loss every training-step bench times (this one, gpu_train_step.py, step_breakdown.py):
+    shape ``s``, float32, post-LN, tied embeddings, dropout 0.1, label smoothing 0.1, in training mode on ``xp``.
+    -> (model, optimizer, loss)."""
+    import numpy as np  # noqa: PLC0415
+
+    from numformer.loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
+    from numformer.model import Transformer  # noqa: PLC0415
+    from numformer.optim import Adam  # noqa: PLC0415
+    from numformer.presets import ModelConfig  # noqa: PLC0415
+
+    cfg = ModelConfig(vocab_size=s["vocab"], d_model=s["d_model"], d_ff=s["d_ff"], heads=s["heads"],
+                      layers=s["layers"], dropout=0.1, label_smoothing=0.1, max_len=max(s["src_len"], s["tgt_len"]) + 1)
+    model = Transformer(cfg, seed=seed, dtype=np.float32)
+    if xp is not np:
+        model.to(xp)
+    model.train()
+    return model, Adam(model.parameters(), lr=1e-4), LabelSmoothedCrossEntropy(0.1, pad_id=0)
+
+
 def timed_steps(args, batches):
     """The order of the steps: warm-up first, then each batch once (real batches) or ``--steps`` steps."""
     count = len(batches) if args.batches_file else args.steps
     return [(i % len(batches), i >= args.warmup) for i in range(args.warmup + count)]
+
+
+def counted_tokens(order, tgt_tokens):
+    """The target tokens of each counted step of ``order`` (``timed_steps``'s), or None for random batches."""
+    return [tgt_tokens[j] for j, counts in order if counts] if tgt_tokens else None
 
 
 # -- workers (run in child processes) ------------------------------------------------
@@ -230,29 +255,18 @@ def worker_numformer(args, s):
 
     tune_host()  # as train.py does, before numpy is imported
     from numformer.backend import describe, to_xp, xp_for  # noqa: PLC0415
-    from numformer.loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
-    from numformer.model import Transformer  # noqa: PLC0415
-    from numformer.optim import Adam  # noqa: PLC0415
-    from numformer.presets import ModelConfig  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
     xp = xp_for(args.device)
-    cfg = ModelConfig(vocab_size=s["vocab"], d_model=s["d_model"], d_ff=s["d_ff"], heads=s["heads"],
-                      layers=s["layers"], dropout=0.1, label_smoothing=0.1, max_len=max(s["src_len"], s["tgt_len"]) + 1)
-    model = Transformer(cfg, seed=args.seed, dtype=np.float32)
-    if xp is not np:
-        model.to(xp)
-    model.train()
-    opt = Adam(model.parameters(), lr=1e-4)
-    crit = LabelSmoothedCrossEntropy(0.1, pad_id=0)
+    model, opt, crit = benched_model(s, xp, args.seed)
     batches, tgt_tokens = load_batches(args, s, lambda a: to_xp(a, xp))
     sync = (lambda: xp.cuda.Stream.null.synchronize()) if xp is not np else (lambda: None)
     import inspect  # noqa: PLC0415
 
     # The logits are not needed after the loss: let the loss reuse their buffer where it can.
     loss_kw = {"overwrite_logits": True} if "overwrite_logits" in inspect.signature(crit.forward).parameters else {}
-    times, cpu, counted = [], [], []
-    for j, counts in timed_steps(args, batches):
+    times, cpu, order = [], [], timed_steps(args, batches)
+    for j, counts in order:
         src, tgt_in, tgt_out = batches[j]
         c0, t0 = time.process_time(), time.perf_counter()
         logits = model(src, tgt_in)
@@ -264,8 +278,7 @@ def worker_numformer(args, s):
         if counts:
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-            counted.append(tgt_tokens[j] if tgt_tokens else 0)
-    out = summarize(times, s, cpu, counted if tgt_tokens else None)
+    out = summarize(times, s, cpu, counted_tokens(order, tgt_tokens))
     out.update(final_loss=float(loss), backend=describe(xp))
     return out
 
@@ -287,8 +300,8 @@ def worker_torch(args, s, variant="plain", compiled=False):
     step_model = torch.compile(model) if compiled else model
     batches, tgt_tokens = load_batches(args, s, lambda a: torch.from_numpy(a).long().to(dev))
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    times, cpu, counted = [], [], []
-    for i, (j, counts) in enumerate(timed_steps(args, batches)):
+    times, cpu, order = [], [], timed_steps(args, batches)
+    for i, (j, counts) in enumerate(order):
         src, tgt_in, tgt_out = batches[j]
         c0, t0 = time.process_time(), time.perf_counter()
         loss = loss_fn(step_model(src, tgt_in), tgt_out)
@@ -301,8 +314,7 @@ def worker_torch(args, s, variant="plain", compiled=False):
         if counts:
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-            counted.append(tgt_tokens[j] if tgt_tokens else 0)
-    out = summarize(times, s, cpu, counted if tgt_tokens else None)
+    out = summarize(times, s, cpu, counted_tokens(order, tgt_tokens))
     adam = "fused" if opt.defaults.get("fused") else "foreach" if opt.defaults.get("foreach") else "default"
     out.update(final_loss=float(loss), backend=f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
                f"{variant} attention, {adam} Adam, glibc malloc {args.torch_malloc}" + (", torch.compile" if compiled else ""))

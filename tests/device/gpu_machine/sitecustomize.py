@@ -30,11 +30,11 @@ def _kept(dist) -> bool:
     return _normal(dist.metadata["Name"] or "") in _THERE
 
 
-_HIDDEN_DISTS = {_normal(d.metadata["Name"] or "") for d in _real_distributions() if not _kept(d)}
-_ALLOWED_MODULES = {m for m, dists in importlib.metadata.packages_distributions().items()
-                    if any(_normal(d) in _THERE for d in dists)}
+# every top-level module installed here none of whose distributions the GPU machine has (read once: this runs at
+# the start of every Python process under the emulation)
 _REFUSED = {m for m, dists in importlib.metadata.packages_distributions().items()
-            if m not in _ALLOWED_MODULES and not m.startswith("__editable__") and m not in ("numformer", "grad_checks")}
+            if not any(_normal(d) in _THERE for d in dists) and not m.startswith("__editable__")
+            and m not in ("numformer", "grad_checks")}
 
 
 class _RefuseMissing(importlib.abc.MetaPathFinder):
