@@ -3,7 +3,8 @@
 In-process command lines (``run_main``) and their one-line errors, the argument list of a tiny copy-task
 run, small corpora and run folders (a trained copy run and a random-weight run with a byte-fallback
 vocabulary, as session-wide fixtures registered by conftest.py), damaged checkpoints, the comparison of
-two training states, the host thread count as a fixture, and the MPI launch prefix.
+two training states, the host thread count as a fixture, the MPI launch prefix, the key biases' rule and the
+import of a script by its path.
 """
 import os
 import shutil
@@ -23,6 +24,24 @@ from numformer.data import CORPUS_FILES, SubwordVocab  # noqa: E402
 from numformer.kernels.host import threads as host_threads  # noqa: E402
 from numformer.model import Transformer  # noqa: E402
 from numformer.presets import get_preset  # noqa: E402
+
+
+def no_exact_gradient(name: str) -> bool:
+    """Whether parameter ``name`` is a key-projection bias: its gradient is zero in exact arithmetic (softmax ignores
+    a shift of a whole row of scores, and q.(k + b) shifts row q by q.b), so what it holds is rounding noise, which
+    two computations of the same thing (two devices, two orders of a sum, Adam's scaling of it) need not share."""
+    return name.endswith("w_k.bias")
+
+
+def load_file_module(path: Path, name: str):
+    """The Python file ``path`` (a bench script, tests/mpi_worker.py) imported as module ``name``, without running
+    its ``__main__`` block and without putting its folder on the path."""
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def cuda_available() -> bool:

@@ -11,7 +11,6 @@ The CuPy stand-in (``tests/cupy_standin.py``) makes numformer take numpy arrays 
 device arrays and counts each read; ``Trainer.train`` runs whole steps through it
 (forward, loss, backward, norm or clipping, the loss scaler, Adam, the log line).
 """
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -21,33 +20,33 @@ pytest.importorskip("cupy", reason="cupy (importable without a GPU) is installed
 pytest.importorskip("cupyx")
 
 import cupy_standin as cs  # noqa: E402
+from support import load_file_module  # noqa: E402
 
 STEPS = 4
 ACCUM = 2
 
 
-def _worker_helpers():
-    spec = importlib.util.spec_from_file_location("mpi_worker", Path(__file__).resolve().parents[1] / "mpi_worker.py")
-    helper = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helper)
-    return helper
-
-
-@pytest.mark.parametrize("precision,clip", [("fp32", 0.0), ("fp32", 1.0), ("fp16", 0.0), ("tf32", 0.0)])
-def test_one_host_read_per_training_step(monkeypatch, tmp_path, precision, clip):
-    from numformer.model import Transformer
+def tiny_trainer(tmp_path, device, **cfg):
+    """A Trainer of a tiny model on ``device`` (an array module or "cuda") for STEPS steps of ACCUM batches, a log
+    line every step, no checkpoint before the end: the run both counts go through."""
     from numformer.data.prepared_dataset import PreparedData
+    from numformer.model import Transformer
     from numformer.presets import get_preset
     from numformer.training.config import TrainConfig
     from numformer.training.trainer import Trainer
 
-    helper = _worker_helpers()
-    xp = cs.install(monkeypatch)
-    model = Transformer(get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=2), seed=5).to(xp)
+    helper = load_file_module(Path(__file__).resolve().parents[1] / "mpi_worker.py", "mpi_worker")
+    model = Transformer(get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=2), seed=5).to(device)
     data = PreparedData(helper.TinyVocab(), {}, {"train": helper.pairs(200)}, "task:syncs")
     cfg = TrainConfig(max_tokens=300, accum=ACCUM, warmup=4, max_steps=STEPS, eval_every=0, log_every=1,
-                      save_every=0, save_every_minutes=0, clip_norm=clip, precision=precision)
-    trainer = Trainer(model, data, cfg, tmp_path, progress=False, log=lambda *a: None)
+                      save_every=0, save_every_minutes=0, **cfg)
+    return Trainer(model, data, cfg, tmp_path, progress=False, log=lambda *a: None)
+
+
+@pytest.mark.parametrize("precision,clip", [("fp32", 0.0), ("fp32", 1.0), ("fp16", 0.0), ("tf32", 0.0)])
+def test_one_host_read_per_training_step(monkeypatch, tmp_path, precision, clip):
+    xp = cs.install(monkeypatch)
+    trainer = tiny_trainer(tmp_path, xp, clip_norm=clip, precision=precision)
     at_save = []
     # the checkpoint at the end copies every weight to the host on purpose: count up to it
     monkeypatch.setattr(trainer, "save", lambda: at_save.append((dict(cs.READS), dict(cs.UPLOADS))))
@@ -86,18 +85,9 @@ def test_one_host_sync_per_training_step_on_the_gpu(monkeypatch, tmp_path, preci
     deprecated since v10; cupy 14.2 on the first GPU machine still had it.)"""
     import cupyx
 
-    from numformer.data.prepared_dataset import PreparedData
-    from numformer.model import Transformer
-    from numformer.presets import get_preset
     from numformer.training import trainer as trainer_module
-    from numformer.training.config import TrainConfig
 
-    helper = _worker_helpers()
-    model = Transformer(get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=2), seed=5).to("cuda")
-    data = PreparedData(helper.TinyVocab(), {}, {"train": helper.pairs(200)}, "task:syncs")
-    cfg = TrainConfig(max_tokens=300, accum=ACCUM, warmup=4, max_steps=STEPS, eval_every=0, log_every=1,
-                      save_every=0, save_every_minutes=0, precision=precision)
-    trainer = trainer_module.Trainer(model, data, cfg, tmp_path, progress=False, log=lambda *a: None)
+    trainer = tiny_trainer(tmp_path, "cuda", precision=precision)
     reads = []
     plain_read = trainer_module.read_scalars
 

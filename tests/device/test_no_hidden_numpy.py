@@ -109,15 +109,11 @@ def test_device_grad_checks_use_only_the_backend(monkeypatch):
     """bench/gpu_grad_checks.py's runner on the stand-in, with the checks' own helpers guarded as numformer's
     modules are above: the held pad row of the Marian cases (grad_checks/case_helpers.py) once applied
     ``np.asarray`` to the device's ids, which the first GPU run refused (implicit conversion to numpy)."""
-    import importlib.util
-
     from grad_checks import case_helpers
     from grad_checks.cases import build_cases
+    from support import load_file_module
 
-    spec = importlib.util.spec_from_file_location("gpu_grad_checks", Path(__file__).parents[2] / "bench" /
-                                                  "gpu_grad_checks.py")
-    runner = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runner)
+    runner = load_file_module(Path(__file__).parents[2] / "bench" / "gpu_grad_checks.py", "gpu_grad_checks")
     cases = build_cases(["Embedding", "Marian"])  # built on the host, as the runner does (Marian: the whole model)
     xp = cs.install(monkeypatch)
     monkeypatch.setattr(case_helpers, "np", NumpyGuard(case_helpers.__name__))

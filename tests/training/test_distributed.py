@@ -24,7 +24,7 @@ from numformer.checkpoint import load_checkpoint
 from numformer.training.data_parallel import GradientBucket, shard_batches
 from numformer.training.distributed import SINGLE, init_world
 from numformer.training.step_hooks import dropout_seed
-from support import ENV, assert_same_training_state, mpirun
+from support import ENV, assert_same_training_state, load_file_module, mpirun, no_exact_gradient
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "mpi_worker.py"
@@ -188,7 +188,7 @@ def test_two_ranks_equal_one_rank_with_the_whole_batch(two_ranks):
     a = load_checkpoint(base / "two" / "checkpoints" / "step_0000001.npz")
     b = load_checkpoint(base / "one" / "checkpoints" / "step_0000001.npz")
     first = max(rel(a.model[k], b.model[k]) for k in a.model)
-    params = [k for k in r0 if k.startswith("param/") and not k.endswith("w_k.bias")]
+    params = [k for k in r0 if k.startswith("param/") and not no_exact_gradient(k)]
     weights = max(rel(r0[k], one[k]) for k in params)
     logits = rel(r0["logits"], one["logits"])
     curve_a, curve_b = losses(base / "two"), losses(base / "one")
@@ -330,8 +330,6 @@ def trained_alone_and_on_a_one_rank_world(tmp_path, world, device):
     trainer's default, one stream per run, gives other masks. float64: the two paths may sum in another
     order, and in float32 Adam's first steps (about the learning rate times the sign of each gradient) would
     part runs at a near-zero gradient."""
-    import importlib.util
-
     from numformer.backend import to_host
     from numformer.data.prepared_dataset import PreparedData
     from numformer.model import Transformer
@@ -339,9 +337,7 @@ def trained_alone_and_on_a_one_rank_world(tmp_path, world, device):
     from numformer.training.config import TrainConfig
     from numformer.training.trainer import Trainer
 
-    spec = importlib.util.spec_from_file_location("mpi_worker", WORKER)
-    helper = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helper)
+    helper = load_file_module(WORKER, "mpi_worker")
     results = []
     for w in (None, world):
         model = Transformer(get_preset("tiny", vocab_size=40, d_model=32, d_ff=64, heads=4, layers=2), seed=5,
@@ -357,7 +353,7 @@ def trained_alone_and_on_a_one_rank_world(tmp_path, world, device):
 def assert_same_training(alone, world):
     """Equal within float64 rounding, except the key biases: their exact gradient is zero (softmax ignores a
     shift of a whole row of scores), so they hold round-off that Adam scales up, in either run."""
-    names = [n for n in alone if not n.endswith("w_k.bias")]
+    names = [n for n in alone if not no_exact_gradient(n)]
     assert len(names) < len(alone)
     worst = max(np.linalg.norm(world[n] - alone[n]) / np.linalg.norm(alone[n]) for n in names)
     assert worst < 1e-10, worst

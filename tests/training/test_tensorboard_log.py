@@ -2,7 +2,6 @@
 numbers of metrics.jsonl and grad_stats.jsonl, the histograms per layer and the attention images; the
 option changes nothing else about the run, costs no host read per step, and without the package it is a
 one-line error."""
-import importlib.util
 import json
 import math
 import sys
@@ -20,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from numformer.run_file_names import step_checkpoint_path  # noqa: E402
 from numformer.training.tensorboard_log import attention_image, scalar_tag, tensor_tag  # noqa: E402
+from support import load_file_module  # noqa: E402
 
 STEPS, LOG_GRADS, EVAL_EVERY = 20, 10, 10
 
@@ -145,10 +145,7 @@ def test_missing_package_is_a_one_line_error_before_anything_is_written(tmp_path
 
 
 def _host_sync_harness():
-    spec = importlib.util.spec_from_file_location("mpi_worker", Path(__file__).resolve().parents[1] / "mpi_worker.py")
-    helper = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helper)
-    return helper
+    return load_file_module(Path(__file__).resolve().parents[1] / "mpi_worker.py", "mpi_worker")
 
 
 def test_no_extra_host_read_per_step(monkeypatch, tmp_path):

@@ -1,5 +1,4 @@
 """bench/train_step.py on real batches (``--data``): both sides time the same batches, each exactly once."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -8,20 +7,13 @@ from types import SimpleNamespace
 import pytest
 
 from numformer.data import make_synthetic, write_parallel_dir
-from support import ROOT
+from support import ROOT, load_file_module
 
 SCRIPT = ROOT / "bench" / "train_step.py"
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("train_step_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_each_real_batch_is_timed_once_after_the_warmup():
-    order = _bench().timed_steps(SimpleNamespace(batches_file="batches.npz", warmup=2, steps=99), [None] * 5)
+    order = load_file_module(SCRIPT, "train_step_bench").timed_steps(SimpleNamespace(batches_file="batches.npz", warmup=2, steps=99), [None] * 5)
     assert [j for j, counts in order if not counts] == [0, 1] and not any(c for _, c in order[:2])
     assert sorted(j for j, counts in order if counts) == [0, 1, 2, 3, 4]
 
