@@ -63,6 +63,7 @@ from numformer.data.vocab_sample import DEFAULT_VOCAB_SAMPLE
 from numformer.presets import ModelConfig, get_preset
 from numformer.presets import POSITIONAL, PRESETS
 from numformer.swap import check_layout, swapped_from_specs
+from numformer.training.budget_recipe import BUDGET_PRESETS
 from numformer.training.config import GPU_RECIPES, TrainConfig, default_out, default_preset, settle, source_of
 from numformer.training.processes import parse_on_rank0, processes, wait_for_every_rank
 from numformer.training.replicas import SharedRun, share_run
@@ -137,7 +138,9 @@ def parse_args(argv=None, prog: str = "train.py"):
                         "xavier (Xavier-uniform everywhere); see numformer/layers/init.py")
     t = ap.add_argument_group("training (defaults: the preset's recipe; with --resume, the run's settings)")
     t.add_argument("--max-steps", type=positive_int)
-    t.add_argument("--max-minutes", type=positive_float, help="training time budget (evaluation not counted)")
+    t.add_argument("--max-minutes", type=positive_float,
+                   help="training time budget (evaluation not counted); on a CPU small's batch size and checkpoint "
+                   "interval follow it (numformer/training/budget_recipe.py)")
     t.add_argument("--max-tokens", type=positive_int, help="tokens per batch, source + target, padding included")
     t.add_argument("--accum", type=positive_int, help="batches accumulated per optimizer step (default: the "
                                                        "recipe's; base and big: as many as --step-tokens needs)")
@@ -348,6 +351,9 @@ def print_plan(model, run, tcfg, args, device: str, world) -> None:
           + f", warmup {tcfg.warmup}, lr factor "
           f"{tcfg.lr_factor}, " + (f"{tcfg.max_minutes} min" if tcfg.max_minutes else f"{tcfg.max_steps} steps")
           + (", precision " + tcfg.precision if tcfg.precision != "fp32" else ""))
+    if device == "cpu" and run.preset in BUDGET_PRESETS and args.max_minutes is not None and not args.resume:
+        print(f"recipe: {run.preset} for {tcfg.max_minutes:g} min (numformer/training/budget_recipe.py; flags "
+              f"override): batches of {tcfg.max_tokens:,} tokens, checkpoints every {tcfg.save_every_minutes:g} min")
     if device != "cpu" and run.preset in GPU_RECIPES and not args.resume:
         print(f"recipe: {run.preset} on a GPU (numformer/training/config.py GPU_RECIPES; flags override): "
               f"checkpoints every {tcfg.save_every_minutes} min, validation every {tcfg.eval_every} steps")

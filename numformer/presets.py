@@ -151,7 +151,9 @@ PRESETS: dict[str, ModelConfig] = {
     "base": _BASE,
     # Table 3, "big": d_model 1024, d_ff 4096, h 16, P_drop 0.3 (213M)
     "big": _BASE.replace(d_model=1024, d_ff=4096, heads=16, dropout=0.3),
-    # CPU presets: "small" is the model of the PyTorch CPU baseline the README compares with.
+    # CPU presets: "small" is the model of the PyTorch CPU baseline the README compares with. How each trains
+    # (batches, warmup, rate, checkpoints; for small, as functions of the time budget, with the sweeps'
+    # figures behind them): numformer/training/config.py's RECIPES and numformer/training/budget_recipe.py.
     "small": _BASE.replace(d_model=256, d_ff=1024, heads=4, layers=3, vocab_size=8000),
     "tiny": _BASE.replace(d_model=128, d_ff=512, heads=4, layers=2, vocab_size=4000),
 }
