@@ -279,6 +279,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "python3 bench/recipe_sweep.py --corpus bible-en-es --minutes 10 --grid max-tokens=1000,1500"
     " --grid save-every-minutes=0.6 --out /tmp/sweep-bible-10f":
         ("skip", "10 minutes of training a point (tests/training/test_recipe_sweep.py runs a tiny sweep)"),
+    "python3 bench/recipe_sweep.py --corpus messages-en-es --minutes 10 --grid max-tokens=1500"
+    " --grid save-every-minutes=0.6 --out /tmp/sweep-msg-10g":
+        ("skip", "10 minutes of training a point (tests/training/test_recipe_sweep.py runs a tiny sweep)"),
     "bash bench/gpu_prepare.sh":
         ("skip", "writes .gpu_carry/ into the git checkout and reads its history: run by hand before a device call"),
     'bash bench/gpu_run.sh "$OUT"':
