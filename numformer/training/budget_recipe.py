@@ -18,7 +18,7 @@ lower rate, short warmup        3,000     150     0.35  1.5          4.83 (662)
 smaller batches                 2,000     500     0.7   1.5          9.50 (939)
 smaller batches                 1,500     500     0.7   1.5          9.58 (1,216)           30.41 (1,196)
 smaller still                   1,000     500     0.7   0.6          10.59 (1,841)
-**the rule at 10 minutes**      1,500     500     0.7   0.6          **11.07** (1,242)       **32.38** (1,250)
+**the rule at 10 minutes**      1,500     500     0.7   0.6          **11.07** (1,242)      **32.38** (1,250)
 ==============================  ========  ======  ====  ===========  =====================  =====================
 
 So in a short run Eq. 3's rate with warmup 500 stays right (a shorter warmup peaks too high, 3.6e-3 at 150
