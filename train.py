@@ -63,7 +63,6 @@ from numformer.data.vocab_sample import DEFAULT_VOCAB_SAMPLE
 from numformer.presets import ModelConfig, get_preset
 from numformer.presets import POSITIONAL, PRESETS
 from numformer.swap import check_layout, swapped_from_specs
-from numformer.training.budget_recipe import BUDGET_PRESETS
 from numformer.training.config import GPU_RECIPES, TrainConfig, default_out, default_preset, settle, source_of
 from numformer.training.processes import parse_on_rank0, processes, wait_for_every_rank
 from numformer.training.replicas import SharedRun, share_run
@@ -351,7 +350,7 @@ def print_plan(model, run, tcfg, args, device: str, world) -> None:
           + f", warmup {tcfg.warmup}, lr factor "
           f"{tcfg.lr_factor}, " + (f"{tcfg.max_minutes} min" if tcfg.max_minutes else f"{tcfg.max_steps} steps")
           + (", precision " + tcfg.precision if tcfg.precision != "fp32" else ""))
-    if device == "cpu" and run.preset in BUDGET_PRESETS and args.max_minutes is not None and not args.resume:
+    if run.budget:
         print(f"recipe: {run.preset} for {tcfg.max_minutes:g} min (numformer/training/budget_recipe.py; flags "
               f"override): batches of {tcfg.max_tokens:,} tokens, checkpoints every {tcfg.save_every_minutes:g} min")
     if device != "cpu" and run.preset in GPU_RECIPES and not args.resume:

@@ -2,8 +2,9 @@
 """A measured sweep of the CPU training recipe: train.py once per setting, at one time budget, scored on validation.
 
 For each point of the grid (the product of the values given to ``--grid``; every other setting is the preset's
-recipe for M minutes, numformer/training/budget_recipe.py, which the sweeps themselves chose: name a setting in the
-grid to hold it fixed), ``train.py DATA --max-minutes M --no-test`` runs in its own process, alone on the machine, into ``OUT/<point>``;
+recipe for M minutes, numformer/training/budget_recipe.py, which the sweeps themselves chose: name a setting in
+the grid to hold it fixed), ``train.py DATA --max-minutes M --no-test`` runs in its own process, alone on the
+machine, into ``OUT/<point>``;
 its length penalty is then chosen on 500 validation sentences (beam 4, train.py's own choice,
 numformer/decoding/valid_choice.py), and that choice's validation BLEU, brevity penalty and alpha are the point's
 figures, with its steps and tokens a second. The test split is never read: recipes are chosen on validation.

@@ -30,6 +30,9 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SMALL_BIBLE = "--max-steps 4 --save-every 2 --save-every-minutes 0 --eval-every 0 --log-every 1 --no-test"
 NO_GPU = "expect-no-gpu"   # run; it must stop with the one-line error of a machine without a GPU (exit 2)
 
+#: The recipe sweeps' commands (docs/results.md): too long to run here.
+SWEEP_POINTS = ("skip", "10 minutes of training a point (tests/training/test_recipe_sweep.py runs a tiny sweep)")
+
 # shown command -> (kind, what runs). kind: "run" (exactly that), "small" (a smaller version, given),
 # NO_GPU (that, up to the missing GPU), "skip" (the reason it is not run here). In the table's order.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -269,19 +272,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "--target-lang de"),
     "python3 bench/recipe_sweep.py --corpus bible-en-es --minutes"
     " 10 --grid warmup=150,300,500 --out /tmp/sweep-bible-10c":
-        ("skip", "10 minutes of training a point (tests/training/test_recipe_sweep.py runs a tiny sweep)"),
+        SWEEP_POINTS,
     "python3 bench/recipe_sweep.py --corpus bible-en-es --minutes"
     " 10 --grid max-tokens=1500,2000 --out /tmp/sweep-bible-10e":
-        ("skip", "10 minutes of training a point (tests/training/test_recipe_sweep.py runs a tiny sweep)"),
+        SWEEP_POINTS,
     "python3 bench/recipe_sweep.py --corpus messages-en-es --minutes 10 --grid max-tokens=1500,3000"
     " --grid save-every-minutes=1.5 --out /tmp/sweep-msg-10":
-        ("skip", "10 minutes of training a point (tests/training/test_recipe_sweep.py runs a tiny sweep)"),
+        SWEEP_POINTS,
     "python3 bench/recipe_sweep.py --corpus bible-en-es --minutes 10 --grid max-tokens=1000,1500"
     " --grid save-every-minutes=0.6 --out /tmp/sweep-bible-10f":
-        ("skip", "10 minutes of training a point (tests/training/test_recipe_sweep.py runs a tiny sweep)"),
+        SWEEP_POINTS,
     "python3 bench/recipe_sweep.py --corpus messages-en-es --minutes 10 --grid max-tokens=1500"
     " --grid save-every-minutes=0.6 --out /tmp/sweep-msg-10g":
-        ("skip", "10 minutes of training a point (tests/training/test_recipe_sweep.py runs a tiny sweep)"),
+        SWEEP_POINTS,
     "bash bench/gpu_prepare.sh":
         ("skip", "writes .gpu_carry/ into the git checkout and reads its history: run by hand before a device call"),
     'bash bench/gpu_run.sh "$OUT"':

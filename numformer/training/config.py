@@ -188,6 +188,7 @@ class RunSettings:
     model: dict = field(default_factory=dict)
     vocab_size_requested: int | None = None
     init_from: str | None = None
+    budget: dict = field(default_factory=dict)  # what budget_recipe changed in the preset's recipe (before flags)
 
     def record(self, device: str, data: str, model_config: dict, processes: int = 1) -> dict:
         """``run.json``: what a ``--resume`` of this run reads back."""
@@ -239,7 +240,9 @@ def settle(flags: dict, device: str, saved: dict | None, out, processes: int = 1
     preset = preset or default_preset(device, source.get("corpus"))
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
-    train = _settle_training(flags, preset, device, saved, source.get("corpus"), processes)
+    budget = budget_recipe(preset, flags["max_minutes"]) if (  # a new CPU run's recipe follows its budget
+        saved is None and device == "cpu" and flags.get("max_minutes") is not None) else {}
+    train = _settle_training(flags, preset, device, saved, source.get("corpus"), processes, budget)
     asked = flags.get("vocab_size") or (saved or {}).get("vocab_size_requested")
     model = _settle_model(flags, saved)
     if saved is None and flags.get("dropout") is None and (preset, source.get("corpus")) in PAIR_DROPOUT:
@@ -247,11 +250,11 @@ def settle(flags: dict, device: str, saved: dict | None, out, processes: int = 1
     init_from = (saved or {}).get("init_from") if saved is not None else flags.get("init_from")
     if init_from and saved is None:
         init_from = str(Path(init_from).resolve())
-    return RunSettings(source, preset, train, model, asked, init_from)
+    return RunSettings(source, preset, train, model, asked, init_from, budget)
 
 
 def _settle_training(flags: dict, preset: str, device: str, saved: dict | None, corpus: str | None,
-                     processes: int) -> TrainConfig:
+                     processes: int, budget: dict) -> TrainConfig:
     names = [f.name for f in fields(TrainConfig)]
     if saved is not None and isinstance(saved.get("train_config"), dict):
         base = {k: v for k, v in saved["train_config"].items() if k in names}
@@ -259,9 +262,7 @@ def _settle_training(flags: dict, preset: str, device: str, saved: dict | None, 
             raise UsageError(f"--seed {flags['seed']} differs from the run's seed {base['seed']}: a resumed run keeps "
                              "its seed (leave --seed out) or start a new run with another --out")
     else:
-        base = vars(recipe(preset, device, corpus))
-        if device == "cpu" and flags.get("max_minutes") is not None:  # a CPU run's recipe follows its budget
-            base.update(budget_recipe(preset, flags["max_minutes"]))
+        base = {**vars(recipe(preset, device, corpus)), **budget}
     for name in names:  # every TrainConfig field is a flag of the same name
         if flags.get(name) is not None:
             base[name] = flags[name]
