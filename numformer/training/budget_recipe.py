@@ -62,4 +62,5 @@ def budget_recipe(preset: str, minutes: float) -> dict:
     (short, few), (long, many) = sorted(SWEPT_MAX_TOKENS.items())
     share = min(max((minutes - short) / (long - short), 0.0), 1.0)  # outside the swept budgets: the nearest one's
     return {"max_tokens": int(round((few + share * (many - few)) / 100) * 100),
-            "save_every_minutes": round(CHECKPOINT_SHARE * minutes, 2)}
+            # at least 0.01: rounded to 0 it would mean no timed checkpoints at all (a run under 5 seconds)
+            "save_every_minutes": max(round(CHECKPOINT_SHARE * minutes, 2), 0.01)}

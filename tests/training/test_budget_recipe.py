@@ -24,6 +24,12 @@ def test_batches_follow_the_swept_budgets_and_checkpoints_the_budget(minutes, to
     assert budget_recipe("small", minutes) == {"max_tokens": tokens, "save_every_minutes": every}
 
 
+@pytest.mark.parametrize("minutes", [0.05, 0.08, 0.001])
+def test_a_very_short_budget_still_checkpoints(minutes):
+    # 0 means "no timed checkpoints": a budget of seconds must not round to it
+    assert budget_recipe("small", minutes)["save_every_minutes"] == 0.01
+
+
 def test_batches_grow_with_the_budget_between_the_swept_ones():
     sizes = [budget_recipe("small", m)["max_tokens"] for m in range(1, 40)]
     assert sizes == sorted(sizes)
