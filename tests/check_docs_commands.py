@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     # -- the corpus and the main job (small), which later commands translate with ---------------------------
     "python3 -m numformer.data.bible": ("run", "python3 -m numformer.data.bible"),
     "python3 -m numformer.data.messages": ("run", "python3 -m numformer.data.messages"),
+    "python3 -m numformer.data.messages --language de --out corpora/messages-en-de":
+        ("run", "python3 -m numformer.data.messages --language de --out corpora/messages-en-de"),
+    "python3 train.py --data corpora/messages-en-de --max-minutes 10":
+        ("small", f"python3 train.py --data corpora/messages-en-de --out runs/messages-de {SMALL_BIBLE}"),
     "python3 train.py --corpus messages-en-es":
         ("small", f"python3 train.py --corpus messages-en-es --out runs/messages {SMALL_BIBLE}"),
     "bash .ci/setup && python3 train.py --corpus bible-en-es":

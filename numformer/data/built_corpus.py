@@ -2,6 +2,11 @@
 (``train.src train.tgt valid.* test.*``), then ``meta.json``, written last, which marks the build complete and
 records its name, format version, counts and what it was read from.
 
+A build writes only into a folder that is empty, new, or holds a build of the same corpus (finished, older or
+interrupted): while it writes, ``meta.json`` says ``"building": true``. A folder holding the text files of
+another corpus (another build's ``meta.json``, or the six files with no ``meta.json``: a user's own corpus) is
+refused in one line, since the build would overwrite them (:func:`refuse_foreign_folder`).
+
 :func:`cached_build` is the one way every builder goes: a complete build of this name and format whose sources
 did not change is reused; otherwise the corpus is built again (the log names what changed) and written, its
 ``meta.json`` removed first and written last, so that an interrupted rebuild is never taken for a finished one.
@@ -14,6 +19,7 @@ import time
 from pathlib import Path
 
 from ..files import atomic_write_text
+from .errors import DataError
 from .text_files import CORPUS_FILES, SPLITS, write_parallel_dir
 
 META_FILE = "meta.json"
@@ -38,7 +44,31 @@ def holds_build(folder, name: str, format_version: int) -> bool:
         meta = load_meta(folder)
     except (OSError, ValueError):
         return False
-    return meta.get("name") == name and meta.get("format_version") == format_version
+    return (isinstance(meta, dict) and meta.get("name") == name and meta.get("format_version") == format_version
+            and not meta.get("building"))
+
+
+def refuse_foreign_folder(folder, name: str) -> None:
+    """Raise a one-line DataError when building corpus ``name`` into ``folder`` would overwrite text files that
+    are not a build of it: another corpus's build, or corpus files without a ``meta.json`` (a user's own)."""
+    folder = Path(folder)
+    try:
+        meta = load_meta(folder)
+    except FileNotFoundError:
+        meta = None
+    except (OSError, ValueError):
+        return  # a damaged meta.json: a build of ours went wrong there, and a new one replaces it
+    if isinstance(meta, dict) and meta.get("name") == name:
+        return
+    if meta is not None:
+        held = f"a build of {meta.get('name')}" if isinstance(meta, dict) and meta.get("name") else "a meta.json"
+    else:
+        present = [f for f in CORPUS_FILES if (folder / f).exists()]
+        if not present:
+            return
+        held = f"corpus files no build wrote ({', '.join(present)})"
+    raise DataError(f"{folder} holds {held}: building {name} there would overwrite them: give a new or empty "
+                    "folder (--out DIR)")
 
 
 def cached_build(folder, name: str, format_version: int, build, changed, force: bool = False, log=None) -> Path:
@@ -49,6 +79,7 @@ def cached_build(folder, name: str, format_version: int, build, changed, force: 
     it can be kept; ``force`` builds again regardless; ``log`` hears why a cached build is built again.
     """
     folder = Path(folder)
+    refuse_foreign_folder(folder, name)
     if not force and holds_build(folder, name, format_version):
         what = changed(folder)
         if what is None:
@@ -57,7 +88,8 @@ def cached_build(folder, name: str, format_version: int, build, changed, force: 
     start = time.perf_counter()
     splits, meta = build()
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / META_FILE).unlink(missing_ok=True)  # an interrupted rebuild must not pass for a finished one
+    # an interrupted rebuild must not pass for a finished one, nor for a user's own files: it says it is building
+    write_meta(folder, {"name": name, "format_version": format_version, "building": True})
     write_parallel_dir(folder, splits)
     meta["build_seconds"] = round(time.perf_counter() - start, 2)
     write_meta(folder, meta)
@@ -83,9 +115,9 @@ def timed_build(folder, build) -> tuple[Path, dict, bool, float]:
     return folder, load_meta(folder), before is not None and _meta_stamp(folder) == before, elapsed
 
 
-def print_build(name: str, folder, meta: dict, cached: bool, elapsed: float, details) -> None:
+def print_build(name: str, folder, meta: dict, cached: bool, elapsed: float, details, target: str = "Spanish") -> None:
     """A build's report: the pairs per split, the builder's own ``details`` lines, where it came from."""
-    print(f"{name} (English -> Spanish) in {folder}")
+    print(f"{name} (English -> {target}) in {folder}")
     for split in SPLITS:
         print(f"  {split:5s} {meta['counts'][split]:6d} pairs")
     for line in details:

@@ -296,7 +296,9 @@ def test_a_changed_name_list_does_not_rebuild(locale_dir, built):
 
 
 def test_an_unfinished_or_older_build_is_built_again(locale_dir, built):
-    (built / "meta.json").unlink()
+    # what an interrupted build leaves: its files and a meta.json that says it is building
+    (built / "meta.json").write_text(json.dumps({"name": "messages-en-es", "format_version": messages.FORMAT_VERSION,
+                                                 "building": True}), encoding="utf-8")
     assert not messages.cache_is_complete(built)
     messages.build_messages_corpus(built, locale_dir=locale_dir)
     meta = messages.load_meta(built)
@@ -359,6 +361,67 @@ def test_nothing_usable_is_one_line(tmp_path):
     catalog(root, "coreutils", [("OK", "OK"), ("%s", "%s")])
     message = one_line_error(lambda: messages.build_messages_corpus(tmp_path / "c", locale_dir=root))
     assert "no usable translation" in message
+
+
+# -- another language: English -> German from the German catalogs, a folder for --data --------------------------
+
+def german(n: int, start: int = 0) -> list[tuple[str, str]]:
+    return [(f"cannot open the file number {i} for reading", f"die Datei Nummer {i} kann nicht gelesen werden")
+            for i in range(start, start + n)]
+
+
+@pytest.fixture
+def german_locale_dir(locale_dir):
+    """The Spanish fixture catalogs (and a French one) plus German ones under ``de`` and ``de_AT``, and a
+    ``dev`` folder that is not German."""
+    catalog(locale_dir, "coreutils", german(30), locale="de")
+    catalog(locale_dir, "tar", [("Archive is compressed", "Das Archiv ist komprimiert")], locale="de_AT")
+    catalog(locale_dir, "bash", [("Archive is broken", "Archiv kaputt")], locale="dev")
+    return locale_dir
+
+
+def test_another_language_reads_only_its_catalogs(tmp_path, german_locale_dir):
+    folder = messages.build_messages_corpus(tmp_path / "de", locale_dir=german_locale_dir, language="de")
+    pairs = corpus_pairs(folder)
+    assert pairs["cannot open the file number 7 for reading"] == "die Datei Nummer 7 kann nicht gelesen werden"
+    assert pairs["Archive is compressed"] == "Das Archiv ist komprimiert"  # de_AT is German too
+    assert len(pairs) == 31  # no Spanish, French or 'dev' message
+    meta = messages.load_meta(folder)
+    assert (meta["name"], meta["target"]["lang"]) == ("messages-en-de", "de")
+    assert messages.cache_is_complete(folder, "de") and not messages.cache_is_complete(folder)
+
+
+def test_the_spanish_build_is_unchanged_by_other_languages(tmp_path, german_locale_dir, locale_dir):
+    assert corpus_pairs(messages.build_messages_corpus(tmp_path / "es", locale_dir=german_locale_dir)) == \
+        corpus_pairs(messages.build_messages_corpus(tmp_path / "only-es", locale_dir=locale_dir))
+
+
+def test_the_command_builds_another_language_into_a_data_folder(tmp_path, german_locale_dir, capsys):
+    out = tmp_path / "messages-en-de"
+    assert messages_main(["--language", "de", "--locale-dir", str(german_locale_dir), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"messages-en-de (English -> German) in {out}")
+    assert resolve_source(None, str(out), None) == (out, f"data:{out.resolve()}")  # train.py --data takes it
+
+
+def test_another_languages_default_cache_is_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMFORMER_CACHE", str(tmp_path))
+    assert (messages.default_cache_dir(), messages.default_cache_dir("de")) == (tmp_path / "messages-en-es",
+                                                                               tmp_path / "messages-en-de")
+
+
+@pytest.mark.parametrize("code", ["German", "DE", "de_DE", "d", "../es"])
+def test_a_language_that_is_not_a_code_is_a_one_line_usage_error(code, capsys):
+    assert messages_main(["--language", code]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a language code" in err
+
+
+def test_no_catalogs_of_the_language_is_one_line_naming_it(tmp_path, locale_dir):
+    message = one_line_error(lambda: messages.build_messages_corpus(tmp_path / "c", locale_dir=locale_dir,
+                                                                    language="it"))
+    assert "no Italian message catalogs (it*/LC_MESSAGES/*.mo)" in message and "language-pack-it-base" in message
+    assert not (tmp_path / "c").exists()
 
 
 # -- where the corpus is named -------------------------------------------------------------------------------------

@@ -39,6 +39,10 @@ a pair on average (the bible's verses: 24 English words); postgres-15 (5,488), g
 most. Built in about 1.6 s. ``python -m numformer.data.messages`` prints the counts of the build it finds or
 makes.
 
+The same steps build English to another language from that language's catalogs (``python -m
+numformer.data.messages --language de --out DIR``, then ``train.py --data DIR``): a corpus of the user's
+kind that the budget recipe was not tuned on (issue 43's check). Only the Spanish one is a registered corpus.
+
 The result is written as a corpus folder (``train.src train.tgt valid.* test.*``, source = English,
 target = Spanish) plus ``meta.json``, which is written last and marks a complete build; later calls return
 at once. The folder is ``environment.cache_root() / "messages-en-es"`` unless one is given. ``meta.json``
@@ -58,7 +62,7 @@ from ..built_corpus import cached_build, holds_build, load_meta
 from ..errors import DataError
 from ..source_fingerprint import changes, fingerprint, is_fingerprint, summary
 from ..text_files import SPLITS
-from .catalogs import INSTALL_HINT, NAME_LISTS, find_catalogs, locale_dirs
+from .catalogs import NAME_LISTS, SPANISH, find_catalogs, install_hint, language_name, locale_dirs
 from .cleaning import MAX_WORDS, clean_message, drop_reason, uses_mnemonics
 from .mo_file import MoFileError, read_mo
 
@@ -78,15 +82,20 @@ STAT_KEYS = ("entries", "plural", "untranslated", "no_letters", "identical", "to
              "duplicate", "kept")
 
 
-def default_cache_dir() -> Path:
+def corpus_name(language: str = SPANISH) -> str:
+    """``messages-en-es`` (:data:`CORPUS_NAME`, the registered corpus), ``messages-en-de`` for German, ..."""
+    return f"messages-en-{language}"
+
+
+def default_cache_dir(language: str = SPANISH) -> Path:
     """``$NUMFORMER_CACHE/messages-en-es``, else ``$XDG_CACHE_HOME/numformer/messages-en-es``, else
-    ``~/.cache/numformer/messages-en-es`` (:func:`numformer.environment.cache_root`)."""
-    return environment.cache_root() / CORPUS_NAME
+    ``~/.cache/numformer/messages-en-es`` (:func:`numformer.environment.cache_root`); ``-de`` for German."""
+    return environment.cache_root() / corpus_name(language)
 
 
-def cache_is_complete(folder: Path) -> bool:
+def cache_is_complete(folder: Path, language: str = SPANISH) -> bool:
     """Whether ``folder`` holds a finished build of this format (its ``meta.json`` says so)."""
-    return holds_build(folder, CORPUS_NAME, FORMAT_VERSION)
+    return holds_build(folder, corpus_name(language), FORMAT_VERSION)
 
 
 def split_of(english: str) -> str:
@@ -95,44 +104,49 @@ def split_of(english: str) -> str:
     return "valid" if bucket < VALID_PER_MILLE else "test" if bucket < 2 * VALID_PER_MILLE else "train"
 
 
-def usable_catalogs(locale_dir=None) -> tuple[list, list, list[Path]]:
+def usable_catalogs(locale_dir=None, language: str = SPANISH) -> tuple[list, list, list[Path]]:
     """``(read, set_aside, folders)``: the catalogs the corpus reads, the name lists it sets aside, and the
     locale folders searched.
 
     Raises:
-        DataError: no Spanish catalog is installed, or only name lists are (one line saying what to install).
+        DataError: no catalog of ``language`` is installed, or only name lists are (one line saying what to
+            install).
     """
-    folders = locale_dirs(locale_dir)
-    found = find_catalogs(folders)
+    folders = locale_dirs(locale_dir, language)
+    found = find_catalogs(folders, language)
     read = [c for c in found if not c.is_name_list]
     where = " or ".join(str(f) for f in folders) or "/usr/share/locale"
     if not found:
-        raise DataError(f"no Spanish message catalogs (es*/LC_MESSAGES/*.mo) under {where}: {INSTALL_HINT}")
+        raise DataError(f"no {language_name(language)} message catalogs ({language}*/LC_MESSAGES/*.mo) under "
+                        f"{where}: {install_hint(language)}")
     if not read:
-        raise DataError(f"the Spanish message catalogs under {where} are only lists of names "
-                        f"({', '.join(NAME_LISTS)}): {INSTALL_HINT}")
+        raise DataError(f"the {language_name(language)} message catalogs under {where} are only lists of names "
+                        f"({', '.join(NAME_LISTS)}): {install_hint(language)}")
     return read, [c for c in found if c.is_name_list], folders
 
 
-def build_pairs(locale_dir=None, log=None) -> tuple[dict[str, tuple[list[str], list[str]]], dict]:
+def build_pairs(locale_dir=None, log=None,
+                language: str = SPANISH) -> tuple[dict[str, tuple[list[str], list[str]]], dict]:
     """Find, read, clean, filter, deduplicate and split the catalogs (no disk cache).
 
-    Returns ``(splits, meta)``: ``splits`` maps train/valid/test to ``(english_lines, spanish_lines)``;
+    Returns ``(splits, meta)``: ``splits`` maps train/valid/test to ``(english_lines, target_lines)`` (the
+    target in ``language``, Spanish unless asked);
     ``meta`` holds the counts, the catalogs read and set aside, and the length model. A catalog that
     cannot be read as a ``.mo`` file is skipped, named in ``meta["skipped"]`` and to ``log``.
     """
     log = log or (lambda *a: None)
-    catalogs, set_aside, folders = usable_catalogs(locale_dir)
+    name = corpus_name(language)
+    catalogs, set_aside, folders = usable_catalogs(locale_dir, language)
     sources = fingerprint(c.path for c in catalogs)  # before reading: a catalog written meanwhile is seen as changed
     stats = dict.fromkeys(STAT_KEYS, 0)
-    candidates = []  # (catalog index, english, spanish) after step 3
+    candidates = []  # (catalog index, english, target) after step 3
     per_catalog, skipped = {}, []
     for index, catalog in enumerate(catalogs):
         try:
             entries = [e for e in read_mo(catalog.path) if e.msgid]
         except MoFileError as e:
             skipped.append({"catalog": str(catalog), "path": str(catalog.path), "why": str(e)})
-            log(f"{CORPUS_NAME}: skipping {e}")
+            log(f"{name}: skipping {e}")
             continue
         except OSError as e:
             raise DataError(f"cannot read {catalog.path}: {e.strerror}: make it readable, or train on your own "
@@ -148,22 +162,22 @@ def build_pairs(locale_dir=None, log=None) -> tuple[dict[str, tuple[list[str], l
             if not entry.msgstr.strip():
                 stats["untranslated"] += 1
                 continue
-            english, spanish = clean_message(entry.msgid, mnemonics), clean_message(entry.msgstr, mnemonics)
-            reason = drop_reason(english, spanish)
+            english, target = clean_message(entry.msgid, mnemonics), clean_message(entry.msgstr, mnemonics)
+            reason = drop_reason(english, target)
             if reason:
                 stats[reason] += 1
                 continue
-            candidates.append((index, english, spanish))
+            candidates.append((index, english, target))
     if not candidates:
-        raise DataError(f"the Spanish message catalogs under {' or '.join(map(str, folders))} hold no usable "
-                        f"translation: {INSTALL_HINT}")
+        raise DataError(f"the {language_name(language)} message catalogs under {' or '.join(map(str, folders))} "
+                        f"hold no usable translation: {install_hint(language)}")
     src_lens, tgt_lens = [len(e) for _, e, _ in candidates], [len(s) for _, _, s in candidates]
     ratio, scale = estimate_length_model(src_lens, tgt_lens)
     scale = max(scale, MIN_SCALE)
     deviation = length_deviation(src_lens, tgt_lens, ratio, scale)
     splits = {split: ([], []) for split in SPLITS}
     seen = set()
-    for (index, english, spanish), d in zip(candidates, deviation.tolist()):
+    for (index, english, target), d in zip(candidates, deviation.tolist()):
         if abs(d) > MAX_DEVIATION:
             stats["length_ratio"] += 1
             continue
@@ -175,12 +189,12 @@ def build_pairs(locale_dir=None, log=None) -> tuple[dict[str, tuple[list[str], l
         per_catalog[str(catalogs[index])]["kept"] += 1
         src, tgt = splits[split_of(english)]
         src.append(english)
-        tgt.append(spanish)
+        tgt.append(target)
     meta = {
-        "name": CORPUS_NAME,
+        "name": name,
         "format_version": FORMAT_VERSION,
         "source": {"lang": "en", "what": "msgid"},
-        "target": {"lang": "es", "what": "msgstr"},
+        "target": {"lang": language, "what": "msgstr"},
         "locale_dirs": [str(f) for f in folders],
         "catalogs": per_catalog,
         "set_aside": {str(c): {"path": str(c.path), "entries": _entry_count(c.path)} for c in set_aside},
@@ -203,29 +217,33 @@ def _entry_count(path: Path) -> int | None:
         return None
 
 
-def build_messages_corpus(folder=None, locale_dir=None, log=None, force: bool = False) -> Path:
-    """Build (or find in the cache) the ``messages-en-es`` corpus folder.
+def build_messages_corpus(folder=None, locale_dir=None, log=None, force: bool = False,
+                          language: str = SPANISH) -> Path:
+    """Build (or find in the cache) the ``messages-en-es`` corpus folder, or with another ``language`` its
+    twin ``messages-en-LANGUAGE`` (a folder for ``--data``: only the Spanish one is a registered corpus).
 
     Args:
-        folder: the folder to hold ``train.src train.tgt valid.* test.*`` (English source, Spanish target)
-            and ``meta.json``; default :func:`default_cache_dir`.
+        folder: the folder to hold ``train.src train.tgt valid.* test.*`` (English source, target in
+            ``language``) and ``meta.json``; default :func:`default_cache_dir`.
         locale_dir: the locale folder holding ``es/LC_MESSAGES/`` (and ``es_*``); default
             ``/usr/share/locale`` and ``/usr/share/locale-langpack``.
+        language: the target language's locale code (default ``es``): catalogs under ``LANGUAGE``,
+            ``LANGUAGE_*`` and ``LANGUAGE@*`` are read.
         log: called with one line when a cached build is rebuilt because its catalogs changed, or when a
             damaged catalog is skipped.
         force: rebuild even if a complete build of this format is there.
     Returns:
         The folder, ready for :func:`numformer.data.load_parallel_dir`.
     Raises:
-        DataError: no Spanish catalogs are installed, or a folder or catalog cannot be read (one line
+        DataError: no catalogs of the language are installed, or a folder or catalog cannot be read (one line
             saying what to do).
     """
-    return cached_build(folder if folder is not None else default_cache_dir(), CORPUS_NAME, FORMAT_VERSION,
-                        lambda: build_pairs(locale_dir, log=log), lambda f: catalogs_changed(f, locale_dir),
-                        force=force, log=log)
+    return cached_build(folder if folder is not None else default_cache_dir(language), corpus_name(language),
+                        FORMAT_VERSION, lambda: build_pairs(locale_dir, log=log, language=language),
+                        lambda f: catalogs_changed(f, locale_dir, language), force=force, log=log)
 
 
-def catalogs_changed(folder: Path, locale_dir=None) -> str | None:
+def catalogs_changed(folder: Path, locale_dir=None, language: str = SPANISH) -> str | None:
     """What changed in the installed catalogs since the build in ``folder`` (one line's worth), or None when
     they are the files it was read from. A catalog that is gone does not count (the build is all that is left
     of it), nor do the name lists set aside; a new catalog does. A build whose ``meta.json`` has no record of
@@ -235,7 +253,7 @@ def catalogs_changed(folder: Path, locale_dir=None) -> str | None:
     if not is_fingerprint(recorded):
         return "the build has no record of the catalogs it read"
     try:
-        now = [c.path for c in find_catalogs(locale_dirs(locale_dir)) if not c.is_name_list]
+        now = [c.path for c in find_catalogs(locale_dirs(locale_dir, language), language) if not c.is_name_list]
     except DataError:
         return None  # the locale folder is gone: keep the build
     found = [c for c in changes(recorded, fingerprint(now)) if not c.gone]

@@ -1,4 +1,5 @@
-"""Finding the Spanish message catalogs installed on the machine: ``LOCALE/es*/LC_MESSAGES/*.mo``.
+"""Finding the message catalogs of one language installed on the machine: ``LOCALE/es*/LC_MESSAGES/*.mo`` for
+Spanish (the corpus ``messages-en-es``), ``LOCALE/de*/...`` for German, and so on.
 
 A catalog is named by its file (``coreutils`` for ``coreutils.mo``) and by its locale folder (``es``,
 ``es_ES``, ``es_MX``, ...). The folders searched are ``/usr/share/locale`` (where Debian's packages put
@@ -19,11 +20,25 @@ DEFAULT_LOCALE_DIRS = (Path("/usr/share/locale"), Path("/usr/share/locale-langpa
 #: Catalogs of names, not sentences (fnmatch patterns on the catalog's name): iso-codes' country, language,
 #: script and currency names, and xkeyboard-config's keyboard layout names.
 NAME_LISTS = ("iso_*", "xkeyboard-config")
-#: What to install when no Spanish catalog is found (Debian ships translations inside each program's
-#: package, Ubuntu in its language packs).
-INSTALL_HINT = ("on Debian the programs' own packages ship them (`sudo apt-get install --reinstall coreutils "
-                "git tar`, unless /etc/dpkg/dpkg.cfg.d/ excludes /usr/share/locale), on Ubuntu "
-                "`sudo apt-get install language-pack-es-base`; or train on your own corpus with --data DIR")
+#: The language of the registered corpus (``messages-en-es``); others are built on request (``--language``).
+SPANISH = "es"
+#: The names the one-line errors and reports give a few languages; another is named by its code.
+LANGUAGE_NAMES = {"es": "Spanish", "de": "German", "fr": "French", "it": "Italian", "pt": "Portuguese",
+                  "ru": "Russian", "ja": "Japanese", "nl": "Dutch", "pl": "Polish", "sv": "Swedish"}
+
+
+def language_name(language: str) -> str:
+    """``"Spanish"`` for ``"es"``; ``"'xx'"`` for a code without a name here."""
+    return LANGUAGE_NAMES.get(language, repr(language))
+
+
+def install_hint(language: str = SPANISH) -> str:
+    """What to install when no catalog of ``language`` is found (Debian ships translations inside each
+    program's package, Ubuntu in its language packs)."""
+    return ("on Debian the programs' own packages ship them (`sudo apt-get install --reinstall coreutils "
+            "git tar`, unless /etc/dpkg/dpkg.cfg.d/ excludes /usr/share/locale), on Ubuntu "
+            f"`sudo apt-get install language-pack-{language}-base`; or train on your own corpus with --data DIR")
+
 
 
 @dataclass(frozen=True)
@@ -43,7 +58,7 @@ class Catalog:
         return f"{self.locale}/{self.name}"
 
 
-def locale_dirs(locale_dir=None) -> list[Path]:
+def locale_dirs(locale_dir=None, language: str = SPANISH) -> list[Path]:
     """The folders to search: ``[locale_dir]`` when given (DataError when it is not a folder), else those of
     :data:`DEFAULT_LOCALE_DIRS` that exist."""
     if locale_dir is None:
@@ -51,17 +66,18 @@ def locale_dirs(locale_dir=None) -> list[Path]:
     folder = Path(locale_dir)
     if not folder.is_dir():
         raise DataError(f"locale folder {folder} does not exist or is not a folder: give the folder that holds "
-                        f"es/LC_MESSAGES/ (default {DEFAULT_LOCALE_DIRS[0]})")
+                        f"{language}/LC_MESSAGES/ (default {DEFAULT_LOCALE_DIRS[0]})")
     return [folder]
 
 
-def is_spanish(folder_name: str) -> bool:
-    """Whether a locale folder's name is Spanish: ``es``, ``es_ES``, ``es_MX``, ``es@...``."""
-    return folder_name == "es" or folder_name.startswith(("es_", "es@"))
+def is_language(folder_name: str, language: str = SPANISH) -> bool:
+    """Whether a locale folder's name is of ``language``: for ``es``, ``es``, ``es_ES``, ``es_MX``, ``es@...``
+    (not ``est``, Estonian's three-letter code)."""
+    return folder_name == language or folder_name.startswith((f"{language}_", f"{language}@"))
 
 
-def find_catalogs(folders) -> list[Catalog]:
-    """Every Spanish catalog under ``folders``, each file once (links to one file count once), in the
+def find_catalogs(folders, language: str = SPANISH) -> list[Catalog]:
+    """Every catalog of ``language`` under ``folders``, each file once (links to one file count once), in the
     order the corpus reads them: by name, then by folder (in the order given), then by locale.
 
     Raises:
@@ -70,7 +86,7 @@ def find_catalogs(folders) -> list[Catalog]:
     found, seen = [], set()
     for rank, root in enumerate(folders):
         try:
-            locales = sorted(p.name for p in Path(root).iterdir() if is_spanish(p.name))
+            locales = sorted(p.name for p in Path(root).iterdir() if is_language(p.name, language))
             for locale in locales:
                 messages = Path(root) / locale / "LC_MESSAGES"
                 if not messages.is_dir():
