@@ -137,6 +137,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ("small", "python3 tests/cpu_matrix.py --configs ct2-mkl --suites interop -k int8"),
     'eval "$(python3 tests/cpu_matrix.py --export avx2-only)" && python3 -m pytest -q':
         ("skip", "CI runs the suite so on every commit (.ci/run)"),
+    'eval "$(python3 tests/cpu_matrix.py --export avx2-only)"':
+        ("run", 'eval "$(python3 tests/cpu_matrix.py --export avx2-only)"'),
     # -- speed --------------------------------------------------------------------------------------------------
     "python3 bench/train_step.py --preset tiny,small,base --steps 15 --repeat 3":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-compile"),

@@ -40,7 +40,9 @@ Only ``small``, the CPU preset of real corpora, has a budget rule; ``tiny`` (syn
 paper's presets keep their recipes. Every flag given on the command line overrides the rule, and a
 resumed run keeps its own settings. The corpus size is not an input: the two corpora swept (bible-en-es,
 28,064 pairs, and messages-en-es, 40,094 pairs of short sentences) are of a size, and a 10-minute run sees
-less than half an epoch of either, so no run within these budgets repeats its data.
+less than half an epoch of either, so no run within these budgets repeats its data. Tried on a corpus it was not
+tuned on (English to German program messages, 35,097 pairs, ``python -m numformer.data.messages --language de``,
+on a Zen 4): 10 minutes gave test BLEU 34.45 with brevity penalty 0.979 (docs/results.md).
 """
 from __future__ import annotations
 
