@@ -9,7 +9,8 @@ refused in one line, since the build would overwrite them (:func:`refuse_foreign
 
 :func:`cached_build` is the one way every builder goes: a complete build of this name and format whose sources
 did not change is reused; otherwise the corpus is built again (the log names what changed) and written, its
-``meta.json`` removed first and written last, so that an interrupted rebuild is never taken for a finished one.
+``meta.json`` first replaced by one that says it is building and written whole last, so that an interrupted
+rebuild is never taken for a finished one.
 :func:`timed_build` and :func:`print_build` are the builders' ``python -m`` commands' shared half.
 """
 from __future__ import annotations

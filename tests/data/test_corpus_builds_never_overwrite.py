@@ -73,13 +73,10 @@ def test_a_folder_of_other_files_gets_the_corpus_beside_them(tmp_path, locale_di
 def test_an_interrupted_build_says_so_and_is_built_again(tmp_path, locale_dir, monkeypatch):
     folder = tmp_path / "c"
 
-    def interrupted():
-        raise KeyboardInterrupt
-
     def written_then_interrupted(folder, splits):
         for name in CORPUS_FILES[:3]:
             (folder / name).write_text("half\n", encoding="utf-8")
-        interrupted()
+        raise KeyboardInterrupt
 
     monkeypatch.setattr("numformer.data.built_corpus.write_parallel_dir", written_then_interrupted)
     with pytest.raises(KeyboardInterrupt):

@@ -66,7 +66,14 @@ from .catalogs import NAME_LISTS, SPANISH, find_catalogs, install_hint, language
 from .cleaning import MAX_WORDS, clean_message, drop_reason, uses_mnemonics
 from .mo_file import MoFileError, read_mo
 
-CORPUS_NAME = "messages-en-es"
+
+def corpus_name(language: str = SPANISH) -> str:
+    """``messages-en-es`` (:data:`CORPUS_NAME`, the registered corpus), ``messages-en-de`` for German, ..."""
+    return f"messages-en-{language}"
+
+
+#: The registered corpus's name.
+CORPUS_NAME = corpus_name(SPANISH)
 #: Bumped whenever reading, cleaning, filtering or splitting change: old caches are rebuilt.
 FORMAT_VERSION = 1
 #: Keep a pair when |d| <= this (see the module docstring).
@@ -80,11 +87,6 @@ VALID_PER_MILLE = 25
 #: The counters of ``meta.json``'s ``stats``, in the order the build applies them.
 STAT_KEYS = ("entries", "plural", "untranslated", "no_letters", "identical", "too_long", "length_ratio",
              "duplicate", "kept")
-
-
-def corpus_name(language: str = SPANISH) -> str:
-    """``messages-en-es`` (:data:`CORPUS_NAME`, the registered corpus), ``messages-en-de`` for German, ..."""
-    return f"messages-en-{language}"
 
 
 def default_cache_dir(language: str = SPANISH) -> Path:

@@ -31,12 +31,12 @@ def main(argv=None) -> int:
     print counts (a DataError: one line, exit 2)."""
     parser = command_parser("python -m numformer.data.messages",
                             description="Build the messages-en-es corpus (English -> Spanish) from the installed "
-                                        "gettext catalogs.")
+                                        "gettext catalogs, or with --language English -> another language.")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"folder for the corpus files (default {default_cache_dir()}, or -de for German, ...)")
     parser.add_argument("--force", action="store_true", help="rebuild even when a cached build exists")
     parser.add_argument("--locale-dir", default=None,
-                        help="locale folder holding es/LC_MESSAGES/ (default /usr/share/locale and "
+                        help="locale folder holding es/LC_MESSAGES/ (or --language's; default /usr/share/locale and "
                              "/usr/share/locale-langpack)")
     parser.add_argument("--language", type=locale_code, default=SPANISH,
                         help="the target language's locale code (default es: the corpus messages-en-es); another "

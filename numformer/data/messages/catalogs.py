@@ -40,7 +40,6 @@ def install_hint(language: str = SPANISH) -> str:
             f"`sudo apt-get install language-pack-{language}-base`; or train on your own corpus with --data DIR")
 
 
-
 @dataclass(frozen=True)
 class Catalog:
     """One installed catalog: ``name`` (``coreutils``), ``locale`` (``es``, ``es_ES``) and its ``path``."""
