@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import DEFAULT_DTYPE, matmul
+from ..kernels import kernel
 from ..module import Module, Parameter
 from .init import DEFAULT_SCHEME, linear_bound
 
@@ -43,13 +44,13 @@ class Linear(Module):
     def forward(self, x):
         """x (..., d_in) -> (..., d_out)."""
         x2 = x.reshape(-1, self.d_in)
-        y = linear_forward(x2, self.weight.data, None if self.bias is None else self.bias.data)
+        y = kernel(linear_forward)(x2, self.weight.data, None if self.bias is None else self.bias.data)
         self.save_for_backward(x=x2)
         return y.reshape(*x.shape[:-1], self.d_out)
 
     def backward(self, dy):
         """dy (..., d_out) -> dx (..., d_in); adds dW and db into the gradients."""
-        dx, dw, db = linear_backward(dy.reshape(-1, self.d_out), self.pop_saved("x"), self.weight.data,
+        dx, dw, db = kernel(linear_backward)(dy.reshape(-1, self.d_out), self.pop_saved("x"), self.weight.data,
                                      self.bias is not None)
         self.weight.grad += dw
         if self.bias is not None:

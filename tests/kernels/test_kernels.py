@@ -273,8 +273,8 @@ def _module(name):
 
 def _plants():
     """(case id, kernel name to compare, size, module, attribute, replacement)."""
-    att, ln, em, lo, ad, dec = (_module(m) for m in
-                                ("attention", "layernorm", "embedding", "loss", "adam", "decoding"))
+    att, ln, li, em, lo, ad, dec = (_module(m) for m in
+                                    ("attention", "layernorm", "linear", "embedding", "loss", "adam", "decoding"))
     top_n = dec.top_n
     lose = _lose_last_block
     return [
@@ -289,6 +289,10 @@ def _plants():
          lose(kthreads.parallel_rows)),
         ("layernorm_backward: last row block lost", "layernorm_backward", ln, "parallel_rows",
          lose(kthreads.parallel_rows)),
+        ("linear_forward: the bias not added to the last row", "linear_forward", li, "_add_to_rows_",
+         lambda y, b: np.add(y[:-1], b, out=y[:-1])),
+        ("linear_backward: the bias gradient misses the last row", "linear_backward", li, "_column_sums",
+         lambda a: np.ones(a.shape[0] - 1, dtype=a.dtype) @ a[:-1]),
         ("embedding_backward: repeated ids lost (fancy-index +=)", "embedding_backward", em, "_add_duplicates",
          lambda grad, ids, rows: None),
         ("smoothed_cross_entropy: last row block lost", "smoothed_cross_entropy", lo, "parallel_rows",

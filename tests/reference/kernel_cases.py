@@ -15,6 +15,7 @@ from numformer.decoding.search import beam_candidates, greedy_pick
 from numformer.layers.attention import attention_backward, attention_forward
 from numformer.layers.embedding import embedding_backward
 from numformer.layers.layernorm import layernorm_backward, layernorm_forward
+from numformer.layers.linear import linear_backward, linear_forward
 from numformer.loss import smoothed_cross_entropy, smoothed_cross_entropy_backward
 from numformer.model import causal_mask, padding_mask
 from numformer.optim import adam_update
@@ -70,6 +71,12 @@ def inputs(name, rng, size, dt):
         gamma = 1 + rng.standard_normal(d).astype(dt)
         _, xhat, r = layernorm_forward(x, gamma, np.zeros(d, dt), 1e-5)
         return (rng.standard_normal((n, d)).astype(dt), xhat, r, gamma)
+    if name in ("linear_forward", "linear_backward"):
+        # the feed-forward network's first map (d_model -> d_ff), the widest of the linear maps
+        x, w = rng.standard_normal((n, d)).astype(dt), rng.standard_normal((d, dff)).astype(dt) / np.sqrt(d)
+        if name == "linear_forward":
+            return (x, w, rng.standard_normal(dff).astype(dt))
+        return (rng.standard_normal((n, dff)).astype(dt), x, w, True)
     if name == "embedding_backward":
         ids = rng.integers(1, v, n)
         ids[: n // 4] = 17  # many repeats of one id (a frequent token), as in real batches
@@ -107,6 +114,7 @@ PLAIN = {
     "attention_forward": attention_forward, "attention_forward:causal": attention_forward,
     "attention_backward": attention_backward,
     "layernorm_forward": layernorm_forward, "layernorm_backward": layernorm_backward,
+    "linear_forward": linear_forward, "linear_backward": linear_backward,
     "embedding_backward": embedding_backward,
     "smoothed_cross_entropy": smoothed_cross_entropy, "smoothed_cross_entropy:overwrite": smoothed_cross_entropy,
     "smoothed_cross_entropy_backward": smoothed_cross_entropy_backward,
