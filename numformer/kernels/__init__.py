@@ -14,7 +14,7 @@ which returns the fast version registered for ``attention_backward`` when kernel
 function itself when they are off. The kernel files register their functions by the plain function's
 dotted name (:mod:`numformer.kernels.twins`): the math imports this switch, the switch imports the kernel
 files, and no kernel file imports the math, so the arrows run one way. The training kernels (attention,
-LayerNorm, the linear maps, the embedding's scatter-add, the loss, Adam) take host (numpy) arrays; with cupy arrays the
+LayerNorm, the linear maps, ReLU, the embedding's scatter-add, the loss, Adam) take host (numpy) arrays; with cupy arrays the
 switch runs the plain math (the GPU runs its own kernels for every array operation). The two decoding
 kernels go through ``xp`` and run on both.
 
@@ -25,9 +25,9 @@ the environment says ``plain``. ``NUMFORMER_KERNELS_OFF=attention,loss`` leaves 
 files (to measure what each buys: ``bench/kernel_speed.py``, ``docs/speed.md``).
 
 Files, one per piece of math: ``attention``, ``layernorm``, ``linear`` (the bias added in place, its
-gradient as a GEMV), ``embedding``, ``loss``, ``adam`` and ``decoding`` (the per-step pieces of the
-searches); :mod:`numformer.kernels.twins` is their table. Dropout and ReLU have no kernel (docs/speed.md
-has the measurements). The host thread pool the kernels split work over is
+gradient as a GEMV), ``relu``, ``embedding``, ``loss``, ``adam`` and ``decoding`` (the per-step pieces of the
+searches); :mod:`numformer.kernels.twins` is their table. Dropout has no kernel (docs/speed.md has the
+measurements). The host thread pool the kernels split work over is
 :mod:`numformer.kernels.host.threads`.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from .. import environment
 from ..errors import NumformerError
 
 MODES = ("fast", "plain")
-_FAST_MODULES = ("attention", "layernorm", "linear", "embedding", "loss", "adam", "decoding")
+_FAST_MODULES = ("attention", "layernorm", "linear", "relu", "embedding", "loss", "adam", "decoding")
 
 
 class KernelModeError(NumformerError, ValueError):
@@ -68,7 +68,7 @@ def _twin_of(plain):
 
 def _registry() -> dict:
     """:data:`numformer.kernels.twins.TWINS`, every kernel file imported."""
-    from . import adam, attention, decoding, embedding, layernorm, linear, loss  # noqa: F401,PLC0415
+    from . import adam, attention, decoding, embedding, layernorm, linear, loss, relu  # noqa: F401,PLC0415
     from .twins import TWINS  # noqa: PLC0415  (imports numpy: not before tune_host, see host/)
 
     return TWINS

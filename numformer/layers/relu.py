@@ -6,6 +6,7 @@ as PyTorch does).
 from __future__ import annotations
 
 from ..backend import get_array_module
+from ..kernels import kernel
 from ..module import Module
 
 
@@ -24,7 +25,7 @@ class ReLU(Module):
     """``max(0, x)``. Saved for backward: ``positive``, the active set ``[x > 0]`` (also :attr:`active_set`)."""
 
     def forward(self, x):
-        y, positive = relu_forward(x)
+        y, positive = kernel(relu_forward)(x)
         self.save_for_backward(positive=positive)
         return y
 
@@ -36,4 +37,4 @@ class ReLU(Module):
         return self.saved.get("positive")
 
     def backward(self, dy):
-        return relu_backward(dy, self.pop_saved("positive"))
+        return kernel(relu_backward)(dy, self.pop_saved("positive"))

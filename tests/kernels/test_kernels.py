@@ -121,7 +121,7 @@ class _PoisonedNumpy:
         return self._poison(np.empty_like(a, dtype=dtype, **kw))
 
 
-KERNEL_MODULES = ("attention", "layernorm", "embedding", "loss", "adam")
+KERNEL_MODULES = ("attention", "layernorm", "linear", "relu", "embedding", "loss", "adam")
 
 
 @contextlib.contextmanager
@@ -273,8 +273,8 @@ def _module(name):
 
 def _plants():
     """(case id, kernel name to compare, size, module, attribute, replacement)."""
-    att, ln, li, em, lo, ad, dec = (_module(m) for m in
-                                    ("attention", "layernorm", "linear", "embedding", "loss", "adam", "decoding"))
+    att, ln, li, re, em, lo, ad, dec = (_module(m) for m in ("attention", "layernorm", "linear", "relu", "embedding",
+                                                             "loss", "adam", "decoding"))
     top_n = dec.top_n
     lose = _lose_last_block
     return [
@@ -293,6 +293,8 @@ def _plants():
          lambda y, b: np.add(y[:-1], b, out=y[:-1])),
         ("linear_backward: the bias gradient misses the last row", "linear_backward", li, "_column_sums",
          lambda a: np.ones(a.shape[0] - 1, dtype=a.dtype) @ a[:-1]),
+        ("relu_forward: last row block lost", "relu_forward", re, "parallel_rows", lose(kthreads.parallel_rows)),
+        ("relu_backward: last row block lost", "relu_backward", re, "parallel_rows", lose(kthreads.parallel_rows)),
         ("embedding_backward: repeated ids lost (fancy-index +=)", "embedding_backward", em, "_add_duplicates",
          lambda grad, ids, rows: None),
         ("smoothed_cross_entropy: last row block lost", "smoothed_cross_entropy", lo, "parallel_rows",

@@ -16,6 +16,7 @@ from numformer.layers.attention import attention_backward, attention_forward
 from numformer.layers.embedding import embedding_backward
 from numformer.layers.layernorm import layernorm_backward, layernorm_forward
 from numformer.layers.linear import linear_backward, linear_forward
+from numformer.layers.relu import relu_backward, relu_forward
 from numformer.loss import smoothed_cross_entropy, smoothed_cross_entropy_backward
 from numformer.model import causal_mask, padding_mask
 from numformer.optim import adam_update
@@ -77,6 +78,13 @@ def inputs(name, rng, size, dt):
         if name == "linear_forward":
             return (x, w, rng.standard_normal(dff).astype(dt))
         return (rng.standard_normal((n, dff)).astype(dt), x, w, True)
+    if name in ("relu_forward", "relu_backward"):
+        # the feed-forward network's (B, S, d_ff) activations, some exactly 0 (ReLU's kink: not active)
+        x = rng.standard_normal((b, s, dff)).astype(dt)
+        x[:, :, ::97] = 0
+        if name == "relu_forward":
+            return (x,)
+        return (rng.standard_normal((b, s, dff)).astype(dt), x > 0)
     if name == "embedding_backward":
         ids = rng.integers(1, v, n)
         ids[: n // 4] = 17  # many repeats of one id (a frequent token), as in real batches
@@ -115,6 +123,7 @@ PLAIN = {
     "attention_backward": attention_backward,
     "layernorm_forward": layernorm_forward, "layernorm_backward": layernorm_backward,
     "linear_forward": linear_forward, "linear_backward": linear_backward,
+    "relu_forward": relu_forward, "relu_backward": relu_backward,
     "embedding_backward": embedding_backward,
     "smoothed_cross_entropy": smoothed_cross_entropy, "smoothed_cross_entropy:overwrite": smoothed_cross_entropy,
     "smoothed_cross_entropy_backward": smoothed_cross_entropy_backward,
