@@ -14,9 +14,9 @@ which returns the fast version registered for ``attention_backward`` when kernel
 function itself when they are off. The kernel files register their functions by the plain function's
 dotted name (:mod:`numformer.kernels.twins`): the math imports this switch, the switch imports the kernel
 files, and no kernel file imports the math, so the arrows run one way. The training kernels (attention,
-LayerNorm, the linear maps, ReLU, the embedding's scatter-add, the loss, Adam) take host (numpy) arrays; with cupy arrays the
-switch runs the plain math (the GPU runs its own kernels for every array operation). The two decoding
-kernels go through ``xp`` and run on both.
+LayerNorm, the linear maps, ReLU, the embedding's scatter-add, the loss, Adam) take host (numpy) arrays;
+with cupy arrays the switch runs the plain math (the GPU runs its own kernels for every array operation).
+The two decoding kernels go through ``xp`` and run on both.
 
 The switch: ``NUMFORMER_KERNELS=plain`` in the environment, or ``numformer.kernels.use_kernels("plain")``
 (``"fast"`` is the default), runs the whole model on the plain math, on CPU and GPU; the process

@@ -51,7 +51,7 @@ class Linear(Module):
     def backward(self, dy):
         """dy (..., d_out) -> dx (..., d_in); adds dW and db into the gradients."""
         dx, dw, db = kernel(linear_backward)(dy.reshape(-1, self.d_out), self.pop_saved("x"), self.weight.data,
-                                     self.bias is not None)
+                                             self.bias is not None)
         self.weight.grad += dw
         if self.bias is not None:
             self.bias.grad += db
