@@ -112,9 +112,9 @@ def worker_numformer(args, s):
         dlogits = crit.backward()
         model.backward(dlogits if scaler is None else scaler.scale_grad_(dlogits))
         if scaler is not None:
-            scaler.unscale_(opt.params)
+            scaler.unscale_(opt.buffer)
         enqueued = time.perf_counter()  # the host has issued forward and backward; the GPU may still be at work
-        loss_host, gnorm = read_scalars(xp, loss, grad_norm(opt.params))  # the trainer's one sync per step
+        loss_host, gnorm = read_scalars(xp, loss, grad_norm(opt.buffer))  # the trainer's one sync per step
         if scaler is not None and scaler.update(found_nonfinite=not np.isfinite(gnorm)):
             opt.zero_grad()
         else:

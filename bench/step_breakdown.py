@@ -92,7 +92,7 @@ def breakdown(args) -> dict:
         loss = timed(("loss", "forward"), lambda: crit.forward(logits, tgt_out, overwrite_logits=True))
         dlogits = timed(("loss", "backward"), crit.backward)
         model.backward(dlogits)
-        timed(("gradient norm and read-back", "step"), lambda: read_scalars(xp, loss, grad_norm(opt.params)))
+        timed(("gradient norm and read-back", "step"), lambda: read_scalars(xp, loss, grad_norm(opt.buffer)))
         timed(("Adam", "step"), lambda: opt.step(zero_grad=True))
 
     plain = []

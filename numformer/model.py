@@ -185,6 +185,10 @@ class Transformer(Module):
     a model file sets it; :meth:`logits`); ``cfg.pad_row_gradient`` False: both embeddings give the pad row
     no gradient from their lookups (``Embedding(padding_idx=pad_id)``).
 
+    Every parameter is a view into one buffer of all of them (:meth:`Module.parameter_buffer`), made here and
+    after :meth:`Module.to`, so Adam, the gradient norm and the all-reduce of several processes are a few
+    whole-buffer operations.
+
     Construction is deterministic in ``seed``: weights are drawn on the host with
     ``numpy.random.default_rng(seed)`` then cast to ``dtype``; dropout masks come
     from one :class:`RandomState` per model (``self.rng``), seeded from ``seed`` too.
@@ -212,6 +216,7 @@ class Transformer(Module):
         self.final_logits_bias = None
         if cfg.logits_bias:  # not trained, but part of the model file: a persistent buffer (numformer.module)
             self.register_buffer("final_logits_bias", np.zeros(v, dtype=dtype), persistent=True)
+        self.parameter_buffer()  # every weight a view into one array, every gradient into another (llm.c's layout)
 
     @staticmethod
     def _positions(cfg: ModelConfig, rng, dtype):

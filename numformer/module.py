@@ -17,6 +17,8 @@ from types import MappingProxyType
 import numpy as np
 
 from .backend import get_array_module, to_host, to_xp
+from .errors import NumformerError
+from .parameter_buffer import ParameterBuffer
 
 
 class Parameter:
@@ -24,14 +26,24 @@ class Parameter:
 
     ``grad`` accumulates: every backward does ``grad += ...`` so a weight used in
     several places (tied embeddings) collects the gradient of each use.
+
+    In a built model ``data`` and ``grad`` are views into the model's one parameter buffer
+    (:mod:`numformer.parameter_buffer`; ``packed_in`` is that buffer, None outside one): write into
+    them (``p.data[...] = w``, ``p.grad += g``), never assign new arrays to them. A copy of a
+    Parameter (``copy.deepcopy``, pickle) owns its arrays and is outside any buffer.
     """
 
-    __slots__ = ("data", "grad")
+    __slots__ = ("data", "grad", "packed_in")
 
     def __init__(self, data):
         self.data = data
         xp = get_array_module(data)
         self.grad = xp.zeros_like(data)
+        self.packed_in = None
+
+    def __reduce__(self):
+        # a copy owns its arrays (deepcopy copies a view into a fresh array) and is in no buffer
+        return _parameter_with_grad, (self.data, self.grad)
 
     @property
     def shape(self):
@@ -45,11 +57,24 @@ class Parameter:
         self.grad.fill(0)
 
     def to(self, xp, dtype=None) -> None:
+        """New arrays on ``xp`` (cast to ``dtype``), outside any buffer (:meth:`Module.to` packs them again)."""
         self.data = to_xp(self.data, xp, dtype)
         self.grad = xp.zeros_like(self.data)
+        self.packed_in = None
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+class StaleParameterArray(NumformerError):
+    """A layer holds a parameter's array apart from its Parameter (see :meth:`Module.parameter_buffer`)."""
+
+
+def _parameter_with_grad(data, grad) -> Parameter:
+    """A Parameter of these arrays (how copies and pickles of a Parameter are rebuilt)."""
+    p = Parameter(data)
+    p.grad = grad
+    return p
 
 
 class Module:
@@ -177,6 +202,35 @@ class Module:
         parameter's data, then every persistent buffer (what :meth:`state_dict` copies to the host)."""
         return [(n, p.data) for n, p in self.named_parameters()] + self.named_buffers(persistent_only=True)
 
+    def parameter_buffer(self) -> ParameterBuffer:
+        """The buffer every parameter of this module is a view into (:mod:`numformer.parameter_buffer`): one
+        contiguous value array and one gradient array per dtype, in :meth:`named_parameters` order. The one
+        they live in when it holds exactly them; else they are packed into a new one now (their values and
+        gradients copied in). The Transformer packs itself when built and after :meth:`to`.
+
+        A layer that kept a parameter's array in an attribute of its own (``self.w = self.weight.data`` in
+        ``__init__``) would go on reading the old array while training updates the buffer: packing refuses
+        that in one line naming the layer and the attribute (:class:`StaleParameterArray`)."""
+        named = self.named_parameters()
+        params = [p for _, p in named]
+        found = ParameterBuffer.holding(params)
+        if found is not None:
+            return found
+        old = {id(p.data): name for name, p in named}
+        kept = [p.data for p in params]  # alive while the layers are searched, so no id is reused
+        buffer = ParameterBuffer(params, [n for n, _ in named])
+        for prefix, m in self.named_modules():
+            for attr, value in vars(m).items():
+                for item in (value if isinstance(value, (list, tuple)) else (value,)):
+                    if id(item) in old and item is not None and not isinstance(item, (Module, Parameter)):
+                        raise StaleParameterArray(
+                            f"{type(m).__name__} ({prefix or 'the model'}) keeps the array of parameter "
+                            f"{old[id(item)]!r} in self.{attr}: the parameters now live in one buffer, so it "
+                            "would read a stale copy; read it through the Parameter (self.weight.data) "
+                            "where it is used instead of keeping the array")
+        del kept
+        return buffer
+
     def num_parameters(self) -> int:
         """Number of trainable scalars, each tied matrix counted once."""
         return sum(p.size for p in self.parameters())
@@ -254,12 +308,15 @@ class Module:
     def to(self, xp=None, dtype=None) -> "Module":
         """Move every parameter and buffer to array module ``xp`` and/or cast to ``dtype``.
 
-        Gradients are re-allocated as zeros. Returns self.
+        Gradients are re-allocated as zeros; parameters that were packed in one buffer are packed in a new
+        one. Returns self.
         """
         from .backend import xp_for  # noqa: PLC0415
 
         if isinstance(xp, str):
             xp = xp_for(xp)
+        params = self.parameters()
+        packed = bool(params) and ParameterBuffer.holding(params) is not None
         done = set()
         for m in self.modules():
             for p in vars(m).values():
@@ -271,6 +328,8 @@ class Module:
                 setattr(m, name, to_xp(buf, xp or get_array_module(buf), dtype))
             if xp is not None:
                 m._moved(xp)
+        if packed:  # one buffer before the move, one after (on the new device, in the new dtype)
+            self.parameter_buffer()
         return self
 
     def _moved(self, xp) -> None:

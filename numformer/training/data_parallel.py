@@ -1,11 +1,13 @@
 """The data-parallel step's pieces (see :mod:`numformer.training.distributed`): the step's batches dealt
-to the ranks, every gradient summed in one call, and rank 0's arrays broadcast at the start.
+to the ranks, every gradient summed in one call on the parameter buffer's gradient array, and rank 0's
+arrays broadcast at the start.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..backend import get_array_module, to_host
+from ..parameter_buffer import SPARE_SLOTS, ParameterBuffer
 from .distributed import World
 
 
@@ -33,53 +35,38 @@ def shard_batches(costs, size: int, rank: int) -> list[int]:
 
 
 class GradientBucket:
-    """All gradients of a model as views into one flat buffer, plus ``extra`` slots for step scalars.
+    """The gradients every rank sums: the model's parameter buffer's gradient arrays
+    (:mod:`numformer.parameter_buffer`), with the step's scalars (loss, NLL) in their spare slots.
 
-    ``flat`` = ``[grad of params[0] (raveled), grad of params[1], ..., extra slots]``, on the
-    parameters' device and dtype. Each ``Parameter.grad`` becomes a view into it, so
-    backward passes accumulate straight into the buffer and one collective call sums every
-    gradient (and the step's loss, in the extra slots) across ranks: no per-tensor calls,
-    no copies in or out. Build it once the model is on its device (``Module.to`` allocates new
-    gradients).
+    Backward passes accumulate straight into the buffer (every ``Parameter.grad`` is a view into it), so one
+    collective call per dtype (one in all for a float32 model) sums every gradient and the scalars across
+    ranks: no per-tensor calls, no copies in or out. ``params``: the buffer, or Parameters (packed into
+    their buffer, :meth:`ParameterBuffer.of`). ``extra``: how many scalars ride along (at most
+    :data:`~numformer.parameter_buffer.SPARE_SLOTS`).
     """
 
     def __init__(self, params, extra: int = 0):
-        params = list(params)
-        xp = get_array_module(params[0].data)
-        dtypes = {p.grad.dtype for p in params}
-        if len(dtypes) != 1:
-            raise ValueError(f"gradients of several dtypes ({sorted(str(d) for d in dtypes)}) cannot share a buffer")
-        self.params = params
-        self.n = sum(int(p.grad.size) for p in params)
-        self.flat = xp.zeros(self.n + extra, dtype=dtypes.pop())
-        self.views = []
-        offset = 0
-        for p in params:
-            view = self.flat[offset:offset + p.grad.size].reshape(p.grad.shape)
-            view[...] = p.grad
-            p.grad = view
-            self.views.append(view)
-            offset += p.grad.size
-        self.extra = self.flat[self.n:]
-
-    def rebind(self) -> None:
-        """Put back any gradient a layer replaced by a new array (``p.grad = ...``) instead of adding into it."""
-        for p, view in zip(self.params, self.views):
-            if p.grad is not view:
-                view[...] = p.grad
-                p.grad = view
+        self.buffer = params if isinstance(params, ParameterBuffer) else ParameterBuffer.of(params)
+        if extra > SPARE_SLOTS:
+            raise ValueError(f"at most {SPARE_SLOTS} scalars ride along with the gradients, not {extra}")
+        self.extra = extra
 
     def allreduce_(self, world: World, *scalars):
         """Sum every gradient and ``scalars`` (0-d arrays or numbers, at most ``extra``) over the ranks.
 
         The gradients are summed in place; returns the summed scalars as a host float64 array
-        (the one device-to-host copy of the step).
+        (the one device-to-host copy of the step). A gradient some layer replaced by a new array instead
+        of adding into it would not be summed: that bug raises ParameterRebound here.
         """
-        self.rebind()
+        if len(scalars) > self.extra:
+            raise ValueError(f"{len(scalars)} scalars given, the bucket carries {self.extra}")
+        self.buffer.check()
+        groups = self.buffer.groups
         for k, value in enumerate(scalars):
-            self.extra[k] = value
-        world.allreduce_sum_(self.flat)
-        return to_host(self.extra[:len(scalars)]).astype(np.float64)
+            groups[0].spare[k] = value
+        for group in groups:
+            world.allreduce_sum_(group.grad_and_spare)
+        return to_host(groups[0].spare[:len(scalars)]).astype(np.float64)
 
 
 def broadcast_arrays_(world: World, arrays) -> None:

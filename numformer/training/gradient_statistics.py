@@ -31,6 +31,7 @@ from pathlib import Path
 from ..backend import get_array_module, to_host
 from ..layers import FeedForward, Residual
 from ..module import tapped
+from ..optim import sum_of_squares
 from .gradient_noise_scale import noise_scales
 from .per_sentence_gradients import PerSentenceGradients
 from .step_hooks import StepHook
@@ -134,7 +135,7 @@ class GradientStatistics(StepHook):
         for name, p in self.params:
             xp = get_array_module(p.grad)
             g = p.grad.reshape(-1)
-            gg = xp.vdot(g, g).astype(xp.float64)
+            gg = sum_of_squares(g)  # as the trainer's global norm sums them (numformer.optim.grad_norm)
             self._grads[name] = (xp.sqrt(gg), xp.sqrt(gg / max(g.size, 1)), xp.abs(g).max().astype(xp.float64))
             self._before[name] = p.data.copy()
         tap = self._untap()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from ..parameter_buffer import gradient_arrays
+
 class DynamicLossScaler:
     """Dynamic loss scaling for fp16 GEMMs (Micikevicius et al. 2018; ``torch.cuda.amp.GradScaler``).
 
@@ -76,10 +78,11 @@ class DynamicLossScaler:
         return dloss
 
     def unscale_(self, params) -> None:
-        """Divide every parameter's ``grad`` by ``scale`` in place (exact while the scale is a power of two)."""
+        """Divide every gradient by ``scale`` in place (exact while the scale is a power of two). ``params``: a
+        ParameterBuffer (its whole gradient arrays, a few operations) or Parameters (one per tensor)."""
         inv = 1.0 / self.scale
-        for p in params:
-            p.grad *= inv
+        for g in gradient_arrays(params):
+            g *= inv
 
     def update(self, found_nonfinite: bool) -> bool:
         """After unscaling and the finite check: adjust the scale; True when the step must be skipped.

@@ -47,8 +47,9 @@ def sync_replicas(world, optimizer, progress: dict, buffers=()) -> dict:
     counters), which it returns. One process: as given."""
     if not world.parallel:
         return progress
-    for arrays in ([p.data for p in optimizer.params], optimizer.m, optimizer.v, list(buffers)):
-        broadcast_arrays_(world, arrays)
+    for flat in optimizer.buffer.data + optimizer.m_flat + optimizer.v_flat:  # whole buffers: one call each
+        world.broadcast_(flat)
+    broadcast_arrays_(world, list(buffers))
     return world.broadcast_object(progress)
 
 

@@ -161,8 +161,9 @@ def dropout_seed(seed: int, epoch: int, position: int) -> int:
 
 
 class GradientAllReduce(StepHook):
-    """Several processes: every gradient is a view into one buffer (two extra slots carry the loss and
-    the NLL), summed over the processes in one call; from here on every rank holds the same sums."""
+    """Several processes: every gradient is a view into the parameter buffer's gradient array (two spare
+    slots carry the loss and the NLL), summed over the processes in one call; from here on every rank holds
+    the same sums."""
 
     def __init__(self, world, bucket):
         self.world, self.bucket = world, bucket
@@ -175,7 +176,7 @@ class LossScaling(StepHook):
     """fp16 GEMMs (:mod:`numformer.training.loss_scaling`): backward starts from ``scale * dL/dlogits``;
     the summed gradients are unscaled before their norm is taken or clipped; an overflow skips the step."""
 
-    def __init__(self, scaler, params):
+    def __init__(self, scaler, params):  # params: the ParameterBuffer (or Parameters)
         self.scaler, self.params = scaler, params
 
     def seed_backward(self, dlogits):

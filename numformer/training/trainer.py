@@ -106,8 +106,8 @@ class Trainer:
         self._batch_seeded = cfg.dropout_rng == "batch" or world.parallel
         self.hooks = StepHooks(  # in this order: the sum over processes is unscaled, not the other way round
             BatchDropoutKeys(model, cfg.seed) if self._batch_seeded else None,
-            GradientAllReduce(world, GradientBucket(self.optimizer.params, extra=2)) if world.parallel else None,
-            LossScaling(self.scaler, self.optimizer.params) if self.scaler is not None else None,
+            GradientAllReduce(world, GradientBucket(self.optimizer.buffer, extra=2)) if world.parallel else None,
+            LossScaling(self.scaler, self.optimizer.buffer) if self.scaler is not None else None,
             self.grad_stats)
 
     @property
@@ -131,7 +131,7 @@ class Trainer:
         (epoch, position), for dropout masks keyed by batch). The loss is per target token of all of
         them, so the summed gradient is that of one big batch. Loss and gradient norm come back as host
         floats, read together: the step's one device sync."""
-        xp, model, crit, hooks, params = self.xp, self.model, self.criterion, self.hooks, self.optimizer.params
+        xp, model, crit, hooks = self.xp, self.model, self.criterion, self.hooks
         n_tokens = sum(b.n_tgt_tokens for b in batches)  # every rank knows every batch: no message needed
         mine = self._my_share(batches)
         loss = nll = 0.0
@@ -146,7 +146,7 @@ class Trainer:
             nll = nll + crit.nll_sum
             model.backward(hooks.seed_backward(crit.backward()))                                 # 3. backward
         loss, nll = hooks.after_backward(loss, nll)
-        gnorm = clip_grad_norm(params, self.cfg.clip_norm)                                       # 4. clip
+        gnorm = clip_grad_norm(self.optimizer.buffer, self.cfg.clip_norm)                        # 4. clip
         loss, gnorm = read_scalars(xp, loss, gnorm)
         status = hooks.verdict(loss, gnorm) or finite_status(loss, gnorm)
         if status is not StepStatus.OK:

@@ -137,18 +137,21 @@ def wait_to_be_killed(note=""):
 
 if moment == "mid-step":
     # Inside the 25th update, half-way: forward and backward done, about half of the parameters updated
-    # in place, the others not yet. Reached through public names only (Adam.step, Parameter.data): when
-    # the 25th step starts, every parameter's array is swapped for a view of the same memory that sees
-    # in-place ufunc writes into it (out=, -=, ...; however the update is organised: blocks, threads,
-    # kernels); once half of the parameters have been written, every thread that writes stops there.
-    # The marker says how many parameters had changed at that moment.
+    # in place, the others not yet. Reached through public names only (Adam.step, Adam.buffer, Parameter.data):
+    # when the 25th step starts, the parameter buffer's value array (numformer.parameter_buffer) is swapped
+    # for a view of the same memory that sees in-place ufunc writes into it and into its slices (out=, -=,
+    # ...; the fast Adam kernel writes the buffer block by block over the threads); once half of the
+    # parameters have been written, every thread that writes stops there. The marker says how many
+    # parameters had changed at that moment.
     import threading
     lock, written, tripped = threading.Lock(), set(), []
 
-    class Watched(np.ndarray):
-        def __array_finalize__(self, obj):
-            self.index = getattr(obj, "index", None)
+    def touched(a):  # the parameters whose memory the slice a of the buffer covers
+        start = (a.__array_interface__["data"][0] - base[0]) // a.itemsize
+        end = start + a.size
+        return {{i for i, (lo, hi) in enumerate(spans) if lo < end and start < hi}}
 
+    class Watched(np.ndarray):
         def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kw):
             plain = lambda a: a.view(np.ndarray) if isinstance(a, Watched) else a
             targets = [a for a in (out or ()) if isinstance(a, Watched)]
@@ -159,7 +162,7 @@ if moment == "mid-step":
             result = getattr(ufunc, method)(*(plain(a) for a in inputs), **kw)
             if targets:
                 with lock:
-                    written.update(a.index for a in targets)
+                    written.update(*(touched(a) for a in targets))
                     trip = not tripped and len(written) >= len(params) // 2
                     if trip:
                         tripped.append(True)
@@ -174,15 +177,15 @@ if moment == "mid-step":
         while True:
             time.sleep(1)
 
-    real_step, params, before = optim.Adam.step, [], []
+    real_step, params, before, spans, base = optim.Adam.step, [], [], [], [0]
     def step(self, *a, **k):
         if self.step_count == 24:
             params[:] = list(self.params)
             before[:] = [p.data.copy() for p in params]
-            for i, p in enumerate(params):
-                w = p.data.view(Watched)
-                w.index = i
-                p.data = w
+            (group,) = self.buffer.groups
+            base[0] = group.data.__array_interface__["data"][0]
+            spans[:] = [(o, o + p.size) for p, o in zip(group.params, group.offsets)]
+            group.data = group.data.view(Watched)  # the same memory: every parameter's view sees the writes
         return real_step(self, *a, **k)
     optim.Adam.step = step
 elif moment == "mid-write":  # the checkpoint of step 30: half of its bytes are on disk
