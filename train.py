@@ -22,8 +22,8 @@ run folder and prints; every rank exits with the same status (numformer/training
 
 Exit status: 0 done; 2 bad input or settings, or a run folder in use by another process (one line on
 stderr, nothing started); 3 training stopped after a run of non-finite steps (the last good
-checkpoint is kept); 130 interrupted by Ctrl-C or SIGTERM (a checkpoint of the current step was
-saved: continue with --resume). Checkpoints are written atomically: a crash or kill at any moment
+checkpoint is kept); 130 interrupted by Ctrl-C, 143 by SIGTERM (a cluster scheduler's), 129 by SIGHUP (a
+checkpoint of the current step was saved: continue with --resume; a second signal stops at once). Checkpoints are written atomically: a crash or kill at any moment
 leaves the previous one loadable.
 """
 from __future__ import annotations
@@ -50,7 +50,8 @@ from numformer.cli.front import command_line
 from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
 from numformer.decoding.valid_choice import choose_alpha, write_choice
-from numformer.errors import INTERRUPTED_EXIT
+from numformer.errors import UsageError, first_line
+from numformer.stop_signals import exit_status as stop_exit_status
 from numformer.files import atomic_write_text, write_json
 from numformer.layers.init import SCHEMES as INIT_SCHEMES
 from numformer.model import Transformer
@@ -63,7 +64,8 @@ from numformer.data.vocab_sample import DEFAULT_VOCAB_SAMPLE
 from numformer.presets import ModelConfig, get_preset
 from numformer.presets import POSITIONAL, PRESETS
 from numformer.swap import check_layout, swapped_from_specs
-from numformer.training.config import GPU_RECIPES, TrainConfig, default_out, default_preset, settle, source_of
+from numformer.training.config import (GPU_RECIPES, TrainConfig, default_out, default_preset, run_json_of,
+                                       saved_model_config, settle, source_of)
 from numformer.training.processes import parse_on_rank0, processes, wait_for_every_rank
 from numformer.training.replicas import SharedRun, share_run
 from numformer.training.run_folder import RunFolder
@@ -251,7 +253,7 @@ def train_with(trainer_class, argv=None, prog: str = "train.py") -> int:
                 tcfg.dropout_rng = "batch"  # what the trainer does with several processes; run.json says so
             model = build_model(mcfg, tcfg.seed, args.swap)
             if run.init_from and world.is_main:  # --init-from: its weights (the other ranks get rank 0's)
-                model.load_state_dict(load_checkpoint(run.init_from, with_optimizer=False).model)
+                load_init_weights(model, run.init_from, out)
             model = model.to(xp)
             print_plan(model, run, tcfg, args, device, world)
             trainer = trainer_class(model, data, tcfg, folder if folder is not None else out,
@@ -265,9 +267,9 @@ def train_with(trainer_class, argv=None, prog: str = "train.py") -> int:
                 print(f"already at step {trainer.optimizer.step_count}: nothing left to train "
                       "(raise --max-steps or --max-minutes to train on)")
             trainer.train()
-            if trainer.interrupted:
+            if trainer.interrupted:  # no averaging or test translation after a stop: the scheduler's kill follows
                 wait_for_every_rank(world)  # mpirun ends the job at the first rank that exits 130
-                return INTERRUPTED_EXIT
+                return stop_exit_status(trainer.stop_signal)  # 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
             if world.is_main:
                 finish(args, trainer, model, data, out)
             world.barrier()  # the other ranks wait, without spinning, while rank 0 tests
@@ -318,10 +320,22 @@ def _open_run(args, device: str, out: Path, processes: int, report):
             print(f"init: training pairs of up to {run.train.max_len} subwords a side (the model's positional table)")
         mcfg = init.model.cfg.replace(**{k: v for k, v in run.model.items() if k in ("dropout", "label_smoothing")})
     elif run.init_from:  # a resumed fine-tuning run: the architecture its run.json recorded
-        mcfg = ModelConfig.from_dict(saved["model_config"])
+        mcfg = saved_model_config(saved, out)
     else:
         mcfg = get_preset(run.preset, vocab_size=data.vocab.size, pad_id=data.vocab.pad_id, **run.model)
     return OpenedRun(folder, SharedRun(run, mcfg, data))
+
+
+def load_init_weights(model, init_from: str, out: Path) -> None:
+    """The weights of the model file a fine-tuning run started from, into ``model``. A resumed run builds its
+    model from its run.json: a file edited to another architecture than the one it fine-tunes is the user's to
+    correct, one line, not a shape mismatch reported as a bug."""
+    weights = load_checkpoint(init_from, with_optimizer=False).model
+    try:
+        model.load_state_dict(weights)
+    except ValueError as exc:
+        raise UsageError(f"{run_json_of(out)}'s model_config does not fit {init_from}, the model this run fine-tunes "
+                         f"({first_line(exc)}): correct that file") from None
 
 
 def check_runnable(train, device: str) -> None:

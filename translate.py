@@ -16,9 +16,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,11 +28,13 @@ from numformer import run_file_names
 from numformer.backend import resolve_device, xp_for
 from numformer.cli.arguments import OneLineParser, nonneg_float, nonneg_int, positive_int
 from numformer.cli.front import command_line
-from numformer.checkpoint.run_model_file import run_folder_of
+from numformer.checkpoint.run_model_file import newest_model_file, run_folder_of
+from numformer.cli.preflight import check_output
 from numformer.checkpoint.trained_model import load_model
 from numformer.data import read_lines
 from numformer.errors import UsageError
-from numformer.files import OutOfSpace, atomic_write_bytes, partial_prefix, refuse_output_over_inputs
+from numformer.file_kinds import require_input_file, shown
+from numformer.files import OutOfSpace, atomic_write_bytes
 from numformer.data.text_files import split_lines
 from numformer.data.unk_share import TRANSLATING_ADVICE, warn_unk_share
 from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
@@ -82,8 +82,8 @@ def parse_args(argv=None):
                          "whole model")
     ap.add_argument("--vocab", metavar="SPM", help="sentencepiece model (default: the one the model file carries; "
                                                    f"for older checkpoints {run_file_names.VOCAB} of the run)")
-    ap.add_argument("--input", metavar="FILE", help="source sentences, one per line (default: standard input)")
-    ap.add_argument("--output", metavar="FILE", help="write translations here (default: standard output)")
+    ap.add_argument("--input", metavar="FILE", help="source sentences, one per line (default, or -: standard input)")
+    ap.add_argument("--output", metavar="FILE", help="write translations here (default, or -: standard output)")
     ap.add_argument("--reference", metavar="FILE", help="print sacreBLEU BLEU and chrF against this reference")
     ap.add_argument("--hypotheses", metavar="FILE",
                     help="score this file of translations against --reference instead of translating (no --model)")
@@ -106,6 +106,9 @@ def parse_args(argv=None):
                     help=f"source tokens per decoding batch (default {DEFAULTS.max_tokens})")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
     args = ap.parse_args(argv)
+    # "-" names standard input and standard output, as it does for Unix tools
+    args.input = None if args.input == "-" else args.input
+    args.output = None if args.output == "-" else args.output
     if args.hypotheses is not None:
         if args.reference is None or args.model is not None or args.input is not None:
             ap.error("--hypotheses scores a file of translations: give it with --reference, without --model or --input")
@@ -127,26 +130,19 @@ def parse_args(argv=None):
 class _Output:
     """Standard output, or a file written atomically (:func:`numformer.files.atomic_write_bytes`) only when
     all is translated; a device or a pipe given as --output is written as it is. Whether a file can be
-    created beside the target is tried at once, so that an unwritable place fails before any work."""
+    created beside the target was tried before any work (:func:`numformer.cli.preflight.check_output`)."""
 
     def __init__(self, path):
         self.path = Path(path) if path else None
         self.atomic = self.path is not None and (not self.path.exists() or self.path.is_file())
-        if self.atomic:
-            try:
-                fd, probe = tempfile.mkstemp(dir=self.path.parent, prefix=partial_prefix(self.path))
-            except OSError as exc:
-                raise UsageError(f"cannot write {self.path}: {exc.strerror or exc}: choose another --output") from None
-            os.close(fd)
-            os.unlink(probe)
 
     def write(self, data: bytes) -> None:
         try:
             self._write(data)
-        except OutOfSpace:  # names the file and the space it needed already
+        except (OutOfSpace, BrokenPipeError):  # the space named already; a reader gone: the front's quiet 141
             raise
-        except OSError as exc:  # a full disk, a closed pipe: the place, not the program (one line)
-            where = "standard output" if self.path is None else str(self.path)
+        except OSError as exc:  # a full disk, a closed descriptor: the place, not the program (one line)
+            where = "standard output" if self.path is None else shown(self.path)
             raise UsageError(f"cannot write {where}: {exc.strerror or exc}: check where the output goes") from None
 
     def _write(self, data: bytes) -> None:
@@ -166,13 +162,35 @@ def _interactive(args) -> bool:
     return not (args.input or args.output or args.reference) and sys.stdin.isatty()
 
 
+def typed_lines(stream):
+    """The lines of a byte ``stream`` (standard input), each yielded as soon as it ends, without its end: the lines
+    :func:`numformer.data.split_lines` cuts from a whole file. A line ends at ``\n`` or ``\r\n``, and, until a
+    ``\n`` has been seen, at a lone ``\r`` too: a stream with old Mac line endings (or a terminal that sends
+    carriage returns) is answered line by line, not read as one line to its end. Once a ``\n`` has been seen, a
+    ``\r`` inside a line is whitespace, as in a file. (A stream that has a lone ``\r`` before its first ``\n``
+    is cut there, which a whole file is not: a stream cannot be read ahead without keeping a typed line waiting.)"""
+    line, after_cr, newline_seen = bytearray(), False, False
+    while byte := stream.read(1):
+        if byte == b"\n" and after_cr:  # the \n of a \r\n: its line was answered at the \r
+            after_cr, newline_seen = False, True
+            continue
+        after_cr = byte == b"\r" and not newline_seen
+        if byte == b"\n" or after_cr:
+            newline_seen = newline_seen or byte == b"\n"
+            yield bytes(line)
+            line.clear()
+        else:
+            line += byte
+    if line:
+        yield bytes(line)
+
+
 def _translate_as_typed(model, vocab, opts: DecodeOptions, nbest: int) -> None:
     """fairseq-interactive's habit: read a line, print its translation at once, until end of input."""
     print("translate.py: type a sentence and press Enter; Ctrl-D ends", file=sys.stderr, flush=True)
-    stdin = sys.stdin.buffer
-    for raw in iter(stdin.readline, b""):
+    for raw in typed_lines(sys.stdin.buffer):
         try:
-            line = split_lines(raw, "standard input")[:1] or [""]
+            line = split_lines(raw, "standard input", whole=False)[:1] or [""]
         except ValueError as exc:  # a line that is not UTF-8: say so, answer with an empty line, go on
             print(f"translate.py: error: {exc}", file=sys.stderr, flush=True)
             line = [""]
@@ -185,6 +203,8 @@ def _translate_as_typed(model, vocab, opts: DecodeOptions, nbest: int) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.hypotheses is not None:  # scoring translations made before: no model, no input
+        require_input_file(args.hypotheses, "--hypotheses")
+        require_input_file(args.reference, "--reference")
         hyps, references = read_lines(args.hypotheses), read_lines(args.reference)
         if len(references) != len(hyps):
             raise UsageError(f"{args.reference} has {len(references)} lines but {args.hypotheses} has "
@@ -192,8 +212,12 @@ def main(argv=None) -> int:
         _print_scores(hyps, references, args)
         return 0
     xp_for(resolve_device(args.device))  # cuda without cupy or a GPU fails now, in one line
-    if args.output is not None:  # the model, the sources and the references are never written over
-        refuse_output_over_inputs(args.output, [args.model, args.input, args.reference], "--output")
+    if args.output is not None:  # before any work: a place that can take the file, and no input or run file lost
+        check_output(args.output, "--output", [args.model, args.input, args.reference, args.vocab], new_folders=False)
+    for flag, path in (("--input", args.input), ("--reference", args.reference)):
+        if path is not None:  # a folder is said to be one, not "not found"
+            require_input_file(path, flag)
+    newest_model_file(args.model)  # a file of another kind is named before standard input is read
     output = _Output(args.output)
     interactive = _interactive(args)
     if interactive:

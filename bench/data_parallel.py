@@ -16,6 +16,7 @@ float32, two ranks, median of 20) -- the communication each data-parallel step a
     python3 bench/data_parallel.py --corpus bible-en-es --preset small --steps 40
     python3 bench/data_parallel.py --task reverse --preset tiny --steps 60 --configs 1x1,1x2,2x1
     mpirun -n 2 python3 bench/data_parallel.py --allreduce 7600000      # (what the bench runs for the allreduce)
+    mpirun -n 2 python3 bench/data_parallel.py --allreduce 52000000 --bucket-elements 4194304   # in buckets
 """
 from __future__ import annotations
 
@@ -31,8 +32,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+from numformer.errors import UsageError  # noqa: E402
+
+if str(ROOT / "bench") not in sys.path:  # bench/worker_process.py, however this file was loaded
+    sys.path.insert(0, str(ROOT / "bench"))
+from worker_process import run_worker  # noqa: E402  (a worker's failure passed on in its own line)
 
 PROG = "bench/data_parallel.py"  # the name its one-line errors start with
 
@@ -42,21 +48,27 @@ def parse_args(argv=None):
     ap.add_argument("--corpus", help="bible-en-es")
     ap.add_argument("--task", help="copy or reverse")
     ap.add_argument("--preset", default="small")
-    ap.add_argument("--max-tokens", type=int, default=3000, help="tokens per batch (default 3000, small's)")
-    ap.add_argument("--batches-per-step", type=int, default=2, help="batches per optimizer step, all ranks together")
-    ap.add_argument("--steps", type=int, default=40, help="optimizer steps per run (default 40)")
-    ap.add_argument("--log-every", type=int, default=10, help="log window; the first one is warm-up")
+    ap.add_argument("--max-tokens", type=positive_int, default=3000, help="tokens per batch (default 3000, small's)")
+    ap.add_argument("--batches-per-step", type=positive_int, default=2, help="batches per optimizer step, all ranks together")
+    ap.add_argument("--steps", type=positive_int, default=40, help="optimizer steps per run (default 40)")
+    ap.add_argument("--log-every", type=positive_int, default=10, help="log window; the first one is warm-up")
     ap.add_argument("--configs", default="1x1,1x2,2x1", help="PROCESSESxTHREADS, comma-separated")
-    ap.add_argument("--repeat", type=int, default=1, help="run the configurations this many times, interleaved")
+    ap.add_argument("--repeat", type=positive_int, default=1, help="run the configurations this many times, interleaved")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--allreduce", type=int, metavar="N", help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    ap.add_argument("--allreduce", type=positive_int, metavar="N", help=argparse.SUPPRESS)
+    ap.add_argument("--bucket-elements", type=positive_int, metavar="K", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    # the first log window is warm-up: the figures need a second one after it
+    if args.allreduce is None and args.steps < 2 * args.log_every:
+        ap.error(f"--steps {args.steps} leaves no log window after the first (warm-up) one of --log-every "
+                 f"{args.log_every}: give --steps at least {2 * args.log_every}")
+    return args
 
 
 def mpirun(n: int) -> list[str]:
     exe = shutil.which("mpirun")
     if exe is None:
-        raise SystemExit("mpirun not found: apt-get install openmpi-bin libopenmpi-dev && pip install mpi4py")
+        raise UsageError("mpirun not found: apt-get install openmpi-bin libopenmpi-dev && pip install mpi4py")
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     # one core per rank (Open MPI binds to cores by default for 2 ranks); oversubscribe only if asked for more
     return [exe, "-n", str(n), *root, "--oversubscribe"]
@@ -67,22 +79,25 @@ def env_for(threads: int) -> dict:
                 OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), OMPI_MCA_btl="^openib")
 
 
-def allreduce_worker(n: int) -> None:
-    """Under mpirun: time ``Allreduce(IN_PLACE, float32[n], SUM)``; rank 0 prints the median in ms."""
+def allreduce_worker(n: int, bucket: int | None = None) -> None:
+    """Under mpirun: time ``Allreduce(IN_PLACE, float32[n], SUM)``, in one call or (``bucket``) one call per
+    ``bucket`` elements of the same buffer; rank 0 prints the median in ms."""
     import numpy as np
 
     from numformer.training.distributed import init_world
 
     world = init_world("cpu")
     buf = np.ones(n, dtype=np.float32)
+    pieces = [buf] if bucket is None else [buf[i:i + bucket] for i in range(0, n, bucket)]  # views: in place
     times = []
     for _ in range(23):
         world.comm.Barrier()
         t0 = time.perf_counter()
-        world.allreduce_sum_(buf)
+        for piece in pieces:
+            world.allreduce_sum_(piece)
         times.append(time.perf_counter() - t0)
     if world.is_main:
-        print(json.dumps({"n": n, "ms": 1000 * sorted(times[3:])[len(times[3:]) // 2]}))
+        print(json.dumps({"n": n, "bucket": bucket, "ms": 1000 * sorted(times[3:])[len(times[3:]) // 2]}))
 
 
 def run_config(procs: int, threads: int, args, vocab: Path, work: Path) -> dict:
@@ -98,9 +113,7 @@ def run_config(procs: int, threads: int, args, vocab: Path, work: Path) -> dict:
     if procs > 1:
         cmd = mpirun(procs) + cmd
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env_for(threads), cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    run_worker(cmd, f"{procs}x{threads} worker (train.py)", env=env_for(threads), cwd=ROOT)
     records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     records = [r for r in records if "tokens_per_s" in r]
     first, last = records[0], records[-1]
@@ -119,15 +132,21 @@ def run_config(procs: int, threads: int, args, vocab: Path, work: Path) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.allreduce:
-        allreduce_worker(args.allreduce)
+        allreduce_worker(args.allreduce, args.bucket_elements)
         return 0
     if bool(args.corpus) == bool(args.task):
-        raise SystemExit("give one of --corpus NAME or --task copy|reverse")
+        raise UsageError("give one of --corpus NAME or --task copy|reverse")
     configs = []
     for item in args.configs.split(","):
-        procs, threads = (int(x) for x in item.lower().split("x"))
+        try:
+            procs, threads = (int(x) for x in item.lower().split("x"))
+        except ValueError:
+            raise UsageError(f"--configs item {item!r} is not PROCESSESxTHREADS: give e.g. 1x2,2x1") from None
+        if procs < 1 or threads < 1:
+            raise UsageError(f"--configs item {item!r} has no processes or no threads: give at least 1x1")
         if args.batches_per_step % procs:
-            raise SystemExit(f"--batches-per-step {args.batches_per_step} cannot be split over {procs} processes")
+            raise UsageError(f"--batches-per-step {args.batches_per_step} cannot be split over {procs} processes: "
+                             f"give a --batches-per-step that {procs} divides")
         configs.append((procs, threads))
     from numformer.model import Transformer
     from numformer.data.prepared_dataset import prepare

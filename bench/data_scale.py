@@ -30,16 +30,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, nonneg_int, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+if str(ROOT / "bench") not in sys.path:  # bench/worker_process.py, however this file was loaded
+    sys.path.insert(0, str(ROOT / "bench"))
+from worker_process import WorkerFailed, run_worker  # noqa: E402  (a worker's failure passed on in its own line)
 
 PROG = "bench/data_scale.py"  # the name its one-line errors start with
 
 BASELINE_PAIRS = 20_000
 
 
-def run_measured(cmd, watch: Path | None = None, timeout: float = 3600) -> dict:
-    """Run ``cmd``; its wall time, peak RSS (MB) and, with ``watch``, seconds until that file has a line."""
+def run_measured(cmd, what: str, watch: Path | None = None, timeout: float = 3600) -> dict:
+    """Run ``cmd``; its wall time, peak RSS (MB) and, with ``watch``, seconds until that file has a line.
+    When it fails: :class:`WorkerFailed` (``what``, its last line of output, its exit status)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     first = None
@@ -62,7 +67,8 @@ def run_measured(cmd, watch: Path | None = None, timeout: float = 3600) -> dict:
     reader.join(5)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{''.join(out_lines)[-3000:]}")
+        # stderr is merged into the output: its last line is the child's own error line
+        raise WorkerFailed(what, proc.returncode, "".join(out_lines))
     return {"seconds": round(wall, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
             "first_step_s": None if first is None else round(first, 1), "log": "".join(out_lines)}
 
@@ -72,17 +78,17 @@ def measure(n: int, work: Path, args) -> dict:
     # The corpus is written by another process: this one stays small (no numpy), because a child's
     # ru_maxrss starts from the RSS of the process it was forked from.
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from synthetic_corpus import "
+    run_worker([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from synthetic_corpus import "
                     "write_corpus; write_corpus(sys.argv[2], int(sys.argv[3]), seed=int(sys.argv[4]))",
-                    str(ROOT / "bench"), str(corpus), str(n), str(args.seed)], check=True)
+                    str(ROOT / "bench"), str(corpus), str(n), str(args.seed)], "corpus writer")
     made = time.perf_counter() - t0
     size_mb = sum(f.stat().st_size for f in corpus.iterdir()) / 2 ** 20
     common = ["--data", str(corpus), "--out", str(run), "--vocab-size", str(args.vocab_size)]
     prep = run_measured([sys.executable, "-m", "numformer.prepare", *common, "--seed", "1"]
-                        + (["--threads", str(args.threads)] if args.threads else []))
+                        + (["--threads", str(args.threads)] if args.threads else []), "prepare worker")
     train = run_measured([sys.executable, "train.py", *common, "--preset", args.preset, "--max-steps", str(args.steps),
                           "--log-every", "1", "--eval-every", "0", "--no-test", "--no-progress", "--average-last", "1",
-                          "--save-every", "0"], watch=run / "metrics.jsonl")
+                          "--save-every", "0"], "train.py worker", watch=run / "metrics.jsonl")
     manifest = json.loads((run / "prepared" / "manifest.json").read_text())
     shutil.rmtree(corpus)
     shutil.rmtree(run)
@@ -92,19 +98,34 @@ def measure(n: int, work: Path, args) -> dict:
             "train_peak_rss_mb": train["peak_rss_mb"], "first_step_s": train["first_step_s"]}
 
 
+def corpus_sizes(text: str) -> list[int]:
+    """``--pairs``: comma-separated sizes (``500000`` or ``5e5``), each at least one pair."""
+    sizes = []
+    for item in text.split(","):
+        try:
+            size = int(float(item))
+        except (ValueError, OverflowError):  # not a number, or nan or inf
+            raise argparse.ArgumentTypeError(f"expected sizes separated by commas, got {item!r} in {text!r}") from None
+        if size < 1:
+            raise argparse.ArgumentTypeError(f"a corpus of {item} pairs has nothing to train on: give sizes of at least 1")
+        sizes.append(size)
+    return sizes
+
+
 @command_line(PROG)
 def main(argv=None) -> int:
     ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", default="500000,1500000,4500000", help="comma-separated corpus sizes")
-    ap.add_argument("--vocab-size", type=int, default=8000, help="the same for every size (and the baseline)")
+    ap.add_argument("--pairs", type=corpus_sizes, default=[500000, 1500000, 4500000],
+                    help="comma-separated corpus sizes (default 500000,1500000,4500000)")
+    ap.add_argument("--vocab-size", type=positive_int, default=8000, help="the same for every size (and the baseline)")
     ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0, help="of the synthetic corpus")
-    ap.add_argument("--threads", type=int, help="sentencepiece threads (default: every core)")
+    ap.add_argument("--steps", type=positive_int, default=3)
+    ap.add_argument("--seed", type=nonneg_int, default=0, help="of the synthetic corpus")
+    ap.add_argument("--threads", type=positive_int, help="sentencepiece threads (default: every core)")
     ap.add_argument("--work", help="folder for the corpora (default: a temporary one)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    sizes = [int(float(x)) for x in args.pairs.split(",")]
+    sizes = args.pairs
     with tempfile.TemporaryDirectory(prefix="numformer-scale-", dir=args.work) as tmp:
         base = measure(BASELINE_PAIRS, Path(tmp), args)
         rows = []

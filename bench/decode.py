@@ -56,7 +56,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,8 +67,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, nonneg_float, nonneg_int, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+from numformer.errors import UsageError  # noqa: E402
+from worker_process import run_worker  # noqa: E402  (a worker's failure passed on in its own line)
 
 PROG = "bench/decode.py"  # the name its one-line errors start with
 
@@ -84,18 +85,18 @@ def parse_args(argv=None):
     ap.add_argument("--reference", default=None, metavar="FILE",
                     help="reference lines of --input: sacreBLEU of every side's best hypotheses (default with the "
                          "default input: its test.tgt; 'none' leaves BLEU out)")
-    ap.add_argument("--sentences", type=int, default=500, help="decode the first N non-empty lines (default 500; 0 = all)")
-    ap.add_argument("--beam", type=int, default=4, help="beam size of the beam-search run (default 4)")
-    ap.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
-    ap.add_argument("--max-tokens", type=int, default=4000, help="source tokens per decoding batch (default 4000)")
+    ap.add_argument("--sentences", type=nonneg_int, default=500, help="decode the first N non-empty lines (default 500; 0 = all)")
+    ap.add_argument("--beam", type=positive_int, default=4, help="beam size of the beam-search run (default 4)")
+    ap.add_argument("--alpha", type=nonneg_float, default=0.6, help="length penalty (default 0.6)")
+    ap.add_argument("--max-tokens", type=positive_int, default=4000, help="source tokens per decoding batch (default 4000)")
     ap.add_argument("--no-greedy", dest="greedy", action="store_false", help="skip the greedy run")
-    ap.add_argument("--step-batch", type=int, default=64, help="batch size of the per-position timing (default 64)")
-    ap.add_argument("--step-positions", type=int, default=100, help="last position timed (default 100)")
-    ap.add_argument("--step-repeat", type=int, default=3, help="runs of the per-position timing (default 3)")
+    ap.add_argument("--step-batch", type=positive_int, default=64, help="batch size of the per-position timing (default 64)")
+    ap.add_argument("--step-positions", type=positive_int, default=100, help="last position timed (default 100)")
+    ap.add_argument("--step-repeat", type=positive_int, default=3, help="runs of the per-position timing (default 3)")
     ap.add_argument("--no-uncached", dest="uncached", action="store_false",
                     help="skip the uncached (full prefix re-run) baseline")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
-    ap.add_argument("--threads", type=int, default=2, help="BLAS/OpenMP, numformer and torch threads (default 2)")
+    ap.add_argument("--threads", type=nonneg_int, default=2, help="BLAS/OpenMP, numformer and torch threads (default 2)")
     ap.add_argument("--no-torch", dest="torch", action="store_false", help="skip the PyTorch side")
     ap.add_argument("--no-ctranslate2", dest="ctranslate2", action="store_false",
                     help="skip the CTranslate2 side (it runs when the ctranslate2 package is installed)")
@@ -109,7 +110,7 @@ def parse_args(argv=None):
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     # a child process timing one side's search (run_side): the side, the search's beam, CTranslate2's export
     ap.add_argument("--time-side", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--time-beam", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--time-beam", type=positive_int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--ct2-folder", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
@@ -249,10 +250,8 @@ def _has(package: str) -> bool:
 def run_side(child_argv: list, side: str, beam: int):
     """One side's timed search in a child process of its own (other engines' threads, which spin after their
     calls, would slow it in a shared process) -> (speed dict with its backend, best token lists)."""
-    out = subprocess.run([sys.executable, __file__, *child_argv, "--time-side", side, "--time-beam", str(beam)],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"the {side} side failed: {out.stderr.strip().splitlines()[-1:]}")
+    out = run_worker([sys.executable, __file__, *child_argv, "--time-side", side, "--time-beam", str(beam)],
+                     f"{side} worker")
     report = json.loads(out.stdout.strip().splitlines()[-1])
     return report["speed"], report["best"]
 
@@ -305,6 +304,16 @@ def main(argv=None) -> int:
     from numformer.checkpoint.trained_model import load_model  # noqa: PLC0415
     from numformer.decoding.translation import DecodeOptions, clean_output, score_translations, source_batch  # noqa: PLC0415,E501
 
+    # the input first: nothing to decode is said before a model is loaded
+    src_path = Path(args.input) if args.input else default_input()
+    all_lines = src_path.read_text(encoding="utf-8").splitlines()
+    kept = [i for i, ln in enumerate(all_lines) if ln.strip()]
+    if not kept:
+        raise UsageError(f"{src_path} has no non-empty line, so nothing to decode: give --input a file of source "
+                         "sentences, one per line")
+    if args.sentences > 0:
+        kept = kept[: args.sentences]
+    lines = [all_lines[i] for i in kept]
     model, vocab, path = load_model(args.model, args.vocab, args.device)
     xp = model.xp
     ct2_dir = tempfile.TemporaryDirectory(prefix="bench_decode_ct2_") if args.time_side is None else None
@@ -318,12 +327,6 @@ def main(argv=None) -> int:
     if args.dtype == "float64":
         model.to(xp, xp.float64)
     sync = make_sync(xp)
-    src_path = Path(args.input) if args.input else default_input()
-    all_lines = src_path.read_text(encoding="utf-8").splitlines()
-    kept = [i for i, ln in enumerate(all_lines) if ln.strip()]
-    if args.sentences > 0:
-        kept = kept[: args.sentences]
-    lines = [all_lines[i] for i in kept]
     ids = vocab.encode(lines)
     warm = DecodeOptions(beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens)
     searches = [warm] + ([DecodeOptions(beam=1, max_tokens=args.max_tokens)] if args.greedy else [])

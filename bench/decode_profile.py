@@ -32,7 +32,6 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,10 +39,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the reference decoder (tests/reference/torch_decode.py)
-from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 
 from thread_env import pin_threads  # noqa: E402  (bench/thread_env.py: before numpy is imported)
+from worker_process import run_worker  # noqa: E402  (a worker's failure passed on in its own line)
 
 PROG = "bench/decode_profile.py"  # the name its one-line errors start with
 SIDES = ("numformer", "torch")
@@ -53,21 +53,17 @@ def parse_args(argv=None):
     ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="run folder or checkpoint (default: a random --preset model)")
     ap.add_argument("--preset", default="small", help="model shape without --model (default small)")
-    ap.add_argument("--sentences", type=int, default=115, help="sentences in the batch (default 115: about "
+    ap.add_argument("--sentences", type=positive_int, default=115, help="sentences in the batch (default 115: about "
                     "4,000 source tokens of bible-en-es, translate.py's batch)")
-    ap.add_argument("--beam", type=int, default=4)
-    ap.add_argument("--cached", type=int, default=30, help="positions already decoded (default 30)")
-    ap.add_argument("--source", type=int, default=36, help="source tokens per sentence (default 36)")
-    ap.add_argument("--calls", type=int, default=30, help="timed calls of each side per piece (default 30)")
-    ap.add_argument("--threads", type=int, default=2, help="threads of both sides (default 2)")
-    ap.add_argument("--repeat", type=int, default=2, help="alternating runs of each side (default 2)")
+    ap.add_argument("--beam", type=positive_int, default=4)
+    ap.add_argument("--cached", type=positive_int, default=30, help="positions already decoded (default 30)")
+    ap.add_argument("--source", type=positive_int, default=36, help="source tokens per sentence (default 36)")
+    ap.add_argument("--calls", type=positive_int, default=30, help="timed calls of each side per piece (default 30)")
+    ap.add_argument("--threads", type=positive_int, default=2, help="threads of both sides (default 2)")
+    ap.add_argument("--repeat", type=positive_int, default=2, help="alternating runs of each side (default 2)")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child process: time this side only
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    for name in ("sentences", "beam", "cached", "source", "calls", "threads", "repeat"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    return args
+    return ap.parse_args(argv)
 
 
 def time_pieces(pieces: dict, calls: int) -> dict:
@@ -92,8 +88,7 @@ def run_sides(args, argv) -> tuple[dict, dict]:
     head = None
     for _ in range(args.repeat):
         for side in SIDES:
-            out = subprocess.run([sys.executable, __file__, *argv, "--side", side, "--json"], capture_output=True,
-                                 text=True, check=True).stdout
+            out = run_worker([sys.executable, __file__, *argv, "--side", side, "--json"], f"{side} worker").stdout
             report = json.loads(out)
             head = report["head"]
             for name, ms in report["ms"].items():

@@ -16,12 +16,13 @@ out of time is recorded as such and the others still run):
     kernels       NUMFORMER_TEST_DEVICE=<device> python -m pytest tests/kernels/test_kernels.py ('missing' if absent)
     train         train.py --preset base --device cuda --max-minutes 1.25 on the corpus: validation loss curve
     train_step    bench/gpu_train_step.py: base, 25,000 target tokens, fp32/tf32/fp16, numformer vs PyTorch
+    breakdown     bench/step_breakdown.py: where base's fp32 step goes, layer by layer, Adam and the norm included
     decode        greedy and beam 4 on 100 test sentences: a fresh small model and the base model of the train part
 
 A GPU lease is about 15 minutes in all, start-up and any rerun included, so the whole run is
 cut to fit 300 s (``--budget-s``), most important first: after env, the correctness parts
 (gpu_tests, torch_parity, grad_checks, kernels) run side by side with the short base run
-in the background, each recorded the moment it ends; then train_step and decode, each alone
+in the background, each recorded the moment it ends; then train_step, breakdown and decode, each alone
 on the device, so that their timings are clean. Parts not started by the budget's end are
 recorded as 'out of time'; summary.json is rewritten after every part, so a run cut short
 still says what passed. ``--parts`` reruns only the named parts (decode without train reads
@@ -58,12 +59,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, positive_float, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 
 PROG = "bench/gpu_acceptance.py"  # the name its one-line errors start with
 FORMAT = "numformer-gpu-acceptance/1"
-PARTS = ("env", "gpu_tests", "grad_checks", "torch_parity", "kernels", "train", "train_step", "decode")
+PARTS = ("env", "gpu_tests", "grad_checks", "torch_parity", "kernels", "train", "train_step", "breakdown", "decode")
 OUT_OF_TIME = {"status": "out of time", "seconds": 0.0}  # a part the budget left no time to start
 PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
 
@@ -76,11 +77,11 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="tiny shapes and a few steps per part")
     ap.add_argument("--corpus-dir", help="folder with {train,valid,test}.{src,tgt} (default: the bible-en-es cache)")
     ap.add_argument("--work", help="scratch folder for the run folder and vocabulary (default: a temporary one)")
-    ap.add_argument("--budget-s", type=float, default=None, help="stop starting parts after this (default 300)")
-    ap.add_argument("--box-scale", type=float, default=1.0,
+    ap.add_argument("--budget-s", type=positive_float, default=None, help="stop starting parts after this (default 300)")
+    ap.add_argument("--box-scale", type=positive_float, default=1.0,
                     help="multiply every part's time box (the CPU dry run's test uses 10: a slow machine is no failure)")
-    ap.add_argument("--train-minutes", type=float, default=1.25, help="training budget of the train part (default 1.25)")
-    ap.add_argument("--sentences", type=int, default=None, help="test sentences decoded (default 100; quick 8)")
+    ap.add_argument("--train-minutes", type=positive_float, default=1.25, help="training budget of the train part (default 1.25)")
+    ap.add_argument("--sentences", type=positive_int, default=None, help="test sentences decoded (default 100; quick 8)")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     ap.add_argument("--part", help=argparse.SUPPRESS)  # worker mode: run one in-process part, print JSON
     ap.add_argument("--vocab", help=argparse.SUPPRESS)
@@ -315,6 +316,14 @@ def train_step_part(args):
         r["numformer"].get("status") in ("ok", "not on cpu") for r in res["rows"]))
 
 
+def breakdown_part(args):
+    """Where the fp32 base step's time goes, layer by layer (the Adam and gradient-norm rows are what the one
+    parameter buffer, issue 58, was for; docs/gpu.md holds the first run's table to compare with)."""
+    cmd = [sys.executable, "bench/step_breakdown.py", "--device", args.device, "--json"]
+    cmd += ["--quick", "--steps", "1", "--warmup", "1"] if args.quick else ["--steps", "3", "--warmup", "2"]
+    return _json_part("breakdown", cmd, 40 if args.quick else 60, ok=lambda res: bool(res.get("rows")))
+
+
 def decode_part(args, vocab: Path, run_dir: Path, corpus: Path):
     cmd = [sys.executable, __file__, args.out, "--part", "decode", "--device", args.device, "--vocab", vocab,
            "--run-dir", run_dir, "--corpus-dir", corpus, "--sentences", str(args.sentences)]
@@ -507,6 +516,8 @@ def main(argv=None) -> int:
     # 3. one training step against PyTorch's, alone on the device (clean timings)
     if "train_step" in wanted:
         alone(train_step_part(args))
+    if "breakdown" in wanted:
+        alone(breakdown_part(args))
     # 4. decoding, alone again: a fresh small model and the base model the train part left
     if "decode" in wanted:
         if corpus is None or not vocab.exists():
@@ -543,6 +554,10 @@ def report(summary) -> str:
         elif name == "train_step" and "rows" in p:
             extra = "; ".join(f"{r['precision']} {r['numformer'].get('median_step_ms', r['numformer'].get('status'))} ms"
                               f" vs {r['torch'].get('median_step_ms', r['torch'].get('status'))} ms" for r in p["rows"])
+        elif name == "breakdown" and "rows" in p:
+            ms = {r["layer"]: r["ms_per_step"] for r in p["rows"] if r["pass"] == "step"}
+            extra = (f"step {p['plain_step_ms']} ms; Adam {ms.get('Adam')} ms, "
+                     f"norm {ms.get('gradient norm and read-back')} ms")
         elif name == "decode" and "rows" in p:
             extra = "; ".join(f"{r['model'].split()[0]} {r['search']} {r['sentences_per_s']}/s" for r in p["rows"])
         lines.append(f"  {name:12s} {p['status']:11s} {p.get('seconds', 0):7.1f} s  {extra}")

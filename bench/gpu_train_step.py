@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, nonneg_int, positive_float, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 
 PROG = "bench/gpu_train_step.py"  # the name its one-line errors start with
@@ -54,10 +54,10 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--precision", default=None, help="comma-separated: fp32,tf32,fp16 (default all; cpu: fp32,fp16)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 2 counted steps (the dry run)")
-    ap.add_argument("--steps", type=int, default=None, help="counted steps (default 10; --quick 2)")
-    ap.add_argument("--warmup", type=int, default=None, help="uncounted steps first (default 3; --quick 1)")
+    ap.add_argument("--steps", type=positive_int, default=None, help="counted steps (default 10; --quick 2)")
+    ap.add_argument("--warmup", type=nonneg_int, default=None, help="uncounted steps first (default 3; --quick 1)")
     ap.add_argument("--no-torch", dest="torch", action="store_false", help="skip the PyTorch side")
-    ap.add_argument("--timeout", type=float, default=240, help="seconds per child process")
+    ap.add_argument("--timeout", type=positive_float, default=240, help="seconds per child process")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", choices=["numformer", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the kernel inputs (tests/reference/kernel_cases.py)
-from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 
 PROG = "bench/kernel_speed.py"  # the name its one-line errors start with
@@ -57,8 +57,8 @@ def fresh(args):
 def main(argv=None) -> int:
     ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="small-train-shape", choices=list(SIZES))
-    ap.add_argument("--calls", type=int, default=20, help="timed calls of each side (default 20)")
-    ap.add_argument("--threads", type=int, default=2, help="numformer's host threads (default 2)")
+    ap.add_argument("--calls", type=positive_int, default=20, help="timed calls of each side (default 20)")
+    ap.add_argument("--threads", type=positive_int, default=2, help="numformer's host threads (default 2)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     threads.set_num_threads(args.threads)

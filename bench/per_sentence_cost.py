@@ -26,7 +26,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,13 +34,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, nonneg_int, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+from numformer.errors import UsageError  # noqa: E402
 
 PROG = "bench/per_sentence_cost.py"  # the name its one-line errors start with
 sys.path.insert(0, str(ROOT / "bench"))
 
 from train_step import PRESETS  # noqa: E402  (the same shapes as the step benchmark)
+from worker_process import run_worker  # noqa: E402  (a worker's failure passed on in its own line)
 
 SIDES = ("off", "norms", "elementwise")
 
@@ -49,10 +50,10 @@ SIDES = ("off", "norms", "elementwise")
 def parse_args(argv=None):
     ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small", help="tiny, small, base, or a comma-separated list")
-    ap.add_argument("--steps", type=int, default=10, help="counted steps (default 10)")
-    ap.add_argument("--warmup", type=int, default=2, help="uncounted warm-up steps (default 2)")
-    ap.add_argument("--repeat", type=int, default=1, help="alternate the sides this many times (default 1)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="BLAS threads (default: every core)")
+    ap.add_argument("--steps", type=positive_int, default=10, help="counted steps (default 10)")
+    ap.add_argument("--warmup", type=nonneg_int, default=2, help="uncounted warm-up steps (default 2)")
+    ap.add_argument("--repeat", type=positive_int, default=1, help="alternate the sides this many times (default 1)")
+    ap.add_argument("--threads", type=positive_int, default=os.cpu_count(), help="BLAS threads (default: every core)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     ap.add_argument("--shape", help=argparse.SUPPRESS)
@@ -108,9 +109,7 @@ def run_child(args, side, shape) -> dict:
         env[var] = str(args.threads)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--shape", json.dumps(shape),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(f"{side} worker failed:\n{proc.stderr[-3000:]}")
+    proc = run_worker(cmd, f"{side} worker", env=env, cwd=ROOT)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -123,6 +122,8 @@ def main(argv=None) -> int:
         return 0
     results = {}
     for name in args.preset.split(","):
+        if name not in PRESETS:
+            raise UsageError(f"unknown preset {name!r}: choose from {', '.join(PRESETS)}")
         shape = PRESETS[name]
         runs = {side: [] for side in SIDES}
         for _ in range(args.repeat):

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from numformer.cli.arguments import OneLineParser, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+from numformer.errors import UsageError  # noqa: E402
 
 PROG = "bench/short_hypotheses.py"  # the name its one-line errors start with
 
@@ -98,6 +99,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     src, refs = read_lines(args.source), read_lines(args.reference)
     pairs = [(s, r) for s, r in zip(src, refs) if s.strip()][: args.sentences]
+    if not pairs:
+        raise UsageError(f"{args.source} has no non-empty line beside a reference, so nothing to decode: give "
+                         "--source a file of source sentences and --reference their references, one per line")
     src, refs = [s for s, _ in pairs], [r for _, r in pairs]
     model, vocab, path = load_model(args.run)
     src_ids, ref_ids = vocab.encode_source(src), vocab.encode_target(refs)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, nonneg_int, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 from gpu_train_step import SHAPES  # noqa: E402  (the same shapes as the GPU step's benchmark)
 from train_step import PRESETS, benched_model, load_batches, real_batches  # noqa: E402  (the CPU bench's pieces)
@@ -134,10 +134,10 @@ def main(argv=None) -> int:
                     help="gpu-base (default: 625 x 40, bench/gpu_train_step.py's), or bench/train_step.py's presets")
     ap.add_argument("--corpus", help="real batches of this corpus (as bench/train_step.py --corpus)")
     ap.add_argument("--data", help="real batches of the corpus in this folder")
-    ap.add_argument("--batches", type=int, default=20, help="with --corpus or --data: batches timed (default 20)")
-    ap.add_argument("--max-tokens", type=int, default=None, help="with --corpus or --data: tokens per batch")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps, plain and tapped (default 3)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    ap.add_argument("--batches", type=positive_int, default=20, help="with --corpus or --data: batches timed (default 20)")
+    ap.add_argument("--max-tokens", type=positive_int, default=None, help="with --corpus or --data: tokens per batch")
+    ap.add_argument("--steps", type=positive_int, default=3, help="timed steps, plain and tapped (default 3)")
+    ap.add_argument("--warmup", type=nonneg_int, default=2, help="untimed steps first (default 2)")
     ap.add_argument("--json", action="store_true")
     # what bench/train_step.py's real_batches and load_batches read: no batches file yet, and train.py's seed
     ap.set_defaults(batches_file=None, seed=0)

@@ -48,7 +48,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,8 +56,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, nonneg_int, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+from numformer.errors import UsageError  # noqa: E402
+
+if str(ROOT / "bench") not in sys.path:  # bench/worker_process.py, however this file was loaded
+    sys.path.insert(0, str(ROOT / "bench"))
+from worker_process import run_worker  # noqa: E402  (a worker's failure passed on in its own line)
 
 PROG = "bench/train_step.py"  # the name its one-line errors start with
 
@@ -74,24 +78,24 @@ def parse_args(argv=None):
     ap = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default=None, help="tiny, small, base, or a comma-separated list (or 'all')")
     for key, default in PRESETS["small"].items():
-        ap.add_argument("--" + key.replace("_", "-"), type=int, default=None, help=f"default {default} (small)")
-    ap.add_argument("--steps", type=int, default=20, help="counted steps (default 20)")
-    ap.add_argument("--warmup", type=int, default=3, help="uncounted warm-up steps (default 3)")
-    ap.add_argument("--repeat", type=int, default=1, help="alternate numformer/PyTorch runs this many times")
+        ap.add_argument("--" + key.replace("_", "-"), type=positive_int, default=None, help=f"default {default} (small)")
+    ap.add_argument("--steps", type=positive_int, default=20, help="counted steps (default 20)")
+    ap.add_argument("--warmup", type=nonneg_int, default=3, help="uncounted warm-up steps (default 3)")
+    ap.add_argument("--repeat", type=positive_int, default=1, help="alternate numformer/PyTorch runs this many times")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (both sides)")
-    ap.add_argument("--threads", type=int, default=2, help="threads for BLAS/OpenMP and torch (default 2)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=positive_int, default=2, help="threads for BLAS/OpenMP and torch (default 2)")
+    ap.add_argument("--seed", type=nonneg_int, default=0)
     ap.add_argument("--compare", dest="compare", action="store_true", default=True,
                     help="also run the PyTorch reference (default)")
     ap.add_argument("--no-torch", dest="compare", action="store_false", help="skip the PyTorch side")
     ap.add_argument("--no-best", dest="best", action="store_false", help="skip the best-eager PyTorch column")
     ap.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile column")
-    ap.add_argument("--compile-repeat", type=int, default=1,
+    ap.add_argument("--compile-repeat", type=positive_int, default=1,
                     help="runs of the compiled column per preset (default 1: each run compiles anew)")
     ap.add_argument("--corpus", help="time real batches of this corpus (bible-en-es, messages-en-es, ...)")
     ap.add_argument("--data", help="time real batches of the corpus in this folder ({train,valid,test}.{src,tgt})")
-    ap.add_argument("--batches", type=int, default=40, help="with --corpus: batches timed (default 40)")
-    ap.add_argument("--max-tokens", type=int, default=None,
+    ap.add_argument("--batches", type=positive_int, default=40, help="with --corpus: batches timed (default 40)")
+    ap.add_argument("--max-tokens", type=positive_int, default=None,
                     help="with --corpus: tokens per batch (default: the preset's CPU recipe, small 3000)")
     ap.add_argument("--torch-malloc", choices=("tuned", "default"), default="tuned",
                     help="PyTorch's processes get numformer's glibc allocator tuning (tuned, the default: PyTorch at its "
@@ -103,8 +107,6 @@ def parse_args(argv=None):
     ap.add_argument("--shape", help=argparse.SUPPRESS)
     ap.add_argument("--batches-file", help=argparse.SUPPRESS)  # the parent's real batches, for the workers
     args = ap.parse_args(argv)
-    if args.batches < 1:
-        ap.error(f"--batches must be at least 1, got {args.batches}")
     if args.corpus and args.data:
         ap.error("--corpus and --data both name a corpus: give one")
     args.real = bool(args.corpus or args.data)
@@ -117,7 +119,7 @@ def configs(args):
     out = []
     for name in names:
         if name is not None and name not in PRESETS:
-            raise SystemExit(f"unknown preset {name!r}: choose from {', '.join(PRESETS)}")
+            raise UsageError(f"unknown preset {name!r}: choose from {', '.join(PRESETS)} (or all)")
         shape = dict(PRESETS[name or "small"])
         for key in SHAPE_KEYS:
             value = getattr(args, key)
@@ -345,9 +347,7 @@ def run_child(args, kind, shape=None):
         cmd += ["--shape", json.dumps(shape)]
     if getattr(args, "batches_file", None):
         cmd += ["--batches-file", args.batches_file]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{kind} worker failed:\n{proc.stderr[-3000:]}")
+    proc = run_worker(cmd, f"{kind} worker", env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -37,8 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, nonneg_int, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+from numformer.errors import UsageError  # noqa: E402
 
 PROG = "bench/transformers_agreement.py"  # the name its one-line errors start with
 
@@ -51,12 +52,12 @@ def parse_args(argv=None):
     ap.add_argument("--input", default=None, metavar="FILE", help="source lines (default: bible-en-es test.src)")
     ap.add_argument("--reference", default=None, metavar="FILE",
                     help="reference lines: sacreBLEU of each side (default with the default input: its test.tgt)")
-    ap.add_argument("--sentences", type=int, default=50, help="the first N non-empty lines (default 50; 0 = all)")
-    ap.add_argument("--max-new", type=int, default=128, help="output tokens at most, EOS included (default 128)")
-    ap.add_argument("--batch", type=int, default=32, help="lines per batch on both sides (default 32)")
+    ap.add_argument("--sentences", type=nonneg_int, default=50, help="the first N non-empty lines (default 50; 0 = all)")
+    ap.add_argument("--max-new", type=positive_int, default=128, help="output tokens at most, EOS included (default 128)")
+    ap.add_argument("--batch", type=positive_int, default=32, help="lines per batch on both sides (default 32)")
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="both sides (default float32)")
-    ap.add_argument("--threads", type=int, default=2, help="BLAS, numformer and torch threads (default 2)")
-    ap.add_argument("--show", type=int, default=3, help="differing lines to print (default 3)")
+    ap.add_argument("--threads", type=nonneg_int, default=2, help="BLAS, numformer and torch threads (default 2)")
+    ap.add_argument("--show", type=nonneg_int, default=3, help="differing lines to print (default 3)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     return ap.parse_args(argv)
 
@@ -97,6 +98,24 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     pin_threads(args.threads)
     sys.path.insert(0, str(ROOT))
+    from numformer.data.text_files import normalize_line  # noqa: PLC0415
+
+    # the input first: nothing to compare is said before torch, transformers and the model are loaded
+    if args.input:
+        src_path = Path(args.input)
+    else:
+        from numformer.data import build_bible_corpus  # noqa: PLC0415
+
+        src_path = Path(build_bible_corpus()) / "test.src"
+        args.reference = args.reference or str(src_path.with_suffix(".tgt"))
+    kept = [(i, normalize_line(ln)) for i, ln in enumerate(src_path.read_text(encoding="utf-8").splitlines())
+            if ln.strip()]
+    if not kept:
+        raise UsageError(f"{src_path} has no non-empty line, so nothing to compare: give --input a file of source "
+                         "sentences, one per line")
+    if args.sentences > 0:
+        kept = kept[: args.sentences]
+    lines = [ln for _, ln in kept]
     import numpy as np  # noqa: PLC0415
     import torch  # noqa: PLC0415
     from transformers import MarianMTModel, MarianTokenizer  # noqa: PLC0415
@@ -104,7 +123,6 @@ def main(argv=None) -> int:
     from numformer.checkpoint_command import main as checkpoint_main  # noqa: PLC0415
     from numformer.checkpoint.run_model_file import newest_model_file  # noqa: PLC0415
     from numformer.checkpoint.trained_model import load_model  # noqa: PLC0415
-    from numformer.data.text_files import normalize_line  # noqa: PLC0415
     from numformer.decoding.translation import score_translations  # noqa: PLC0415
 
     if args.threads:
@@ -122,18 +140,6 @@ def main(argv=None) -> int:
     hf = MarianMTModel.from_pretrained(hf_source, dtype=dtype, attn_implementation="eager").eval()
     tok = MarianTokenizer.from_pretrained(hf_source)
 
-    if args.input:
-        src_path = Path(args.input)
-    else:
-        from numformer.data import build_bible_corpus  # noqa: PLC0415
-
-        src_path = Path(build_bible_corpus()) / "test.src"
-        args.reference = args.reference or str(src_path.with_suffix(".tgt"))
-    kept = [(i, normalize_line(ln)) for i, ln in enumerate(src_path.read_text(encoding="utf-8").splitlines())
-            if ln.strip()]
-    if args.sentences > 0:
-        kept = kept[: args.sentences]
-    lines = [ln for _, ln in kept]
     max_new = min(args.max_new, model.cfg.max_len)  # numformer's limit never passes its positional table
     ours_ids, ours, ours_s = numformer_greedy(model, vocab, lines, max_new, args.batch)
     theirs_ids, theirs, theirs_s = transformers_greedy(hf, tok, lines, max_new, args.batch, vocab.eos_id)

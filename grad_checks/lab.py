@@ -23,8 +23,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from numformer.cli.arguments import OneLineParser, nonneg_float
+from numformer.cli.arguments import OneLineParser, nonneg_float, path_argument
 from numformer.cli.one_line_errors import one_line_errors
+from numformer.cli.preflight import FOLDER, check_output
 from numformer.files import atomic_write_text
 
 from . import exercises
@@ -53,11 +54,11 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--status", metavar="DIR", help="grade every exercise file in DIR and list which check exact")
     _time_limit_flag(ex)
     hi = sub.add_parser("hint", help="the next step of an exercise's derivation")
-    hi.add_argument("file", help="the exercise file (my_layernorm.py)")
+    hi.add_argument("file", type=path_argument, help="the exercise file (my_layernorm.py)")
     hi.add_argument("--step", type=int, metavar="K", help="show the steps up to K (default: one more than last time)")
     hi.add_argument("--all", action="store_true", help="show every step, the whole derivation")
     ck = sub.add_parser("check", help="grade an exercise file")
-    ck.add_argument("file", help="the exercise file (my_layernorm.py)")
+    ck.add_argument("file", type=path_argument, help="the exercise file (my_layernorm.py)")
     ck.add_argument("--exercise", metavar="NAME", help="the exercise the file answers (default: its EXERCISE line)")
     ck.add_argument("--seed", type=int, default=0, help="seed of the weights, inputs and upstream gradients")
     _time_limit_flag(ck)
@@ -120,6 +121,7 @@ def _run(args) -> int:
                 return 0 if all(r.state == "exact" for r in rows) else 1
             if not args.name:
                 return _error("name an exercise, or pass --list or --status DIR")
+            check_output(args.out, "--out", [], FOLDER)  # a file or an unwritable place: said before anything else
             path = write_exercise(args.name, args.out, args.force, args.level)
             ex = exercises.get(args.name)
             print(f"wrote {path} (level {args.level}): write the body of {ex.student_name} in it, then check it "

@@ -18,6 +18,7 @@ from pathlib import Path
 from . import run_file_names
 from .cli.arguments import positive_int
 from .cli.front import command_line, parser
+from .cli.preflight import check_output
 from .decoding.translation import DecodeOptions, translate_ids
 from .errors import UsageError
 from .picture_data import record_attention
@@ -67,15 +68,24 @@ def attention_pictures(model, vocab, sentence: str, out, opts: DecodeOptions | N
     tgt_labels = ["<s>"] + [vocab.id_to_piece(i) for i in hyp]
     translation = vocab.decode([hyp])[0]
     out.parent.mkdir(parents=True, exist_ok=True)
-    stem, suffix = out.stem, out.suffix or ".png"
     kinds = [("encoder", src_labels, src_labels, "encoder self-attention"),
              ("decoder", tgt_labels, tgt_labels, "decoder self-attention (masked)"),
              ("cross", tgt_labels, src_labels, "encoder-decoder attention")]
     paths = []
     for kind, rows, cols, name in kinds:
         title = f"{name}\nsource: {sentence}\ntranslation: {translation}"
-        paths.append(draw(maps[kind], rows, cols, title, out.with_name(f"{stem}-{kind}{suffix}")))
+        paths.append(draw(maps[kind], rows, cols, title, picture_path(out, kind)))
     return paths
+
+
+#: The pictures attention_pictures writes, one per kind of attention.
+PICTURE_KINDS = ("encoder", "decoder", "cross")
+
+
+def picture_path(out, kind: str) -> Path:
+    """Where the picture of ``kind`` goes: ``OUT`` with ``-KIND`` before its suffix (.png when it has none)."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}-{kind}{out.suffix or '.png'}")
 
 
 PROG = "python -m numformer.attention_maps"
@@ -93,6 +103,9 @@ def main(argv=None) -> int:
     ap.add_argument("--beam", type=positive_int, default=DecodeOptions.beam,
                     help=f"beam size of the translation whose attention is drawn (default {DecodeOptions.beam})")
     args = ap.parse_args(argv)
+    out = Path(args.out)  # the three pictures' places are checked before the model is loaded or run
+    for kind in PICTURE_KINDS:
+        check_output(picture_path(out, kind), "--out", [args.model, args.vocab])
     model, vocab, _ = load_model(args.model, args.vocab)
     for p in attention_pictures(model, vocab, args.sentence, args.out, DecodeOptions(beam=args.beam)):
         print(p)

@@ -19,33 +19,82 @@ MPI launcher variables      ``OMPI_COMM_WORLD_SIZE``/``PMI_SIZE``, ``OMPI_COMM_W
 Two variables are *set* for other libraries, also only here: ``OPENBLAS_THREAD_TIMEOUT`` (before numpy
 loads, :func:`set_blas_thread_timeout`) and ``CUPY_TF32`` (the tf32 matmul mode, :func:`set_cupy_tf32`).
 Nothing here imports numpy: the BLAS setting must be made before numpy loads.
+
+A value numformer cannot use is refused, never ignored: every reader below raises
+:class:`EnvironmentVariableError` (one line naming the variable, its value and the values it takes) at
+first use, and every command checks them all when it starts (:func:`check_all`, called by the front,
+numformer/cli/front.py), before any work. Nothing is read at import: importing numformer never fails
+for a bad variable.
 """
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from .errors import NumformerError
 
 LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+# The kernel modes and files NUMFORMER_KERNELS and NUMFORMER_KERNELS_OFF name: the one list, which
+# numformer/kernels/ (their code) reads too.
+KERNEL_MODES = ("fast", "plain")
+KERNEL_FILES = ("attention", "layernorm", "linear", "relu", "embedding", "loss", "adam", "decoding")
+# A yes/no variable: these words, any case; empty is the default.
+NO_WORDS, YES_WORDS = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
+DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
+
+
+class EnvironmentVariableError(NumformerError, ValueError):
+    """A numformer variable of the environment holds a value it cannot use; the line names the variable, the
+    value and the values it takes (a value from the environment is never reported as a flag typed)."""
 
 
 def _get(name: str, default: str = "") -> str:
     return os.environ.get(name, default)
 
 
+def _refuse(name: str, takes: str) -> EnvironmentVariableError:
+    return EnvironmentVariableError(f"the environment variable {name} holds {_get(name)!r}, which numformer cannot "
+                                    f"use: set it to {takes}, or unset it (unset {name})")
+
+
+def _yes_no(name: str, default: bool) -> bool:
+    value = _get(name).strip().lower()
+    if not value:
+        return default
+    if value not in NO_WORDS + YES_WORDS:
+        raise _refuse(name, "1 or 0 (yes or no)")
+    return value in YES_WORDS
+
+
 def kernel_mode() -> str:
-    """``NUMFORMER_KERNELS``, lower-cased (``fast`` when unset or empty)."""
-    return _get("NUMFORMER_KERNELS", "fast").strip().lower() or "fast"
+    """``NUMFORMER_KERNELS``, lower-cased (``fast`` when unset or empty); another value: refused."""
+    mode = _get("NUMFORMER_KERNELS", "fast").strip().lower() or "fast"
+    if mode not in KERNEL_MODES:
+        raise _refuse("NUMFORMER_KERNELS", " or ".join(KERNEL_MODES))
+    return mode
 
 
 def kernels_off() -> list[str]:
-    """``NUMFORMER_KERNELS_OFF``: the kernel files left out."""
-    return [name.strip() for name in _get("NUMFORMER_KERNELS_OFF").split(",") if name.strip()]
+    """``NUMFORMER_KERNELS_OFF``: the kernel files left out; a name that is not one is refused."""
+    names = [name.strip() for name in _get("NUMFORMER_KERNELS_OFF").split(",") if name.strip()]
+    if any(name not in KERNEL_FILES for name in names):
+        raise _refuse("NUMFORMER_KERNELS_OFF", "kernel files separated by commas, from " + ", ".join(KERNEL_FILES))
+    return names
 
 
 def num_threads() -> int | None:
-    """``NUMFORMER_NUM_THREADS``, else ``OMP_NUM_THREADS``, when a positive integer; else None."""
-    value = _get("NUMFORMER_NUM_THREADS") or _get("OMP_NUM_THREADS")
+    """``NUMFORMER_NUM_THREADS`` (a positive integer, else refused), else ``OMP_NUM_THREADS`` when a positive
+    integer (OpenMP's own variable: its other forms are OpenMP's business, not refused here); else None."""
+    value = _get("NUMFORMER_NUM_THREADS").strip()
+    if value:
+        if not (value.isdigit() and int(value) > 0):
+            raise _refuse("NUMFORMER_NUM_THREADS", "a number of threads (1, 2, ...)")
+        return int(value)
+    value = _get("OMP_NUM_THREADS").strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
@@ -53,17 +102,27 @@ def host_tuning_wanted(tuning: str) -> bool:
     """Whether the host tuning ``"blas"`` (``NUMFORMER_BLAS_TUNE``) or ``"malloc"``
     (``NUMFORMER_MALLOC_TUNE``) may run: not when set to 0, nor when the kernels are off."""
     variable = {"blas": "NUMFORMER_BLAS_TUNE", "malloc": "NUMFORMER_MALLOC_TUNE"}[tuning]
-    return _get(variable, "1") != "0" and kernel_mode() != "plain"
+    return _yes_no(variable, True) and kernel_mode() != "plain"
 
 
 def device() -> str | None:
-    """``NUMFORMER_DEVICE`` (None when unset or empty)."""
-    return _get("NUMFORMER_DEVICE") or None
+    """``NUMFORMER_DEVICE`` (None when unset or empty): ``cpu``, ``cuda`` or ``cuda:N``, else refused."""
+    value = _get("NUMFORMER_DEVICE").strip()
+    if value and not DEVICE_PATTERN.fullmatch(value):
+        raise _refuse("NUMFORMER_DEVICE", "cpu, cuda or cuda:N")
+    return value or None
 
 
 def debug() -> bool:
-    """``NUMFORMER_DEBUG`` set to anything but empty or 0: tracebacks instead of one-line errors."""
-    return _get("NUMFORMER_DEBUG") not in ("", "0")
+    """``NUMFORMER_DEBUG``: 1 (yes) shows a traceback instead of a one-line error; 0 or empty, not."""
+    return _yes_no("NUMFORMER_DEBUG", False)
+
+
+def check_all() -> None:
+    """Every numformer variable of the environment read once: the first one whose value cannot be used
+    raises :class:`EnvironmentVariableError` (the front calls this when a command starts)."""
+    kernel_mode(), kernels_off(), num_threads(), device(), debug()
+    host_tuning_wanted("blas"), host_tuning_wanted("malloc")
 
 
 def cache_root() -> Path:

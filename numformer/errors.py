@@ -13,7 +13,10 @@ tools say so and write its traceback to a file (:mod:`numformer.cli.one_line_err
 from __future__ import annotations
 
 BUG_EXIT = 1          # a bug in numformer
-INTERRUPTED_EXIT = 130  # Ctrl-C or SIGTERM (the shell's 128 + SIGINT)
+INTERRUPTED_EXIT = 130  # Ctrl-C (the shell's 128 + SIGINT)
+TERMINATED_EXIT = 143   # SIGTERM, what a cluster scheduler sends before it kills a job (128 + 15)
+HUNG_UP_EXIT = 129      # SIGHUP, the terminal closed (128 + 1)
+READER_GONE_EXIT = 141  # the reader of standard output went away (128 + SIGPIPE, as the shell reports)
 
 
 class NumformerError(Exception):
@@ -37,6 +40,18 @@ class StopTraining(NumformerError, RuntimeError):
     exit_code = 3
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread by the front's handlers (numformer/cli/stop_signals.py).
+
+    A KeyboardInterrupt, so that every place that cleans up after Ctrl-C (the atomic writer's temporaries, a
+    run folder put back as found, a checkpoint of the current step) cleans up after these the same way; only
+    the line (``what``) and the exit status (``exit_code``, 128 + the signal's number) differ."""
+
+    def __init__(self, signum: int, what: str, exit_code: int):
+        super().__init__(what)
+        self.signum, self.what, self.exit_code = signum, what, exit_code
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message, or its class name when the message is empty."""
     text = str(exc).strip()
@@ -45,11 +60,12 @@ def first_line(exc: BaseException) -> str:
 
 def exit_code_of(exc: BaseException) -> int:
     """The exit status a command line gives for ``exc``: a :class:`NumformerError`'s ``exit_code``,
-    130 for Ctrl-C, a ``SystemExit``'s own code, else :data:`BUG_EXIT`."""
+    130 for Ctrl-C (143 for SIGTERM, 129 for SIGHUP: :class:`Stopped`), a ``SystemExit``'s own code, else
+    :data:`BUG_EXIT`."""
     if isinstance(exc, SystemExit):
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     if isinstance(exc, KeyboardInterrupt):
-        return INTERRUPTED_EXIT
+        return getattr(exc, "exit_code", INTERRUPTED_EXIT)
     code = getattr(exc, "exit_code", None)  # NumformerError, and the relayed error of another rank
     return int(code) if isinstance(code, int) else BUG_EXIT
 

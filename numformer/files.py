@@ -51,23 +51,24 @@ def atomic_file(path, durable: bool = True, needed: int | None = None):
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale_partials(path.parent, path.name)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=partial_prefix(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
-            yield f
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
-            raise out_of_space(path, written, needed) from None
-        raise
+    with claim_output(path):  # a second process writing the same file is refused, not interleaved
+        sweep_stale_partials(path.parent, path.name)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=partial_prefix(path))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+                yield f
+                f.flush()
+                if durable:
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException as exc:
+            written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+                raise out_of_space(path, written, needed) from None
+            raise
     if durable:
         _fsync_folder(path.parent)
 
@@ -98,27 +99,35 @@ def atomic_folder(out, fill) -> Path:
     """Write the folder ``out`` whole or not at all: ``fill(stage)`` fills a staging folder beside it, which is
     then renamed into place (an empty ``out`` is replaced); on any failure the stage is removed. The stage gets
     the permissions a new folder would (mkdtemp makes it 0700)."""
-    import shutil  # noqa: PLC0415
-
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale_partials(out.parent, out.name)
-    stage = Path(tempfile.mkdtemp(prefix=partial_prefix(out), dir=out.parent))
+    with claim_output(out):  # a second export into the same folder is refused, not mixed into it
+        sweep_stale_partials(out.parent, out.name)
+        stage = Path(tempfile.mkdtemp(prefix=partial_prefix(out), dir=out.parent))
+        with _removed_on_failure(stage, out):
+            fill(stage)
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(stage, 0o777 & ~mask)
+            if out.exists():
+                refuse_filled_meanwhile(out)
+                out.rmdir()
+            os.replace(stage, out)
+    return out
+
+
+@contextlib.contextmanager
+def _removed_on_failure(stage: Path, target: Path):
+    """A staging folder for ``target``, removed when the block fails; a full disk meanwhile is
+    :class:`OutOfSpace` naming ``target`` and how far the stage got."""
     try:
-        fill(stage)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(stage, 0o777 & ~mask)
-        if out.exists():
-            out.rmdir()
-        os.replace(stage, out)
+        yield stage
     except BaseException as exc:
         written = _size(stage)
         shutil.rmtree(stage, ignore_errors=True)
         if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
-            raise out_of_space(out, written) from None
+            raise out_of_space(target, written) from None
         raise
-    return out
 
 
 def partial_prefix(target) -> str:
@@ -215,7 +224,10 @@ def refuse_output_over_inputs(out, inputs, flag: str = "--out") -> None:
     an input file or folder (by path, or the same file through a link), or an input lies inside ``out`` (a
     folder a command would replace). ``out`` inside an input folder is allowed (``average --last N RUN --out
     RUN/averaged.npz`` adds a file to the run; a checkpoint it reads is never that file). Inputs that are None
-    (an optional flag not given) or do not exist are skipped."""
+    (an optional flag not given) or do not exist are skipped. Every command calls it through
+    :func:`numformer.cli.preflight.check_output`, which adds the checks of the output's own place."""
+    from .file_kinds import shown  # noqa: PLC0415  (paths are printed on one line, whatever they hold)
+
     target = Path(out)
     if not str(out).strip():
         raise UsageError(f"{flag} is empty: name the file or folder to write")
@@ -227,5 +239,126 @@ def refuse_output_over_inputs(out, inputs, flag: str = "--out") -> None:
         src = source.resolve()
         same = src == resolved or (target.exists() and os.path.samefile(src, target))
         if same or resolved in src.parents:
-            raise UsageError(f"{flag} {out} would overwrite the input {source}: write to another path "
+            raise UsageError(f"{flag} {shown(out)} would overwrite the input {shown(source)}: write to another path "
                              "(nothing was written)")
+
+
+# -- one writer per output, and files a third-party library writes by name ----------------------------------
+
+#: What the claim of a target is called beside it: ``.TARGET.numformer-writing``, holding the writer's PID.
+CLAIM_MARK = ".numformer-writing"
+_held_claims: dict = {}  # the targets this process claims -> how many of its writes hold the claim
+
+
+class OutputInUse(NumformerError):
+    """Another live process is writing the same output (issue 59: two exports into one folder, two commands
+    writing one file): the second writer is refused in one line, never mixed into the first's result."""
+
+
+def claim_path(target) -> Path:
+    """The claim file of ``target``: hidden, beside it, one name per target (so two writers meet on it)."""
+    target = Path(target)
+    return target.with_name(f".{target.name}{CLAIM_MARK}")
+
+
+@contextlib.contextmanager
+def claim_output(target):
+    """Hold ``target`` for this process while writing it: a second live process asking for the same target
+    gets :class:`OutputInUse` naming the holder's PID (exit 2). The claim is a file beside the target made
+    whole and then linked to its one name (``os.link`` fails when the name exists, so exactly one writer wins
+    and nobody reads a half-written PID); a claim whose process is gone (SIGKILL, a power cut) is taken over.
+    Re-entrant within a process (a write nested in a write of the same target, threads of one process)."""
+    target = Path(target)
+    key = str(target.resolve())
+    if _held_claims.get(key):
+        _held_claims[key] += 1
+        try:
+            yield
+        finally:
+            _held_claims[key] -= 1
+        return
+    claim = claim_path(target)
+    _take_claim(target, claim)
+    _held_claims[key] = 1
+    try:
+        yield
+    finally:
+        del _held_claims[key]
+        with contextlib.suppress(OSError):
+            claim.unlink()
+
+
+def _take_claim(target: Path, claim: Path) -> None:
+    """Link a finished file holding this PID to ``claim``; refuse while a live process holds it."""
+    fd, tmp = tempfile.mkstemp(dir=claim.parent, prefix=partial_prefix(claim))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        for _ in range(3):  # a stale claim is removed and the link tried again
+            try:
+                os.link(tmp, claim)
+                return
+            except FileExistsError:
+                holder = _claim_holder(claim)
+                if holder is not None and holder != os.getpid() and _alive(holder):
+                    raise OutputInUse(f"{target} is being written by another process (PID {holder}): wait for it "
+                                      "or choose another --out (nothing was written)") from None
+                with contextlib.suppress(FileNotFoundError):
+                    claim.unlink()  # its writer is gone: what it claimed is free
+            except OSError:  # a file system without hard links: no claim, as before (the rename stays atomic)
+                return
+        raise OutputInUse(f"{target} is being claimed by other processes over and over: wait for them or "
+                          "choose another --out (nothing was written)")
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _claim_holder(claim: Path) -> int | None:
+    """The PID a claim file names, None when it is gone or unreadable."""
+    try:
+        text = claim.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def refuse_filled_meanwhile(out: Path) -> None:
+    """Before a staged folder replaces ``out``: an ``out`` that is now a file or a folder with contents was
+    written by someone else since the command checked it (another export that finished first); it is kept,
+    and this write refused in one line."""
+    if not out.is_dir() or any(out.iterdir()):
+        raise OutputInUse(f"{out} was written by another process while this one worked: it is kept; choose "
+                          "another --out (nothing was written)")
+
+
+def atomic_files(targets, write) -> list:
+    """Files a third-party library writes by name (sentencepiece's trainer writes ``PREFIX.model`` and
+    ``PREFIX.vocab`` in place, so a kill left a cut model under its real name, issue 59), made atomic:
+    ``write(stage)`` writes each target's name inside a staging folder beside the first target (the partial
+    name, so a killed writer's stage is swept like any temporary); each file is then fsynced and renamed onto
+    its target, in the order given (the file that matters first), and the stage removed. On any failure the
+    stage is removed and the targets keep their old bytes. Returns the targets."""
+    targets = [Path(t) for t in targets]
+    first = targets[0]
+    first.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as claims:
+        for target in targets:
+            claims.enter_context(claim_output(target))
+        for target in targets:
+            sweep_stale_partials(target.parent, target.name)
+        stage = Path(tempfile.mkdtemp(prefix=partial_prefix(first), dir=first.parent))
+        with _removed_on_failure(stage, first):
+            write(stage)
+            missing = [t.name for t in targets if not (stage / t.name).is_file()]
+            if missing:
+                raise RuntimeError(f"the writer did not write {', '.join(missing)}")  # a bug: ours to report
+            for target in targets:
+                staged = stage / target.name
+                with open(staged, "rb") as f:
+                    os.fsync(f.fileno())
+                os.chmod(staged, 0o666 & ~_UMASK)
+                os.replace(staged, target)
+        shutil.rmtree(stage, ignore_errors=True)
+    _fsync_folder(first.parent)
+    return targets

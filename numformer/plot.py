@@ -21,8 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from . import run_file_names
+from .cli.arguments import path_argument
 from .cli.front import command_line, parser
+from .cli.preflight import FILE, FOLDER, check_output
 from .errors import UsageError
+from .file_kinds import require_run_folder, shown
 from .files import atomic_write
 from .picture_data import layer_of
 
@@ -217,7 +220,8 @@ def plot_run(run_dir, out=None) -> list[Path]:
     run = Path(run_dir)
     metrics = read_jsonl(run / run_file_names.METRICS)
     if not metrics:
-        raise UsageError(f"{run / run_file_names.METRICS} is missing or empty: is {run} a training run folder?")
+        raise UsageError(f"{shown(run / run_file_names.METRICS)} is missing or empty: is {shown(run)} a training run "
+                         "folder?")
     out = Path(out) if out else run / "plots"
     out.mkdir(parents=True, exist_ok=True)
     stats = read_jsonl(run / run_file_names.GRAD_STATS)
@@ -239,7 +243,8 @@ def plot_compare(runs: list, out, title: str = "") -> Path:
         stats = read_jsonl(run / run_file_names.GRAD_STATS)
         metrics = read_jsonl(run / run_file_names.METRICS)
         if not stats or not metrics:
-            raise UsageError(f"{run} needs {run_file_names.GRAD_STATS} and {run_file_names.METRICS}: train it with "
+            raise UsageError(f"{shown(run)} needs {run_file_names.GRAD_STATS} and {run_file_names.METRICS}: train it "
+                             "with "
                              "--log-grads N")
         steps = [s["step"] for s in stats]
         norms = [np.sqrt(sum(r["grad_norm"] ** 2 for r in s["params"].values())) for s in stats]
@@ -266,19 +271,23 @@ PROG = "python -m numformer.plot"
 @command_line(PROG)
 def main(argv=None) -> int:
     ap = parser(PROG, description=__doc__.splitlines()[0])
-    ap.add_argument("run", nargs="+",
+    ap.add_argument("run", nargs="+", type=path_argument,
                     help=f"a training run folder (with {run_file_names.METRICS}); several with --compare")
     ap.add_argument("--out", help="folder for the PNGs (default RUN/plots); with --compare, the PNG file")
     ap.add_argument("--compare", action="store_true",
                     help="one picture comparing the runs' gradient norms, learning rates and losses")
     ap.add_argument("--title", default="", help="title of the --compare picture")
     args = ap.parse_args(argv)
-    if args.compare:
-        paths = [plot_compare(args.run, args.out or "compare.png", args.title)]
-    elif len(args.run) != 1:
+    if not args.compare and len(args.run) != 1:
         ap.error("give one run folder, or several with --compare")
+    for run in args.run:  # a model file or a metrics log given as a run is named as what it is
+        require_run_folder(run)
+    if args.compare:  # the output's place is checked before anything is read or drawn
+        out = check_output(args.out or "compare.png", "--out", args.run, FILE)
+        paths = [plot_compare(args.run, out, args.title)]
     else:
-        paths = plot_run(args.run[0], args.out)
+        out = Path(args.out) if args.out else Path(args.run[0]) / "plots"
+        paths = plot_run(args.run[0], check_output(out, "--out", [], FOLDER))
     for p in paths:
         print(p)
     return 0

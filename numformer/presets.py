@@ -93,14 +93,17 @@ class ModelConfig:
     def head_dim_v(self) -> int:
         return self.d_v if self.d_v is not None else self.head_dim_k
 
-    def checked(self) -> "ModelConfig":
+    def checked(self, source: str | None = None) -> "ModelConfig":
         """Refuse, in one line (UsageError), a config the layers cannot be built from; returns self.
 
         Checked here, up front, so that a bad preset override or an edited run.json fails before any
-        layer is built, instead of as a ValueError deep inside a layer constructor."""
-        def need(ok, what):
+        layer is built, instead of as a ValueError deep inside a layer constructor. ``source``: the file the
+        values were read from (a resumed run's run.json), which the line then names, ``SOURCE's
+        model_config.FIELD``, so that the user is sent to that file rather than to a flag never typed."""
+        def need(ok, what):  # every ``what`` starts with the field's name
             if not ok:
-                raise UsageError(f"model config: {what}")
+                raise UsageError(f"{source}'s model_config.{what}: correct it in that file" if source
+                                 else f"model config: {what}")
         for name in ("d_model", "d_ff", "heads", "layers"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
                  f"{name} must be a positive integer, got {getattr(self, name)!r}")

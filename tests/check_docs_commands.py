@@ -168,6 +168,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-compile  # base: the same code"),
     "python3 bench/train_step.py --preset base --steps 6 --warmup 2 --repeat 1 --no-compile":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-compile  # base: the same code"),
+    "for s in tiny small base; do ... done":
+        ("small", "python3 bench/step_breakdown.py --device cpu --shape tiny --steps 1 --warmup 0  # base: the same code"),
+    "python3 bench/train_step.py --preset tiny,small --steps 10 --repeat 1 --no-torch":
+        ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-torch"),
+    "python3 bench/train_step.py --preset base --steps 4 --warmup 2 --repeat 1 --no-torch":
+        ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --no-torch  # base: the same code"),
+    "mpirun -n 2 python3 bench/data_parallel.py --allreduce 52000000 --bucket-elements 524288":
+        ("small", "mpirun -n 2 --allow-run-as-root --oversubscribe python3 bench/data_parallel.py --allreduce 100000 "
+                  "--bucket-elements 16384"),
     "python3 bench/kernel_speed.py --calls 15": ("small", "python3 bench/kernel_speed.py --calls 1 --size batch-of-one"),
     "python3 bench/data_scale.py --pairs 500000,1500000,4500000":
         ("small", "python3 bench/data_scale.py --pairs 20000 --steps 1 --vocab-size 500"),

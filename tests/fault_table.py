@@ -6,7 +6,9 @@ with one fault armed in :mod:`numformer.files` (and only there):
 
 * ``sigkill``: the process kills itself with SIGKILL (a power cut, the OOM killer): nothing can clean up;
 * ``sigint``: ``KeyboardInterrupt`` is raised there (Ctrl-C);
-* ``enospc``: ``OSError(ENOSPC)`` is raised there (the disk filled).
+* ``enospc``: ``OSError(ENOSPC)`` is raised there (the disk filled);
+* ``sigterm``, ``sighup``: the process sends itself SIGTERM (a scheduler's stop, ``kill``) or SIGHUP (the
+  terminal closed) there, which the front handles as Ctrl-C.
 
 What must hold (tests/faults/): the target is as it was (absent, or its old bytes), one line says what
 happened with the right exit status, nothing is left behind except after SIGKILL, whose temporary the next
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from support import ROOT
 
-FAULTS = ("sigkill", "sigint", "enospc")
+FAULTS = ("sigkill", "sigint", "enospc", "sigterm", "sighup")
 PARTIAL_MARK = ".numformer-partial-"
 
 # Armed in the child before the command runs: the first os.replace numformer.files makes meets the fault.
@@ -44,6 +46,8 @@ def replace(src, dst, *a, **k):
         raise KeyboardInterrupt
     if fault == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if fault in ("sigterm", "sighup"):
+        os.kill(os.getpid(), getattr(signal, fault.upper()))
     return real_replace(src, dst, *a, **k)
 files.os = types.SimpleNamespace(**{{k: getattr(os, k) for k in dir(os) if not k.startswith("__")}})
 files.os.replace = replace

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..data.marian_vocab import is_marian_vocab_bytes
 from ..errors import NumformerError
+from ..file_kinds import not_a_model, shown
 from ..files import atomic_write
 from .safetensors_file import SafetensorsError, is_safetensors, load_safetensors, read_safetensors_meta
 
@@ -68,9 +69,9 @@ def read_meta(path) -> dict:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode("utf-8"))
     except Exception as exc:  # noqa: BLE001  (zip, JSON, missing entry: all mean "cannot tell")
-        raise CheckpointError(f"cannot read the metadata of {path} ({type(exc).__name__})") from None
+        raise CheckpointError(f"cannot read the metadata of {shown(path)} ({type(exc).__name__})") from None
     if not isinstance(meta, dict):
-        raise CheckpointError(f"{path} is not a numformer checkpoint (its 'meta' entry is not a JSON object)")
+        raise CheckpointError(f"{shown(path)} is not a numformer checkpoint (its 'meta' entry is not a JSON object)")
     return meta
 
 
@@ -102,8 +103,13 @@ def save_checkpoint(path, model_state: dict, meta: dict | None = None, optimizer
 def load_checkpoint(path, with_optimizer: bool = True) -> Checkpoint:
     """Read a checkpoint; every failure is a one-line CheckpointError saying what to do."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{shown(path)} is a folder: give a model file (a checkpoint .npz or .safetensors)")
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist: check the path or train a model first")
+        raise CheckpointError(f"checkpoint {shown(path)} does not exist: check the path or train a model first")
+    problem = not_a_model(path)  # a whole file of another kind is named as what it is, never called corrupt
+    if problem is not None:
+        raise CheckpointError(problem)
     if is_safetensors(path):
         try:
             model, meta, vocab = load_safetensors(path)
@@ -115,7 +121,7 @@ def load_checkpoint(path, with_optimizer: bool = True) -> Checkpoint:
         with np.load(path, allow_pickle=False) as z:
             names = list(z.files)
             if "meta" not in names:
-                raise CheckpointError(f"{path} is not a numformer checkpoint (no 'meta' entry)")
+                raise CheckpointError(f"{shown(path)} is not a numformer checkpoint (no 'meta' entry)")
             meta = json.loads(bytes(z["meta"]).decode("utf-8"))
             model = {k[len("model/"):]: z[k] for k in names if k.startswith("model/")}
             optimizer = None
@@ -131,15 +137,15 @@ def load_checkpoint(path, with_optimizer: bool = True) -> Checkpoint:
         raise
     except OSError as exc:
         if exc.errno is not None:  # a real I/O error, not numpy's "not an npz file"
-            raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}: check the file and its "
+            raise CheckpointError(f"cannot read checkpoint {shown(path)}: {exc.strerror}: check the file and its "
                                   "permissions") from None
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(exc).__name__}): "
+        raise CheckpointError(f"checkpoint {shown(path)} is truncated or corrupt ({type(exc).__name__}): "
                               "use an earlier checkpoint from the same folder") from None
     except Exception as exc:  # a damaged file fails in many ways: zip, CRC, npy header, JSON, MemoryError
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(exc).__name__}): "
+        raise CheckpointError(f"checkpoint {shown(path)} is truncated or corrupt ({type(exc).__name__}): "
                               "use an earlier checkpoint from the same folder") from None
     if not isinstance(meta, dict):
-        raise CheckpointError(f"{path} is not a numformer checkpoint (its 'meta' entry is not a JSON object)")
+        raise CheckpointError(f"{shown(path)} is not a numformer checkpoint (its 'meta' entry is not a JSON object)")
     if not model:
-        raise CheckpointError(f"{path} holds no model weights")
+        raise CheckpointError(f"{shown(path)} holds no model weights")
     return Checkpoint(model=model, meta=meta, optimizer=optimizer, vocab=vocab)

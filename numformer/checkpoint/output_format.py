@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from . import CheckpointError
+from ..file_kinds import shown
 
 #: The one-file formats, by the suffix that names them.
 FILE_SUFFIXES = {".npz": "npz", ".safetensors": "safetensors"}
@@ -34,23 +35,24 @@ def output_format(out, fmt: str | None = None, allowed=("npz", "safetensors", *F
         if by_suffix is None:
             folders = [f for f in allowed if f in FOLDER_FORMATS]
             also = f" (or give --format {'|'.join(folders)} for a folder)" if folders else ""
-            raise CheckpointError(f"{flag} {out} does not say a format: name a file ending {files}{also}")
+            raise CheckpointError(f"{flag} {shown(out)} does not say a format: name a file ending {files}{also}")
         fmt = by_suffix
     if fmt not in allowed:
-        raise CheckpointError(f"{flag} {out}: this command writes {', '.join(allowed)}, not {fmt}: name a file "
+        raise CheckpointError(f"{flag} {shown(out)}: this command writes {', '.join(allowed)}, not {fmt}: name a file "
                               f"ending {files}")
     if fmt in FOLDER_FORMATS:
         if by_suffix is not None:
-            raise CheckpointError(f"--format {fmt} writes a folder but {flag} {out} ends {path.suffix}: name a "
+            raise CheckpointError(f"--format {fmt} writes a folder but {flag} {shown(out)} ends {path.suffix}: name a "
                                   "folder")
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             what = "is a file" if not path.is_dir() else "is a folder that is not empty"
-            raise CheckpointError(f"{flag} {out} {what}: give a new or empty folder (nothing was written)")
+            raise CheckpointError(f"{flag} {shown(out)} {what}: give a new or empty folder (nothing was written)")
         return fmt
     if text.endswith(("/", os.sep)) or path.is_dir():
-        raise CheckpointError(f"{flag} {out} is a folder but {fmt} is one file: name the file, e.g. "
+        raise CheckpointError(f"{flag} {shown(out)} is a folder but {fmt} is one file: name the file, e.g. "
                               f"{path / ('model.' + fmt)}")
     if by_suffix != fmt:
         said = f"ends {path.suffix}" if path.suffix else "has no suffix"
-        raise CheckpointError(f"{flag} {out} {said} but the format is {fmt}: name it {path.with_suffix('.' + fmt)}")
+        raise CheckpointError(f"{flag} {shown(out)} {said} but the format is {fmt}: name it "
+                              f"{shown(path.with_suffix('.' + fmt))}")
     return fmt

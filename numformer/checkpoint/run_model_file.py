@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import run_file_names
+from ..file_kinds import not_a_model, shown
 from . import CheckpointError, read_meta
 
 
@@ -29,6 +30,9 @@ def newest_model_file(path) -> Path:
     """
     path = Path(path)
     if not path.is_dir():
+        problem = not_a_model(path)  # a vocabulary, a metrics log, a transformers file...: said as what it is
+        if problem is not None:
+            raise CheckpointError(problem)
         return path
     averaged, found = path / run_file_names.AVERAGED, run_file_names.run_checkpoints(path)
     if not found:
@@ -37,7 +41,7 @@ def newest_model_file(path) -> Path:
         foreign = foreign_model_folder(path)
         if foreign is not None:
             raise CheckpointError(foreign)
-        raise CheckpointError(f"{path} holds no checkpoint (expected {run_file_names.AVERAGED} or "
+        raise CheckpointError(f"{shown(path)} holds no checkpoint (expected {run_file_names.AVERAGED} or "
                               f"{run_file_names.CHECKPOINTS}/step_*.npz): train a model into it first or give a "
                               "checkpoint file")
     if averaged.is_file():
@@ -76,11 +80,13 @@ def foreign_model_folder(path: Path) -> str | None:
     not loadable back. None for any other folder."""
     if (path / "model.bin").is_file() and (path / "shared_vocabulary.json").is_file() or \
             (path / "model.bin").is_file() and not (path / "config.json").is_file():
-        return (f"{path} is a CTranslate2 model folder (an export, which numformer does not read back): give the "
+        return (f"{shown(path)} is a CTranslate2 model folder (an export, which numformer does not read back): "
+                "give the "
                 "numformer model file or run folder it was exported from")
     if (path / "config.json").is_file() and any((path / name).is_file() for name in HF_WEIGHTS):
-        return (f"{path} is a Hugging Face model folder, not yet a numformer model: import it once with "
-                f"python -m numformer.checkpoint import {path} --out {path.name}.npz, then give {path.name}.npz")
+        return (f"{shown(path)} is a Hugging Face model folder, not yet a numformer model: import it once with "
+                f"python -m numformer.checkpoint import {shown(path)} --out {shown(path.name)}.npz, then give "
+                f"{shown(path.name)}.npz")
     return None
 
 

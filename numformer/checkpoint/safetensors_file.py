@@ -23,6 +23,7 @@ import numpy as np
 from ..data.marian_vocab import is_marian_vocab_bytes
 from ..errors import NumformerError
 from ..files import atomic_write_bytes
+from ..file_kinds import shown
 
 FORMAT = "numformer"  # the ``format`` metadata entry that marks a numformer model
 SPM_ENTRY, MARIAN_VOCAB_ENTRY = "spm_model_base64", "marian_vocab_base64"  # the vocabulary's metadata entry
@@ -89,14 +90,15 @@ def load_safetensors(path) -> tuple[dict, dict, bytes | None]:
         vocab = metadata.get(SPM_ENTRY, metadata.get(MARIAN_VOCAB_ENTRY))
         vocab = base64.b64decode(vocab, validate=True) if vocab is not None else None
     except OSError as exc:
-        raise SafetensorsError(f"cannot read {path}: {exc.strerror or exc}: check the file and its "
+        raise SafetensorsError(f"cannot read {shown(path)}: {exc.strerror or exc}: check the file and its "
                                "permissions") from None
     except Exception as exc:  # noqa: BLE001  (SafetensorError, JSON, base64: a damaged file)
-        raise SafetensorsError(f"safetensors file {path} is truncated or corrupt ({type(exc).__name__}): "
+        raise SafetensorsError(f"safetensors file {shown(path)} is truncated or corrupt ({type(exc).__name__}): "
                                "export it again") from None
     if metadata.get("format") != FORMAT or not isinstance(meta, dict):
-        raise SafetensorsError(f"{path} is a safetensors file but not a numformer model (no numformer metadata): "
+        raise SafetensorsError(f"{shown(path)} is a safetensors file but not a numformer model (no numformer "
+                               "metadata): "
                                "export one with python -m numformer.checkpoint export")
     if not model:
-        raise SafetensorsError(f"{path} holds no model weights")
+        raise SafetensorsError(f"{shown(path)} holds no model weights")
     return model, meta, vocab

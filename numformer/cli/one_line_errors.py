@@ -2,8 +2,8 @@
 
 Every mistake a user can make on the command line ends the same way: one line
 ``prog: error: what is wrong: what to do`` on stderr, the error's exit status
-(2 for bad input, 3 when training had to stop, 130 after Ctrl-C) and no
-traceback. Only errors raised on purpose for bad input are such one-liners
+(2 for bad input, 3 when training had to stop, 130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP) and no
+traceback; a reader of standard output that has gone (``| head -1``) ends the command quietly, 141. Only errors raised on purpose for bad input are such one-liners
 (:class:`numformer.errors.NumformerError` and its exit code); anything else is a bug in numformer:
 one line says so and names the file its traceback was written to, exit status 1.
 ``NUMFORMER_DEBUG=1`` shows the traceback instead in both cases.
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import environment, run_file_names
-from ..errors import BUG_EXIT, INTERRUPTED_EXIT, NumformerError, first_line
+from ..errors import BUG_EXIT, INTERRUPTED_EXIT, READER_GONE_EXIT, NumformerError, first_line
 
 # An OSError that says the machine, not the program, is at fault (a full disk, a read-only file system):
 # one line as well. Any other OSError that escapes was not expected where it happened: a bug.
@@ -77,19 +77,33 @@ def one_line_errors(prog: str):
     """Turn a user mistake into ``prog: error: message`` on stderr, no traceback.
 
     Exit status: a :class:`~numformer.errors.NumformerError`'s ``exit_code`` (2 for bad input, 3: training
-    stopped), 2 for an OSError of a full disk or a read-only file system, 130 for Ctrl-C. Anything else
-    is a bug: one line says so and where its traceback was written (the yielded report's
-    ``crash_folder``/crash.log when that folder exists, else a temporary file), exit status 1.
+    stopped), 2 for an OSError of a full disk or a read-only file system, 130 for Ctrl-C (SIGTERM and SIGHUP,
+    :class:`~numformer.errors.Stopped`: their own line and status), 141 with nothing printed when the reader of
+    standard output has gone. Anything else is a bug: one line says so and where its traceback was written
+    (the yielded report's ``crash_folder``/crash.log when that folder exists, else a temporary file), exit
+    status 1.
     """
     report = ErrorReport()
-    debug = environment.debug()
     try:
+        debug, refused = environment.debug(), None
+    except NumformerError as exc:  # NUMFORMER_DEBUG itself cannot be read: one line, as any other variable
+        debug, refused = False, exc
+    try:
+        if refused is not None:
+            raise refused
         yield report
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if debug:
             raise
-        print(f"{prog}: interrupted", file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT)
+        if environment.launched_rank() in (None, 0):  # several processes: rank 0 speaks for all (mpirun ends a
+            # job by sending SIGTERM to the ranks still running after one failed, which said why itself)
+            print(f"{prog}: {getattr(exc, 'what', 'interrupted')}", file=sys.stderr)
+        sys.exit(getattr(exc, "exit_code", INTERRUPTED_EXIT))
+    except BrokenPipeError:
+        # The reader of standard output went away (``| head -1``): what a tool killed by SIGPIPE does, quietly.
+        # Standard output now points at os.devnull, so that the interpreter's last flush has nowhere to fail.
+        _drop_standard_output()
+        sys.exit(READER_GONE_EXIT)
     except NumformerError as exc:
         if debug:
             raise
@@ -111,6 +125,16 @@ def one_line_errors(prog: str):
         if debug:
             raise
         _bug(prog, exc, report.crash_folder)
+
+
+def _drop_standard_output() -> None:
+    """Point file descriptor 1 at os.devnull (what is still buffered for the gone reader is dropped with it)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real descriptor (a test's captured stream): nothing to do
+        pass
 
 
 def _bug(prog: str, exc: BaseException, folder) -> None:

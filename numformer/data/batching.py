@@ -95,12 +95,13 @@ class BatchPlan:
         order: (n_pairs,) pair indices, batch after batch: int32 (int64 for 2**31 pairs or more).
         starts: (n_batches + 1,) int64 bounds into ``order``.
         n_filtered: pairs dropped by ``max_len`` (training must log it).
+        n_empty: pairs dropped for an empty side (``skip_empty``; training logs it too, issue 59).
         n_pairs: pairs that made it into the batches.
     """
 
-    def __init__(self, order: np.ndarray, starts: np.ndarray, n_filtered: int = 0):
+    def __init__(self, order: np.ndarray, starts: np.ndarray, n_filtered: int = 0, n_empty: int = 0):
         self.order, self.starts = order, starts
-        self.n_filtered, self.n_pairs = int(n_filtered), int(order.size)
+        self.n_filtered, self.n_empty, self.n_pairs = int(n_filtered), int(n_empty), int(order.size)
 
     def __len__(self) -> int:
         return int(self.starts.size - 1)
@@ -117,32 +118,37 @@ def index_dtype(n: int) -> np.dtype:
     return np.dtype(np.int32) if n < 2 ** 31 else np.dtype(np.int64)
 
 
-def _kept(src_len: np.ndarray, tgt_len: np.ndarray, max_len: int | None, dtype, block: int = 1 << 20):
-    """(indices of the pairs that fit ``max_len``, in ``dtype``; how many do not); (None, 0) when all fit.
+def _kept(src_len: np.ndarray, tgt_len: np.ndarray, max_len: int | None, dtype, block: int = 1 << 20,
+          skip_empty: bool = False):
+    """(indices of the pairs kept, in ``dtype``; how many are too long; how many have an empty side);
+    (None, 0, 0) when all are kept.
 
     A pair fits when ``src_len + 1 <= max_len`` and ``tgt_len + 1 <= max_len``: the +1 is the eos (or
     bos) that batching adds, so ``max_len`` bounds the array lengths S and T (the positions the model
-    must hold). Built in blocks: no (N,) int64 temporary.
+    must hold). With ``skip_empty`` a pair with no token on a side is left out too: it teaches nothing
+    but "stop at once" or "say anything" (issue 59), and a pair is counted once, as empty first.
+    Built in blocks: no (N,) int64 temporary.
     """
     n = len(src_len)
-    if max_len is None:
-        return None, 0
-    if max_len < 1:
+    if max_len is None and not skip_empty:
+        return None, 0, 0
+    if max_len is not None and max_len < 1:
         raise DataError(f"max_len must be at least 1 (it counts the eos token), got {max_len}")
-    fits = (src_len < max_len) & (tgt_len < max_len)
-    n_kept = int(np.count_nonzero(fits))
+    nonempty = (src_len > 0) & (tgt_len > 0) if skip_empty else np.ones(n, dtype=bool)
+    fits = nonempty & (src_len < max_len) & (tgt_len < max_len) if max_len is not None else nonempty
+    n_kept, n_nonempty = int(np.count_nonzero(fits)), int(np.count_nonzero(nonempty))
     if n_kept == n:
-        return None, 0
+        return None, 0, 0
     keep, done = np.empty(n_kept, dtype=dtype), 0
     for lo in range(0, n, block):
         part = np.flatnonzero(fits[lo:lo + block])
         keep[done:done + part.size] = part + lo
         done += part.size
-    return keep, n - n_kept
+    return keep, n_nonempty - n_kept, n - n_nonempty
 
 
 def plan_batches(src_len, tgt_len, max_tokens: int, shuffle_seed: int | None = None, epoch: int = 0,
-                 max_len: int | None = None) -> BatchPlan:
+                 max_len: int | None = None, skip_empty: bool = False) -> BatchPlan:
     """Cut N pairs, given by their token counts, into token-bounded batches (Section 5.1).
 
     Args:
@@ -155,6 +161,7 @@ def plan_batches(src_len, tgt_len, max_tokens: int, shuffle_seed: int | None = N
         epoch: mixes into the seed, so each epoch has its own order.
         max_len: leave out pairs whose S or T would exceed it (see :func:`_kept`); the count is in
             ``.n_filtered``.
+        skip_empty: leave out pairs with an empty side (training); the count is in ``.n_empty``.
     Returns:
         A :class:`BatchPlan`; :meth:`TokenPairs.batch <numformer.data.binary.TokenPairs.batch>` builds
         batch ``i`` from ``plan[i]`` when it is trained on.
@@ -173,10 +180,10 @@ def plan_batches(src_len, tgt_len, max_tokens: int, shuffle_seed: int | None = N
     tgt_len = np.asarray(tgt_len)
     n = len(src_len)
     idx = index_dtype(n)
-    keep, n_filtered = _kept(src_len, tgt_len, max_len, idx)
+    keep, n_filtered, n_empty = _kept(src_len, tgt_len, max_len, idx, skip_empty=skip_empty)
     m = n if keep is None else keep.size
     if m == 0:
-        return BatchPlan(np.zeros(0, dtype=idx), np.zeros(1, dtype=np.int64), n_filtered)
+        return BatchPlan(np.zeros(0, dtype=idx), np.zeros(1, dtype=np.int64), n_filtered, n_empty)
     # Array lengths including the eos/bos that batching adds.
     longest = max(int(src_len.max()), int(tgt_len.max())) + 1
     len_dtype = np.int32 if longest < 2 ** 30 else np.int64
@@ -222,7 +229,7 @@ def plan_batches(src_len, tgt_len, max_tokens: int, shuffle_seed: int | None = N
         gather += np.arange(m, dtype=idx)
         order, starts = order[gather], new_starts
         del gather
-    return BatchPlan(order if keep is None else keep[order], starts, n_filtered)
+    return BatchPlan(order if keep is None else keep[order], starts, n_filtered, n_empty)
 
 
 def _greedy_cut(s_len: np.ndarray, t_len: np.ndarray, max_tokens: int) -> np.ndarray:

@@ -44,7 +44,7 @@ from .errors import DataError
 from .marian_vocab import load_vocab_file
 from .source_fingerprint import changes, file_record, fingerprint, is_fingerprint, summary
 from .sources import paper_vocab_size, resolve_source, task_texts
-from .text_files import SPLITS, count_pairs, iter_line_blocks, read_lines
+from .text_files import FIXES, SPLITS, count_pairs, iter_line_blocks, read_lines
 from .unk_share import warn_unk_share
 from .vocab import SubwordVocab, default_vocab_size
 from .vocab_sample import DEFAULT_VOCAB_SAMPLE, sample_training_text
@@ -244,21 +244,23 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
         encoders = {side: CachedEncoder(vocab, threads, dtype=ids_dtype(vocab.size), side=side) for side in SIDES}
     else:  # one shared model: both sides share one word cache
         encoders = dict.fromkeys(SIDES, CachedEncoder(vocab, threads, dtype=ids_dtype(vocab.size)))
-    n_tokens = {}
+    n_tokens, fixes = {}, {}
     for split in SPLITS:
         for side in SIDES:
             if folder is not None:
-                blocks = (lines for _, lines in iter_line_blocks(folder / f"{split}.{side}"))
+                blocks = (lines for _, lines in iter_line_blocks(folder / f"{split}.{side}", fixes=fixes))
             else:
                 blocks = iter([texts[split][SIDES.index(side)]])
             n_tokens[f"{split}.{side}"] = encode_file(encoders[side], blocks, prep / f"{split}.{side}", counts[split])
     exact = all(e.exact_words for e in encoders.values())
+    empty = empty_side_pairs(prep)
     say(f"encoded {sum(counts.values()):,} pairs, {sum(n_tokens.values()):,} tokens "
-        f"({time.perf_counter() - t1:.1f} s{'' if exact else ', line by line'})")
+        f"({time.perf_counter() - t1:.1f} s{'' if exact else ', line by line'}){hygiene_note(fixes, empty)}")
     manifest = dict(inputs, vocab={"requested": requested, "size": vocab.size, "sha256": _sha256(vocab_path),
                                    "inputs": vocab_inputs if not keep_vocab else
                                    (manifest or {}).get("vocab", {}).get("inputs")},
                     pairs=counts, tokens=n_tokens, ids_dtype=str(ids_dtype(vocab.size)),
+                    repaired={key: fixes.get(key, 0) for key in FIXES}, empty_side_pairs=empty,
                     seconds=round(time.perf_counter() - t0, 2))
     atomic_write_bytes(prep / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
     result = open_prepared(prep, manifest, source, vocab_path, folder, texts)
@@ -268,6 +270,27 @@ def prepare(out_dir, corpus=None, data_dir=None, task=None, vocab_size=None, see
                        vocab.unk_id, say)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def empty_side_pairs(prep: Path) -> dict:
+    """Per split, the encoded pairs with no token on a side: training leaves them out and counts them
+    (:func:`numformer.data.batching.plan_batches`, ``skip_empty``); valid and test keep them, line for line."""
+    found = {}
+    for split in SPLITS:
+        src_len, tgt_len = TokenPairs.open(prep, split).lengths
+        found[split] = int(((src_len == 0) | (tgt_len == 0)).sum())
+    return found
+
+
+def hygiene_note(fixes: dict, empty: dict) -> str:
+    """What the preparation repaired or will leave out, for its log line ("" when nothing): data is said,
+    not swallowed (issue 59), as training's log counts the pairs longer than --max-len."""
+    said = [f"{fixes[key]:,} {words}" for key, words in (
+        ("bom_lines", "lines starting with U+FEFF (dropped)"), ("crlf_lines", "CRLF line endings (read as LF)"),
+        ("cr_only_lines", "old Mac CR line endings (split on CR)")) if fixes.get(key)]
+    if empty.get("train"):
+        said.append(f"{empty['train']:,} training pairs with an empty side (left out of training)")
+    return "; " + ", ".join(said) if said else ""
 
 
 def _place_given_vocab(out: Path, vocab) -> Path:

@@ -5,12 +5,15 @@ translated by line ``i`` of ``X.tgt``. Reading normalises each line the same
 way everywhere (training, evaluation, translate.py), so the text the
 vocabulary sees is the text the model is evaluated on:
 
-- the trailing ``\\n`` and any ``\\r`` before it are dropped;
-- a UTF-8 byte order mark at the start of the file is dropped;
+- the trailing ``\\n`` and any ``\\r`` before it are dropped (CRLF files read as LF ones);
+- a UTF-8 byte order mark (U+FEFF) at the start of the file, and at the start of any line (two files
+  joined with ``cat``: Python does not count it as whitespace, so it became a vocabulary piece), is dropped;
+- a file with no ``\\n`` at all whose last byte is ``\\r`` has old Mac line endings: it is split on
+  ``\\r`` (it was one line before);
 - runs of whitespace inside a line become one space; leading and trailing
   whitespace is removed.
 
-Lines are split on ``\\n`` only (not on the other characters that
+Lines are split on ``\\n`` only (on ``\\r`` in an old Mac file; not on the other characters that
 ``str.splitlines`` treats as line breaks, such as form feed or U+2028), so
 line numbers in messages match what ``wc -l``, editors and ``sed -n Np`` see.
 Empty lines are kept, so line ``i`` of an output file can be matched to line
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from ..file_kinds import FOLDER, MODEL_FILE, RUN_FOLDER, kind_of, shown
 from ..files import atomic_write_text
 from .errors import DataError
 
@@ -47,16 +51,31 @@ SIDES = ("src", "tgt")
 CORPUS_FILES = tuple(f"{split}.{side}" for split in SPLITS for side in SIDES)
 
 
+#: The byte order mark, which ``str.split()`` does not take for whitespace.
+BOM = "\ufeff"
+
+
 def normalize_line(line: str) -> str:
-    """Collapse whitespace runs to one space and strip both ends.
+    """Collapse whitespace runs to one space, strip both ends, and drop U+FEFF at the line's start.
 
     ``str.split()`` with no argument splits on every Unicode whitespace
-    character, so tabs, non-breaking spaces and stray ``\\r`` all go.
+    character, so tabs, non-breaking spaces and stray ``\\r`` all go; a U+FEFF
+    at the start (a file's byte order mark left mid-file by ``cat a b``) is
+    not whitespace to Python and would become a piece of its own.
     """
-    return " ".join(line.split())
+    text = " ".join(line.split())
+    while text.startswith(BOM):
+        text = " ".join(text[1:].split())
+    return text
 
 
-def read_lines(path) -> list[str]:
+def cr_only(text: str) -> bool:
+    """True for text with old Mac line endings: no ``\\n`` anywhere, and a ``\\r`` ending its last line
+    (one ``\\r`` inside an LF file's line stays whitespace)."""
+    return "\n" not in text and text.endswith("\r")
+
+
+def read_lines(path, fixes: dict | None = None) -> list[str]:
     """Read a UTF-8 text file into a list of normalised lines.
 
     Args:
@@ -71,11 +90,11 @@ def read_lines(path) -> list[str]:
     path = Path(path)
     with _file_errors(path):
         data = path.read_bytes()
-    return split_lines(data, str(path))
+    return split_lines(data, str(path), fixes=fixes)
 
 
 def split_lines(data: bytes, name: str, first_line: int = 1, normalize: bool = True,
-                strip_bom: bool = True) -> list[str]:
+                strip_bom: bool = True, whole: bool = True, fixes: dict | None = None) -> list[str]:
     """UTF-8 bytes -> normalised lines, as :func:`read_lines` does for a file (``name`` is for messages).
 
     Splits on ``\\n`` only; a final newline does not add an empty line; a leading BOM is dropped.
@@ -83,6 +102,8 @@ def split_lines(data: bytes, name: str, first_line: int = 1, normalize: bool = T
     ``first_line`` is the line number of the first line of ``data`` (a block of a longer file).
     ``normalize=False`` returns the lines as they are (for a caller that normalises only some);
     ``strip_bom=False`` keeps a leading U+FEFF (a block that does not start the file).
+    ``whole``: ``data`` is the whole file, so old Mac line endings (:func:`cr_only`) can be told; False for a
+    block of a longer file. ``fixes``: a dict that counts what the reading repaired (:func:`count_fixes`).
     """
     try:
         text = data.decode("utf-8")
@@ -99,11 +120,14 @@ def split_lines(data: bytes, name: str, first_line: int = 1, normalize: bool = T
             f"{name} line {line_no} is not valid UTF-8 (byte 0x{bad} at byte column {column}): "
             f"re-encode it as UTF-8, e.g. `iconv -f latin1 -t utf-8 {fname} > {fname}.utf8`"
         ) from None
-    if strip_bom and text.startswith("\ufeff"):
+    if strip_bom and text.startswith(BOM):
         text = text[1:]
     if not text:
         return []
-    lines = text.split("\n")
+    old_mac = whole and cr_only(text)
+    if fixes is not None:
+        count_fixes(fixes, text, old_mac)
+    lines = text.split("\r" if old_mac else "\n")
     if lines[-1] == "":
         # The data ends with a newline: that terminates the last line, it
         # does not start a new, empty one.
@@ -111,16 +135,30 @@ def split_lines(data: bytes, name: str, first_line: int = 1, normalize: bool = T
     return [normalize_line(line) for line in lines] if normalize else lines
 
 
+#: What :func:`count_fixes` counts: the keys of a preparation's record and log line.
+FIXES = ("bom_lines", "crlf_lines", "cr_only_lines")
+
+
+def count_fixes(fixes: dict, text: str, old_mac: bool) -> None:
+    """Add to ``fixes`` what reading ``text`` repairs: lines starting with U+FEFF (a file's own mark at its
+    start is not counted: it is what the mark is for), lines ending in CRLF, lines split on a lone CR."""
+    fixes["bom_lines"] = fixes.get("bom_lines", 0) + text.count("\n" + BOM) + text.count("\r" + BOM) * old_mac \
+        + text.startswith(BOM)
+    fixes["crlf_lines"] = fixes.get("crlf_lines", 0) + text.count("\r\n")
+    fixes["cr_only_lines"] = fixes.get("cr_only_lines", 0) + (text.count("\r") if old_mac else 0)
+
+
 #: Bytes read at a time by :func:`iter_line_blocks` and :func:`count_lines`.
 BLOCK_BYTES = 1 << 23
 
 
-def iter_line_blocks(path, block_bytes: int = BLOCK_BYTES, normalize: bool = True):
+def iter_line_blocks(path, block_bytes: int = BLOCK_BYTES, normalize: bool = True, *, fixes: dict | None = None):
     """Stream a UTF-8 text file as blocks of lines: yields (number of lines before the block, lines).
 
     The same lines, split and normalised the same way, as :func:`read_lines` (whose errors it
     raises too, with the file's own line numbers), holding one block of about ``block_bytes`` at
-    a time instead of the whole file.
+    a time instead of the whole file. ``fixes``: counts what was repaired (:func:`count_fixes`).
+    An old Mac file has no ``\\n``, so it arrives whole as the last block, where it is told.
     """
     path = Path(path)
     with _file_errors(path):
@@ -131,8 +169,9 @@ def iter_line_blocks(path, block_bytes: int = BLOCK_BYTES, normalize: bool = Tru
             block = f.read(block_bytes)
             data = rest + block
             if not block:
-                if data:  # a last line without its newline
-                    lines = split_lines(data, str(path), done + 1, normalize, strip_bom=first)
+                if data:  # a last line without its newline (or, when first, a whole file without one)
+                    lines = split_lines(data, str(path), done + 1, normalize, strip_bom=first, whole=first,
+                                        fixes=fixes)
                     yield done, lines
                 return
             cut = data.rfind(b"\n") + 1
@@ -140,7 +179,7 @@ def iter_line_blocks(path, block_bytes: int = BLOCK_BYTES, normalize: bool = Tru
                 rest = data
                 continue
             data, rest = data[:cut], data[cut:]
-            lines = split_lines(data, str(path), done + 1, normalize, strip_bom=first)
+            lines = split_lines(data, str(path), done + 1, normalize, strip_bom=first, whole=False, fixes=fixes)
             first = False
             yield done, lines
             done += len(lines)
@@ -148,29 +187,38 @@ def iter_line_blocks(path, block_bytes: int = BLOCK_BYTES, normalize: bool = Tru
 
 def count_lines(path, block_bytes: int = BLOCK_BYTES) -> int:
     """How many lines :func:`read_lines` would return for ``path``, from the bytes alone (fast)."""
-    n, last, size = 0, b"\n", 0
+    n, last, size, cr = 0, b"\n", 0, 0
     with open(path, "rb") as f:
         head = f.read(3)
         if head != b"\xef\xbb\xbf":  # a BOM is not part of the first line
-            n, last, size = head.count(b"\n"), head[-1:] or b"\n", len(head)
+            n, last, size, cr = head.count(b"\n"), head[-1:] or b"\n", len(head), head.count(b"\r")
         while block := f.read(block_bytes):
             n += block.count(b"\n")
+            cr += block.count(b"\r") if not n else 0  # counted only while the file may be an old Mac one
             last, size = block[-1:], size + len(block)
+    if not n and last == b"\r":  # old Mac line endings (text_files.cr_only): one line per \r
+        return cr
     return n + (1 if size and last != b"\n" else 0)
 
 
 def check_corpus_dir(path) -> Path:
-    """``path`` as a Path if it is a folder holding the six corpus files; else DataError (one line)."""
+    """``path`` as a Path if it is a folder holding the six corpus files; else DataError (one line). A path of
+    another kind (a text file, a model file, a run folder: :func:`numformer.file_kinds.kind_of`) is named as what
+    it is, with what to give instead, rather than as a corpus folder that lacks its files."""
     folder = Path(path)
     expected = " ".join(CORPUS_FILES)
+    p = shown(path)
     if not folder.exists():
-        raise DataError(f"corpus folder {folder} does not exist: create it with the files {expected}")
-    if not folder.is_dir():
-        raise DataError(f"{folder} is not a folder: give the folder that holds {expected}")
-    missing = [name for name in CORPUS_FILES if not (folder / name).is_file()]
+        raise DataError(f"corpus folder {p} does not exist: create it with the files {expected}")
+    missing = [name for name in CORPUS_FILES if not (folder / name).is_file()] if folder.is_dir() else None
+    if missing is None or (missing and kind_of(folder) is not FOLDER):
+        kind = kind_of(folder)
+        hint = {RUN_FOLDER: f" (to continue that run: train.py --out {p} --resume)",
+                MODEL_FILE: " (a model to fine-tune goes to train.py --init-from)"}.get(kind, "")
+        raise DataError(f"{p} is {kind.what}, not a corpus folder: give the folder that holds {expected}{hint}")
     if missing:
         raise DataError(
-            f"corpus folder {folder} lacks {', '.join(missing)}: "
+            f"corpus folder {p} lacks {', '.join(missing)}: "
             f"a corpus folder needs {expected} (one sentence per line, UTF-8)"
         )
     return folder

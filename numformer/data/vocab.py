@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..files import atomic_write_bytes
+from ..files import atomic_files, atomic_write_bytes
 from .errors import DataError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -146,10 +146,10 @@ class SubwordVocab:
         if hasattr(spm, "set_random_generator_seed"):
             spm.set_random_generator_seed(int(seed))
 
-        def run(size: int) -> None:
+        def run(size: int, stage: Path) -> None:
             spm.SentencePieceTrainer.train(
                 sentence_iterator=iter(lines),
-                model_prefix=str(prefix),
+                model_prefix=str(stage / prefix.name),
                 vocab_size=int(size),
                 model_type=model_type,
                 character_coverage=character_coverage,
@@ -165,17 +165,24 @@ class SubwordVocab:
             )
 
         requested = int(vocab_size)
-        try:
-            run(requested)
-        except RuntimeError as e:
-            match = _TOO_HIGH.search(str(e))
-            if not match:
-                raise DataError(f"sentencepiece failed to train on the given text: {str(e).splitlines()[0]}") from None
-            cap = int(match.group(2))
-            if cap < 5:
-                raise DataError(f"the training text supports only {cap} pieces: give more text") from None
-            run(cap)
-        vocab = cls.load(prefix.with_name(prefix.name + ".model"))
+
+        def train_into(stage: Path) -> None:
+            try:
+                run(requested, stage)
+            except RuntimeError as e:
+                match = _TOO_HIGH.search(str(e))
+                if not match:
+                    raise DataError(f"sentencepiece failed to train on the given text: {str(e).splitlines()[0]}") from None
+                cap = int(match.group(2))
+                if cap < 5:
+                    raise DataError(f"the training text supports only {cap} pieces: give more text") from None
+                run(cap, stage)
+
+        # sentencepiece writes its files in place: trained in a stage beside them and renamed when whole, the
+        # model first (a kill mid-training left a cut spm.model under its own name, issue 59)
+        model_path = prefix.with_name(prefix.name + ".model")
+        atomic_files([model_path, prefix.with_name(prefix.name + ".vocab")], train_into)
+        vocab = cls.load(model_path)
         vocab.requested_size = requested
         return vocab
 

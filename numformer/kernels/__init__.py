@@ -37,8 +37,8 @@ import contextlib
 from .. import environment
 from ..errors import NumformerError
 
-MODES = ("fast", "plain")
-_FAST_MODULES = ("attention", "layernorm", "linear", "relu", "embedding", "loss", "adam", "decoding")
+MODES = environment.KERNEL_MODES
+_FAST_MODULES = environment.KERNEL_FILES
 
 
 class KernelModeError(NumformerError, ValueError):
@@ -52,8 +52,11 @@ def _check(mode: str) -> str:
     return mode
 
 
-_mode = _check(environment.kernel_mode())
-_off = frozenset()  # kernel files left out (measurements of what each one buys)
+# The mode and the files left out are read from the environment at first use, not at import: a bad value
+# is then one line from the command's front (or the same error where a library caller first asks),
+# never a traceback out of ``import numformer``. None: not read yet.
+_mode = None
+_off = None  # kernel files left out (measurements of what each one buys)
 _chosen = {}        # plain function -> what kernel() returns for it in fast mode (built once)
 
 
@@ -74,10 +77,27 @@ def _registry() -> dict:
     return TWINS
 
 
+def _current_mode() -> str:
+    """The mode: set by :func:`use_kernels`, else ``NUMFORMER_KERNELS`` (read once, here)."""
+    global _mode
+    if _mode is None:
+        _mode = environment.kernel_mode()
+    return _mode
+
+
+def _left_out() -> frozenset:
+    """The kernel files left out: set by :func:`set_disabled`, else ``NUMFORMER_KERNELS_OFF`` (read once, here)."""
+    global _off
+    if _off is None:
+        _off = frozenset(environment.kernels_off())
+    return _off
+
+
 def _choose(plain):
     """The fast twin of ``plain`` (or a function choosing between the two by ``when``), else ``plain``."""
+    left_out = _left_out()  # read (and refused when bad) at the first choice, whether or not plain has a twin
     twin = _twin_of(plain)
-    if twin is None or twin.file in _off:
+    if twin is None or twin.file in left_out:
         return plain
     if twin.when is None:
         return twin.fast
@@ -91,7 +111,7 @@ def _choose(plain):
 
 def kernel(plain):
     """The function to run for the piece of math ``plain``: its fast version, or ``plain`` itself."""
-    if _mode == "plain":
+    if (_mode or _current_mode()) == "plain":
         return plain
     chosen = _chosen.get(plain)
     if chosen is None:
@@ -108,7 +128,7 @@ def set_disabled(names) -> frozenset:
     unknown = names - set(_FAST_MODULES)
     if unknown:
         raise KernelModeError(f"unknown kernel {sorted(unknown)[0]!r}: choose from {', '.join(_FAST_MODULES)}")
-    previous, _off = _off, names
+    previous, _off = _left_out(), names
     _chosen.clear()
     return previous
 
@@ -126,13 +146,13 @@ def fast_twin(plain):
 
 def get_kernels() -> str:
     """The current mode: 'fast' or 'plain'."""
-    return _mode
+    return _current_mode()
 
 
 def use_kernels(mode: str) -> str:
     """Set the mode ('fast' or 'plain') for the whole process; returns the previous one."""
     global _mode
-    previous, _mode = _mode, _check(mode)
+    previous, _mode = _current_mode(), _check(mode)
     return previous
 
 
@@ -145,6 +165,3 @@ def kernel_mode(mode: str):
     finally:
         use_kernels(previous)
 
-
-if environment.kernels_off():
-    set_disabled(environment.kernels_off())

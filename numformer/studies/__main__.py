@@ -12,6 +12,7 @@ to its configuration (``FULL``, or ``SMALL`` with ``--small``), raising a one-li
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from ..kernels.host import tune_host
 
@@ -19,10 +20,13 @@ tune_host()  # before numpy loads, as train.py does: the warmup study trains
 
 from ..cli.arguments import OneLineParser  # noqa: E402
 from ..cli.front import command_line  # noqa: E402
+from ..cli.preflight import FOLDER, check_output  # noqa: E402
 from ..errors import NumformerError, UsageError, first_line  # noqa: E402
 from . import STUDIES, get  # noqa: E402
 
 PROG = "python -m numformer.studies"
+#: The files every study writes into --out: OUT/NAME.png, OUT/NAME.md, OUT/NAME.json.
+STUDY_FILE_SUFFIXES = (".png", ".md", ".json")
 
 
 def describe() -> str:
@@ -71,6 +75,9 @@ def main(argv=None) -> int:
             cfg = study.config_from_args(args, cfg)
         except NumformerError as exc:  # a bad flag value: one line, exit status 2, like argparse's own
             ap.error(first_line(exc))
+    check_output(args.out, "--out", [], FOLDER)  # the study's place, and each of its files, before it runs
+    for suffix in STUDY_FILE_SUFFIXES:
+        check_output(Path(args.out) / f"{args.name}{suffix}", "--out")
     print(f"{args.name}: {study.TITLE}\n{study.CITATION}\n", flush=True)
     results = study.run(args.out, cfg, log=lambda line: print(line, flush=True))
     print()

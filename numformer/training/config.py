@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..precision import MODES as PRECISIONS
-from ..presets import PRESETS, TABLE3
+from ..presets import PRESETS, TABLE3, ModelConfig
 from .budget_recipe import budget_recipe
 
 
@@ -47,39 +47,52 @@ class TrainConfig:
     precision: str = "fp32"        # matmuls: fp32, tf32 (GPU) or fp16 with loss scaling (numformer/precision.py)
     max_nonfinite_in_a_row: int = 10  # this many skipped (non-finite) steps in a row stop training
 
-    def checked(self, positional_table: int | None = None) -> "TrainConfig":
+    def checked(self, positional_table: int | None = None, named: dict | None = None) -> "TrainConfig":
         """Refuse, in one line (UsageError, named by its flag), a configuration training cannot run;
-        ``positional_table``: the model's ``max_len``, which ``max_len`` may not exceed. Returns self."""
+        ``positional_table``: the model's ``max_len``, which ``max_len`` may not exceed; ``named``: {field: how
+        the line names it} for values that did not come from a flag (a resumed run's ``run.json``), so that
+        the user is not told to change a flag never typed. Returns self."""
+        flags = {"max_nonfinite_in_a_row": "--stop-after-nonfinite"}
+        name = lambda field: (named or {}).get(field) or flags.get(field, "--" + field.replace("_", "-"))  # noqa: E731
+        for field in named or {}:  # run.json edited by hand: a value of the wrong type
+            default, value = getattr(TrainConfig, field, None), getattr(self, field)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            wrong = (type(default) in (int, float) and not number or default is None and value is not None and not number
+                     or isinstance(default, str) and not isinstance(value, str))
+            if wrong:
+                raise UsageError(f"{name(field)} is {value!r}, not a {'string' if isinstance(default, str) else 'number'}: "
+                                 "correct it, or resume "
+                                 f"with {flags.get(field, '--' + field.replace('_', '-'))} given")
         if self.max_steps is None and self.max_minutes is None:
             raise UsageError("give --max-steps or --max-minutes (or both): training needs an end")
-        flag = {"max_nonfinite_in_a_row": "stop-after-nonfinite"}
-        for name in ("max_tokens", "accum", "warmup", "keep_last", "average_last", "log_every",
-                     "max_nonfinite_in_a_row"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"--{flag.get(name, name.replace('_', '-'))} must be at least 1, "
-                                 f"got {getattr(self, name)}")
+        for field in ("max_tokens", "accum", "warmup", "keep_last", "average_last", "log_every",
+                      "max_nonfinite_in_a_row"):
+            if getattr(self, field) < 1:
+                raise UsageError(f"{name(field)} must be at least 1, got {getattr(self, field)}")
         if self.max_steps is not None and self.max_steps < 1:
-            raise UsageError(f"--max-steps must be at least 1, got {self.max_steps}")
+            raise UsageError(f"{name('max_steps')} must be at least 1, got {self.max_steps}")
         if self.max_minutes is not None and not self.max_minutes > 0:
-            raise UsageError(f"--max-minutes must be positive, got {self.max_minutes}")
-        for name in ("save_every", "save_every_minutes", "eval_every", "eval_sentences", "clip_norm", "log_grads",
-                     "step_tokens"):
-            if getattr(self, name) < 0:
-                raise UsageError(f"--{name.replace('_', '-')} must be at least 0, got {getattr(self, name)}")
+            raise UsageError(f"{name('max_minutes')} must be positive, got {self.max_minutes}")
+        for field in ("save_every", "save_every_minutes", "eval_every", "eval_sentences", "clip_norm", "log_grads",
+                      "step_tokens"):
+            if getattr(self, field) < 0:
+                raise UsageError(f"{name(field)} must be at least 0, got {getattr(self, field)}")
         if self.precision not in PRECISIONS:
-            raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+            raise UsageError(f"{name('precision')} must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.dropout_rng not in ("stream", "batch"):
-            raise UsageError(f"--dropout-rng must be stream or batch, got {self.dropout_rng!r}")
+            raise UsageError(f"{name('dropout_rng')} must be stream or batch, got {self.dropout_rng!r}")
         if not self.lr_factor > 0:
-            raise UsageError(f"--lr-factor must be positive, got {self.lr_factor}")
+            raise UsageError(f"{name('lr_factor')} must be positive, got {self.lr_factor}")
         if self.max_len < 2:
-            raise UsageError(f"--max-len must be at least 2 (one token and the EOS), got {self.max_len}")
+            raise UsageError(f"{name('max_len')} must be at least 2 (one token and the EOS), got {self.max_len}")
         if positional_table is not None and self.max_len > positional_table:
-            raise UsageError(f"--max-len {self.max_len} exceeds the model's positional table ({positional_table}): "
-                             f"use --max-len {positional_table} or less")
+            raise UsageError(f"{name('max_len')} {self.max_len} exceeds the model's positional table "
+                             f"({positional_table}): use --max-len {positional_table} or less")
         if self.average_last > self.keep_last:
+            where = "".join(f" ({name(f)} is {getattr(self, f)})" for f in ("average_last", "keep_last")
+                            if f in (named or {}))
             raise UsageError(f"cannot average the last {self.average_last} checkpoints while keeping only "
-                             f"{self.keep_last}: raise --keep-last or lower --average-last")
+                             f"{self.keep_last}{where}: raise --keep-last or lower --average-last")
         return self
 
 
@@ -242,9 +255,9 @@ def settle(flags: dict, device: str, saved: dict | None, out, processes: int = 1
         raise UsageError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
     budget = budget_recipe(preset, flags["max_minutes"]) if (  # a new CPU run's recipe follows its budget
         saved is None and device == "cpu" and flags.get("max_minutes") is not None) else {}
-    train = _settle_training(flags, preset, device, saved, source.get("corpus"), processes, budget)
+    train = _settle_training(flags, preset, device, saved, source.get("corpus"), processes, budget, out)
     asked = flags.get("vocab_size") or (saved or {}).get("vocab_size_requested")
-    model = _settle_model(flags, saved)
+    model = _settle_model(flags, saved, out)
     if saved is None and flags.get("dropout") is None and (preset, source.get("corpus")) in PAIR_DROPOUT:
         model["dropout"] = PAIR_DROPOUT[preset, source["corpus"]]
     init_from = (saved or {}).get("init_from") if saved is not None else flags.get("init_from")
@@ -254,10 +267,12 @@ def settle(flags: dict, device: str, saved: dict | None, out, processes: int = 1
 
 
 def _settle_training(flags: dict, preset: str, device: str, saved: dict | None, corpus: str | None,
-                     processes: int, budget: dict) -> TrainConfig:
+                     processes: int, budget: dict, out=None) -> TrainConfig:
     names = [f.name for f in fields(TrainConfig)]
+    from_run = {}  # field -> how a refusal names it: a value read from run.json, not typed
     if saved is not None and isinstance(saved.get("train_config"), dict):
         base = {k: v for k, v in saved["train_config"].items() if k in names}
+        from_run = {k: f"{run_json_of(out)}'s train_config.{k}" for k in base if flags.get(k) is None}
         if flags.get("seed") is not None and flags["seed"] != base.get("seed", flags["seed"]):
             raise UsageError(f"--seed {flags['seed']} differs from the run's seed {base['seed']}: a resumed run keeps "
                              "its seed (leave --seed out) or start a new run with another --out")
@@ -274,20 +289,74 @@ def _settle_training(flags: dict, preset: str, device: str, saved: dict | None, 
         base["step_tokens"] = 0
     elif base.get("step_tokens"):  # the paper's step size whatever a batch the device holds (--max-tokens)
         base["accum"] = accumulation(base["step_tokens"], base["max_tokens"], processes)
-    return TrainConfig(**base).checked(positional_table=PRESETS[preset].max_len)
+    return TrainConfig(**base).checked(positional_table=PRESETS[preset].max_len, named=from_run)
 
 
-def _settle_model(flags: dict, saved: dict | None) -> dict:
-    """The model config's changes to the preset: the flags', on top of a resumed run's own."""
-    changes = dict(pre_norm=bool(flags.get("pre_norm")), tie_embeddings=not flags.get("untied"))
+#: The model settings a resumed run takes from its run.json unless a flag is given (--pre-norm and --untied
+#: turn the first two one way only; the others are flags that take any value, and a refusal suggests them).
+RESUMED_MODEL_FIELDS = ("pre_norm", "tie_embeddings", "dropout", "label_smoothing", "init", "positional")
+VALUE_FLAGS = {"dropout": "--dropout", "label_smoothing": "--label-smoothing", "init": "--init",
+               "positional": "--positional"}
+
+
+def run_json_of(out) -> str:
+    """How a refusal names a run's settings file: ``RUN/run.json``."""
+    return str(Path(out or ".") / "run.json")
+
+
+def _settle_model(flags: dict, saved: dict | None, out=None) -> dict:
+    """The model config's changes to the preset: the flags', on top of a resumed run's own (checked, and named
+    ``RUN/run.json's model_config.FIELD`` when refused: the user typed no flag for them)."""
+    given = {"pre_norm": bool(flags.get("pre_norm")), "tie_embeddings": bool(flags.get("untied")),
+             **{name: flags.get(name) is not None for name in VALUE_FLAGS}}
+    changes = dict(pre_norm=given["pre_norm"], tie_embeddings=not given["tie_embeddings"])
     if saved is not None and isinstance(saved.get("model_config"), dict):
         run = saved["model_config"]
-        changes = dict(pre_norm=bool(flags.get("pre_norm")) or run.get("pre_norm", False),
-                       tie_embeddings=not flags.get("untied") and run.get("tie_embeddings", True),
-                       dropout=run.get("dropout"), label_smoothing=run.get("label_smoothing"), init=run.get("init"),
-                       positional=run.get("positional"))
-        changes = {k: v for k, v in changes.items() if v is not None}
-    for name in ("dropout", "label_smoothing", "init", "positional"):
+        taken = {k: run[k] for k in RESUMED_MODEL_FIELDS if run.get(k) is not None and not given[k]}
+        check_saved_model_values(taken, run_json_of(out))
+        changes.update(taken)
+    for name in VALUE_FLAGS:
         if flags.get(name) is not None:
             changes[name] = flags[name]
     return changes
+
+
+def saved_model_config(saved: dict, out) -> ModelConfig:
+    """The architecture a resumed run's run.json records (a fine-tuning run's, whose model is no preset), checked:
+    a field unknown, of the wrong type or out of range is one line naming ``RUN/run.json's model_config.FIELD``."""
+    where = run_json_of(out)
+    values = saved.get("model_config")
+    if not isinstance(values, dict):
+        raise UsageError(f"{where}'s model_config is {values!r}, not the model's settings: restore that file, or "
+                         "start a new run with another --out")
+    unknown = sorted(set(values) - {f.name for f in fields(ModelConfig)})
+    if unknown:
+        raise UsageError(f"{where}'s model_config has unknown fields {', '.join(map(repr, unknown))}: remove them")
+    check_saved_model_values(values, where)
+    return ModelConfig.from_dict(values).checked(source=where)
+
+
+def check_saved_model_values(values: dict, where: str) -> None:
+    """Refuse, in one line naming ``WHERE's model_config.FIELD``, a value of ``values`` (model settings read from
+    a run's run.json) of the wrong type or out of range: a hand-edited file, never a flag the user typed."""
+    for name, value in values.items():
+        expected = _expected_type(getattr(ModelConfig, name), value)
+        if expected is not None:
+            raise UsageError(f"{where}'s model_config.{name} is {value!r}, not {expected}: correct it in that file"
+                             + (f", or resume with {VALUE_FLAGS[name]} given" if name in VALUE_FLAGS else ""))
+    ModelConfig().replace(**values).checked(source=where)  # the defaults are valid: a refusal names a value here
+
+
+def _expected_type(default, value) -> str | None:
+    """What a model setting whose default is ``default`` must be, when ``value`` is not that (else None). JSON has
+    no tuples or sets: the types told apart are true/false, strings, integers (or null) and numbers."""
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(default, str):
+        return None if isinstance(value, str) else "a string"
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    if default is None:  # decoder_layers, d_k, d_v: unset means "follow d_model and heads"
+        return None if value is None or integer else "an integer or null"
+    if isinstance(default, int):
+        return None if integer else "an integer"
+    return None if integer or isinstance(value, float) else "a number"

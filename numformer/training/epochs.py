@@ -46,12 +46,13 @@ class EpochWalk:
     def _planned(self, epoch: int):
         """The epoch's :class:`~numformer.data.batching.BatchPlan`: pair indices per batch."""
         plan = plan_batches(*self.pairs.lengths, self.max_tokens, shuffle_seed=self.seed, epoch=epoch,
-                            max_len=self.max_len)
+                            max_len=self.max_len, skip_empty=True)
         if not len(plan):
             raise DataError(f"all {plan.n_filtered} training pairs are longer than --max-len {self.max_len} "
                             f"subwords: raise --max-len (at most {self.positional_table})")
         if epoch == 0 or self._plan is None:
             self.log(f"epoch {epoch}: {plan.n_pairs} pairs in {len(plan)} batches"
                      + (f", {plan.n_filtered} longer than --max-len {self.max_len} left out"
-                        if plan.n_filtered else ""))
+                        if plan.n_filtered else "")
+                     + (f", {plan.n_empty} with an empty side left out" if plan.n_empty else ""))
         return plan

@@ -9,7 +9,7 @@ identical around that:
 * :func:`sync_replicas`: when training starts, every rank takes rank 0's weights, frozen buffers (a
   logits bias), Adam moments and progress (step, data position, clock, counters), also after a
   ``--resume`` only rank 0 read;
-* :class:`StopRequests`: SIGINT and SIGTERM (and SIGUSR1, which ``mpirun`` forwards to every rank)
+* :class:`StopRequests`: SIGINT, SIGTERM and SIGHUP (and SIGUSR1, which ``mpirun`` forwards to every rank)
   ask training to stop after the current step; after each step the ranks agree on rank 0's clock and
   on whether any rank was asked to stop, so ``--max-minutes``, saving by time and signals end or save
   the same step everywhere (:meth:`StopRequests.agree`, one small message per step).
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from ..stop_signals import STOP_SIGNALS, ignored_from_start, stopped
 from .data_parallel import broadcast_arrays_
 
 if TYPE_CHECKING:
@@ -58,22 +59,28 @@ class StopRequests:
 
     ``with StopRequests(world) as stop:`` installs the handlers (in the main thread only, where
     Python delivers signals) and restores the previous ones after. ``stop.requested`` turns true after
-    a SIGINT or SIGTERM with one process; with several, a signal seen by one rank is acted on at
-    :meth:`agree`, once every rank knows. A second SIGINT stops at once (KeyboardInterrupt).
+    a SIGINT, SIGTERM or SIGHUP with one process; with several, a signal seen by one rank is acted on at
+    :meth:`agree`, once every rank knows. ``stop.signum``: the first signal received (its exit status:
+    :func:`numformer.stop_signals.exit_status`, 143 for a scheduler's SIGTERM). A second signal stops at
+    once (KeyboardInterrupt, :class:`numformer.errors.Stopped` for SIGTERM and SIGHUP), a save in progress
+    included: its temporary is removed, the checkpoints before it stay.
     """
 
     def __init__(self, world):
         self.world = world
         self.requested = False
+        self.signum = None       # the first signal received here
         self._seen = False       # a signal this rank received (several ranks: not acted on before agree)
         self._previous = {}
 
     def __enter__(self) -> "StopRequests":
         # mpirun ends the job on SIGINT/SIGTERM (SIGKILL a second later) but forwards SIGUSR1 to every
-        # rank: with several ranks, SIGUSR1 is the graceful stop.
-        handled = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGUSR1,) if self.world.parallel else ())
+        # rank: with several ranks, SIGUSR1 is the graceful stop. A signal ignored from the start (nohup's
+        # SIGHUP) stays ignored.
+        handled = (signal.SIGINT, *STOP_SIGNALS) + ((signal.SIGUSR1,) if self.world.parallel else ())
         if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+            self._previous = {sig: signal.signal(sig, self._on_signal) for sig in handled
+                              if not ignored_from_start(sig)}
         return self
 
     def __exit__(self, *exc) -> None:
@@ -82,8 +89,9 @@ class StopRequests:
         self._previous = {}
 
     def _on_signal(self, signum, frame) -> None:
-        if (self.requested or self._seen) and signum == signal.SIGINT:  # second Ctrl-C: stop now
-            raise KeyboardInterrupt
+        if (self.requested or self._seen) and (signum == signal.SIGINT or signum in STOP_SIGNALS):  # a second: now
+            raise stopped(signum)
+        self.signum = signum
         if self.world.parallel:
             self._seen = True
         else:

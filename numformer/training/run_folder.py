@@ -65,6 +65,22 @@ class RunFolder:
                              "again, or delete it")
         return settings
 
+    def _model_settings_read_back(self) -> dict:
+        """The model settings a resume took from this run's run.json unless a flag was given ({field: value}): all
+        of them for a fine-tuning run (its architecture is the file's, not a preset's), else the few
+        (numformer.training.config.RESUMED_MODEL_FIELDS). Empty when the file holds none."""
+        from .config import RESUMED_MODEL_FIELDS  # noqa: PLC0415  (config is above this module)
+
+        try:
+            settings = self.read_settings() or {}
+        except UsageError:
+            return {}
+        recorded = settings.get("model_config")
+        if not isinstance(recorded, dict):
+            return {}
+        return dict(recorded) if settings.get("init_from") else {k: recorded[k] for k in RESUMED_MODEL_FIELDS
+                                                                 if k in recorded}
+
     def write_settings(self, settings: dict) -> None:
         """Write ``run.json`` (atomically): the one record of the run's settings."""
         write_json(self.path / run_file_names.SETTINGS, settings)
@@ -203,8 +219,15 @@ class RunFolder:
         if saved != now:
             if not isinstance(saved, dict):
                 raise CheckpointError(f"{path} has no model config: it is not a numformer training checkpoint")
-            diff = [f"{k} {saved.get(k)!r} (asked: {now.get(k)!r})" for k in sorted(set(saved) | set(now))
-                    if saved.get(k) != now.get(k)]
+            differ = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+            recorded = self._model_settings_read_back()
+            if differ and all(k in recorded and recorded[k] == now.get(k) for k in differ):  # no flag asked it
+                settings = self.path / run_file_names.SETTINGS
+                values = ", ".join(f"model_config.{k} is {now.get(k)!r} (trained: {saved.get(k)!r})"
+                                   for k in differ[:4])
+                raise CheckpointError(f"{settings}'s {values}: {path} was trained with the other values: correct "
+                                      "that file to them and resume again")
+            diff = [f"{k} {saved.get(k)!r} (asked: {now.get(k)!r})" for k in differ]
             raise CheckpointError(f"{path} was trained with another model: {', '.join(diff[:4])}: resume with the "
                                   "run's --preset and model flags (or leave them out to use the run's)")
         expected = ck.meta.get("vocab_sha256")

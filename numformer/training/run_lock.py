@@ -150,7 +150,8 @@ def in_use_message(folder, holder: dict | None) -> str:
 def refusal_leaves_folder_as_found(folder):
     """``with refusal_leaves_folder_as_found(out):`` around what a run does before its first step (take the
     lock, check the settings, prepare the corpus): when that is refused (a :class:`NumformerError`: a bad
-    flag value, a missing data file, a model file that is not one), the folder is put back as it was found.
+    flag value, a missing data file, a model file that is not one) or stopped (Ctrl-C, SIGTERM, SIGHUP:
+    a KeyboardInterrupt, numformer/stop_signals.py), the folder is put back as it was found.
 
     What this run created there goes (``run.lock``, a half-prepared corpus, the folder itself if it was
     new); what was there before is never touched. Only a process that holds the folder's lock undoes
@@ -162,7 +163,7 @@ def refusal_leaves_folder_as_found(folder):
     before = set(os.listdir(folder)) if existed else set()
     try:
         yield
-    except NumformerError:
+    except (NumformerError, KeyboardInterrupt):  # a refusal, or Ctrl-C, SIGTERM, SIGHUP while preparing
         held = _HELD.get(str(folder.resolve())) if folder.exists() else None
         if held is not None and held.held:
             _put_back(folder, existed, before, held)

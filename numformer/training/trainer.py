@@ -38,6 +38,7 @@ progress bar.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from pathlib import Path
 
@@ -50,6 +51,7 @@ from ..errors import StopTraining, mark_collective
 from ..layers.registry import layer_class
 from ..optim import Adam, NoamSchedule, clip_grad_norm
 from ..precision import matmul_precision
+from ..stop_signals import what_stopped
 from .config import TrainConfig
 from .data_parallel import GradientBucket, shard_batches
 from .distributed import SINGLE
@@ -96,6 +98,7 @@ class Trainer:
         self.nonfinite_in_a_row = 0
         self.window = LogWindow()   # the steps since the last log line
         self._interrupted = False
+        self.stop_signal = None  # the signal that stopped training (SIGINT, SIGTERM, SIGHUP), once it has
         # fp16 GEMMs: gradients below float16's range would vanish without loss scaling (Micikevicius et al.)
         self.scaler = DynamicLossScaler() if cfg.precision == "fp16" else None
         self.tensorboard = (TensorBoardLog(self.folder.path, model, data)  # cfg.tensorboard: event files too
@@ -212,6 +215,7 @@ class Trainer:
                 if world.parallel and (saving or self._validation_due(step)):
                     world.barrier()  # the others wait (without spinning) while rank 0 validates or saves
         self._interrupted = stop.requested
+        self.stop_signal = stop.signum if stop.requested else None  # train.py's exit status: 143 for SIGTERM
         self._save_last()
         return record
 
@@ -225,13 +229,15 @@ class Trainer:
         return stack
 
     def _save_last(self) -> None:
-        """After the loop: the checkpoint of the last step (rank 0), then every rank waits for it."""
+        """After the loop: the checkpoint of the last step (rank 0), then every rank waits for it. After a stop
+        signal, the command's one line on stderr (where a stop is reported, as every command's is) says which
+        signal, the step and the checkpoint saved."""
         if self.world.is_main:
             if not self.folder.holds_checkpoint_of(self.optimizer.step_count):
                 self.save()
             if self._interrupted:
-                self.log(f"interrupted at step {self.optimizer.step_count}: saved {self.checkpoints()[-1]}; "
-                         "continue with --resume")
+                print(f"{what_stopped(self.stop_signal)} at step {self.optimizer.step_count}: saved "
+                      f"{self.checkpoints()[-1]}; continue with --resume", file=sys.stderr, flush=True)
         if self.world.parallel:  # no rank leaves (and no mpirun ends the job) before the last checkpoint is written
             self.world.barrier()
 

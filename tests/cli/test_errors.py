@@ -89,7 +89,7 @@ def test_bad_train_flags_are_one_line(case, tmp_path, capsys):
 
 CHECKPOINT_CASES = {
     "truncated": "truncated or corrupt",
-    "junk": "truncated or corrupt",
+    "junk": "is a text file, not a model",  # a whole file of another kind is named, never called corrupt
     "flipped bytes": "truncated or corrupt",
     "empty": "truncated or corrupt",
     "no meta": "not a numformer checkpoint",

@@ -110,15 +110,16 @@ def test_a_refused_run_in_an_existing_folder_removes_only_what_it_created(hf_fol
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
-@pytest.mark.parametrize("where", ["a file", "under a file"])
-def test_an_output_folder_that_is_a_file_is_one_line_not_a_bug(copy_run, tmp_path, capsys, where):
+@pytest.mark.parametrize("where, said", [("a file", "is a file: give a folder"),
+                                         ("under a file", "is a file, where a folder goes")])
+def test_an_output_folder_that_is_a_file_is_one_line_not_a_bug(copy_run, tmp_path, capsys, where, said):
     from numformer.plot import main as plot_main
 
     file = tmp_path / "notes.txt"
     file.write_text("mine")
     out = file if where == "a file" else file / "plots"
     code, _, err = run_main(plot_main, [str(copy_run), "--out", str(out)], capsys)
-    assert_one_line_error(code, err, "python -m numformer.plot", "check the path given")
+    assert_one_line_error(code, err, "python -m numformer.plot", said)
     assert file.read_text() == "mine"
 
 

@@ -51,7 +51,7 @@ def test_missing_folder_names_it_and_the_files(tmp_path):
 
 def test_path_is_a_file(tmp_path):
     (tmp_path / "f").write_text("x")
-    with pytest.raises(DataError, match="is not a folder"):
+    with pytest.raises(DataError, match="is a text file, not a corpus folder"):
         load_parallel_dir(tmp_path / "f")
 
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_acceptance.py"
 RUN_SCRIPT = ROOT / "bench" / "gpu_run.sh"  # the one command run on the GPU machine
 GPU_MACHINE = Path(__file__).resolve().parent / "gpu_machine"
-PARTS = ["env", "gpu_tests", "grad_checks", "torch_parity", "kernels", "train", "train_step", "decode"]
+PARTS = ["env", "gpu_tests", "grad_checks", "torch_parity", "kernels", "train", "train_step", "breakdown", "decode"]
 STATUSES = {"ok", "failed", "timeout", "skipped", "missing", "no tests", "out of time"}
 
 
@@ -66,6 +66,9 @@ def test_quick_cpu_dry_run_writes_the_documented_summary(tmp_path):
         nf = r["numformer"]
         assert nf["status"] == "ok" and nf["median_step_ms"] > 0 and nf["target_tokens_per_s"] > 0
         assert nf["peak_memory_mb"] > 0 and r["torch"]["status"] == "ok" and r["ratio_step_time"] > 0
+    breakdown = p["breakdown"]
+    assert breakdown["status"] == "ok" and breakdown["plain_step_ms"] > 0
+    assert {"Adam", "gradient norm and read-back"} <= {r["layer"] for r in breakdown["rows"]}
     dec = p["decode"]
     assert [(r["model"].split()[0], r["search"]) for r in dec["rows"]] == [
         ("small", "beam 4"), ("small", "greedy"), ("trained", "beam 4"), ("trained", "greedy")]

@@ -233,7 +233,8 @@ def test_a_vocabulary_of_another_size_is_one_line(marian, tmp_path, capsys):
 
 def test_paths_that_are_not_a_model_folder_are_one_line(tmp_path, capsys):
     (tmp_path / "file.txt").write_text("x")
-    for source, needle in ((tmp_path / "file.txt", "is a file"), ("./no/such/folder", "does not exist")):
+    for source, needle in ((tmp_path / "file.txt", "is a text file, not a Hugging Face Marian model"),
+                           ("./no/such/folder", "does not exist")):
         code, _, err = run_main(main, ["import", str(source), "--out", str(tmp_path / "m.npz")], capsys)
         assert_one_line_error(code, err, PROG, needle)
     assert not (tmp_path / "m.npz").exists()

@@ -88,7 +88,13 @@ def test_gradients_live_in_one_buffer():
             return buf
 
     summed = bucket.allreduce_(Recorder(), 1.5, 2.5)
-    assert len(sent) == 1 and sent[0] is group.grad_and_spare  # one call: every gradient and the two scalars
+    # one piece here (the model is smaller than a bucket): a view of every gradient and the two scalars, in place
+    assert len(sent) == 1 and sent[0].base is group.grad_and_spare and sent[0].size == group.grad_and_spare.size
+    sent.clear()
+    pieces = GradientBucket(params, extra=2, bucket_elements=100)
+    pieces.allreduce_(Recorder(), 1.5, 2.5)  # consecutive views of the buffer, in place, covering it once
+    assert len(sent) == -(-group.grad_and_spare.size // 100) and all(s.base is group.grad_and_spare for s in sent)
+    assert np.concatenate(sent).tolist() == group.grad_and_spare.tolist()
     assert summed.tolist() == [1.5, 2.5] and group.spare.tolist() == [1.5, 2.5]
     assert bucket.allreduce_(SINGLE, 1.5, 2.5).tolist() == [1.5, 2.5]
     params[2].grad = params[2].grad + 3.0  # a layer that replaces its gradient array would not be summed: a bug

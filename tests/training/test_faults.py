@@ -1,7 +1,7 @@
 """Faults during training, and what survives them: SIGKILL at any moment (between steps, mid-step,
 mid-checkpoint-write) leaves the previous checkpoint loadable and --resume ends with the same parameters,
-bit for bit, as an uninterrupted run; SIGINT and SIGTERM save a checkpoint of the current step and exit
-cleanly (130, no traceback); an unwritable folder or a full disk is reported before the first step, a
+bit for bit, as an uninterrupted run; SIGINT, SIGTERM and SIGHUP save a checkpoint of the current step and exit
+cleanly (130, 143, 129, no traceback); an unwritable folder or a full disk is reported before the first step, a
 disk that fills later keeps the previous checkpoint; non-finite steps are skipped, and a run of them
 stops training with the last good checkpoint the newest; over-long training pairs are left out."""
 import json
@@ -232,8 +232,14 @@ def test_sigkill_mid_step_or_mid_checkpoint_write_loses_nothing(moment, whole, t
     assert_same_run(whole, run)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupt_saves_the_current_step_and_resume_continues(sig, whole, tmp_path):
+@pytest.mark.parametrize("sig, status, what", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
+                                               (signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                               (signal.SIGHUP, 129, "hung up (SIGHUP)")],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_interrupt_saves_the_current_step_and_resume_continues(sig, status, what, whole, tmp_path):
+    """Ctrl-C, a scheduler's SIGTERM, a closed terminal's SIGHUP: the current step saved, the shell's status for
+    the signal (no averaging or test translation after it), and --resume ends as the uninterrupted run did:
+    the same weights and the same train_loss at every logged step (assert_same_run)."""
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args(run, 1000)], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -241,11 +247,13 @@ def test_interrupt_saves_the_current_step_and_resume_continues(sig, whole, tmp_p
              if (run / "metrics.jsonl").exists() else False)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, (out, err)
+    assert proc.returncode == status, (out, err)
     assert "Traceback" not in err
-    stopped = int(out.split("interrupted at step ")[1].split(":")[0])
-    assert 5 <= stopped < STEPS, out
-    assert f"saved {run / 'checkpoints' / f'step_{stopped:07d}.npz'}; continue with --resume" in out
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{what} at step "), err  # the command's one line, on stderr
+    stopped = int(lines[0].split(" at step ")[1].split(":")[0])
+    assert 5 <= stopped < STEPS, err
+    assert lines[0].endswith(f": saved {run / 'checkpoints' / f'step_{stopped:07d}.npz'}; continue with --resume")
     ck = load_checkpoint(ckpts(run)[-1])
     assert ck.optimizer["step_count"] == stopped  # a checkpoint at the step where it stopped
     resume(run)

@@ -38,5 +38,9 @@ def tune_allocator_if_wanted() -> bool:
     """:func:`tune_allocator` once per process, unless the environment says no; True if tuned."""
     global _tuned
     if _tuned is None:
-        _tuned = tune_allocator() if environment.host_tuning_wanted("malloc") else False
+        try:
+            wanted = environment.host_tuning_wanted("malloc")
+        except environment.EnvironmentVariableError:  # tune_host runs at import, before the front refuses it
+            return False
+        _tuned = tune_allocator() if wanted else False
     return _tuned

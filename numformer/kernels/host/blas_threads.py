@@ -38,7 +38,11 @@ BLAS_THREAD_TIMEOUT = "5"  # OpenBLAS clamps to 4..30: spin 2**5 = 32 cycles, th
 
 def tune_blas_threads() -> bool:
     """Set ``OPENBLAS_THREAD_TIMEOUT`` unless numpy is already loaded or the user chose; True if set here."""
-    if not environment.host_tuning_wanted("blas") or "numpy" in sys.modules:
+    try:
+        wanted = environment.host_tuning_wanted("blas")
+    except environment.EnvironmentVariableError:  # called at import, before the front: the front refuses it
+        return False
+    if not wanted or "numpy" in sys.modules:
         return False
     return environment.set_blas_thread_timeout(BLAS_THREAD_TIMEOUT)
 

@@ -1,0 +1,41 @@
+"""The benches' child processes: run one, and when it fails pass its own last line on.
+
+The benches time each side in a fresh process (so peak memory and thread pools are its own). A worker is the
+same script with ``--worker``, wearing the same front (numformer/cli/front.py), so when it fails its last line
+on stderr already says what happened: a user's mistake (``prog: error: ...``) or a bug of numformer's with the
+file its traceback went to (``prog: internal error (a bug in numformer ...): ...; the traceback is in PATH``).
+The parent passes that line on as its own one-line error, with the worker's exit status, instead of
+printing the worker's whole stderr or a traceback of its own; a worker killed by a signal says which.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+
+from numformer.errors import NumformerError
+
+
+class WorkerFailed(NumformerError):
+    """A worker process ended with an error; the message is its own last line, the exit status its own (1 for a
+    bug the worker reported, 2 for a user's mistake, 128 + N after signal N)."""
+
+    def __init__(self, what: str, returncode: int, stderr: str):
+        lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
+        if returncode < 0:
+            name = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else -returncode
+            said = f"killed by {name}" + (f" after: {lines[-1]}" if lines else "")
+            code = 128 - returncode
+        else:
+            said = lines[-1] if lines else f"exit status {returncode} and nothing on stderr"
+            code = returncode
+        super().__init__(f"the {what} failed: {said}")
+        self.exit_code = code
+
+
+def run_worker(cmd, what: str, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)``; raises :class:`WorkerFailed` (one line:
+    the worker's own last line) when it does not exit 0."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if proc.returncode != 0:
+        raise WorkerFailed(what, proc.returncode, proc.stderr)
+    return proc
