@@ -118,14 +118,12 @@ def _lengths(offsets, block: int = 1 << 20) -> np.ndarray:
 
     A memory-mapped ``.npy`` (``np.load(mmap_mode="r")`` gives an ``np.memmap`` that covers its
     whole file after the header) is read with plain file reads, which go through the page cache
-    without mapping its pages into this process.
+    without mapping its pages into this process; through the mapping when the file is gone.
     """
     n = max(len(offsets) - 1, 0)
     out = np.empty(n, dtype=np.int32)
     path = getattr(offsets, "filename", None)
-    whole_file = (path is not None and offsets.ndim == 1 and offsets.flags.c_contiguous
-                  and os.path.getsize(path) == offsets.offset + offsets.nbytes)
-    with open(path, "rb") if whole_file else contextlib.nullcontext() as f:
+    with _opened_whole(offsets) as f:
         if f is not None:
             f.seek(offsets.offset)
         prev = None
@@ -141,6 +139,28 @@ def _lengths(offsets, block: int = 1 << 20) -> np.ndarray:
             np.subtract(cur[1:], cur[:-1], out=out[lo:hi], casting="unsafe")
             prev = cur[-1:]
     return out
+
+
+@contextlib.contextmanager
+def _opened_whole(offsets):
+    """The ``.npy`` file a memory-mapped ``offsets`` covers after its header, open for plain reads; None when the
+    array is not such a mapping, or when its file was removed since it was mapped (the prepared corpus deleted
+    while a run trains: the mapping still holds the pages, so the run goes on, reading through it)."""
+    path = getattr(offsets, "filename", None)
+    f = None
+    if path is not None and offsets.ndim == 1 and offsets.flags.c_contiguous:
+        try:
+            f = open(path, "rb")  # noqa: SIM115  (closed below)
+        except FileNotFoundError:
+            f = None
+        if f is not None and os.fstat(f.fileno()).st_size != offsets.offset + offsets.nbytes:
+            f.close()
+            f = None
+    try:
+        yield f
+    finally:
+        if f is not None:
+            f.close()
 
 
 def _flatten(seqs) -> tuple[np.ndarray, np.ndarray]:

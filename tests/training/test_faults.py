@@ -399,3 +399,22 @@ def test_the_default_limit_is_ten_in_a_row(tmp_path, monkeypatch):
     with pytest.raises(trainer_module.StopTraining, match="10 steps in a row"):
         trainer._skipped(7, float("nan"), float("inf"))
     assert len(logged) == 10
+
+
+def test_the_prepared_corpus_removed_while_training_does_not_stop_the_run(tmp_path, monkeypatch):
+    """RUN/prepared/ deleted under a running train.py (a clean-up script, a user's rm): the splits are memory-mapped
+    when training starts, so the mapping still holds them; validation went back to the offsets file by name and
+    crashed (a bug report, the steps since the last checkpoint lost). It reads through the mapping now: the run
+    validates and finishes, exit 0."""
+    run = tmp_path / "run"
+    real_validate, removed = trainer_module.Trainer.validate, []
+
+    def validate(self):
+        if not removed:
+            shutil.rmtree(run / "prepared")
+            removed.append(True)
+        return real_validate(self)
+    monkeypatch.setattr(trainer_module.Trainer, "validate", validate)
+    assert train.main(args(run, 6, "--eval-every", "3", "--eval-sentences", "0")) == 0
+    assert removed and not (run / "prepared").exists()
+    assert [r["step"] for r in metrics(run) if "valid_loss" in r] == [3, 6]
