@@ -2,7 +2,7 @@
 exercise grades EXACT, since it *is* numformer's; this finds such code, so that the grading can say so.
 
 What counts is numformer's function for the exercise (its reference, ``ex.target``: for a method, the method as
-written, not the tap wrapper every layer's backward passes through) and the reference's fast twins (the kernels
+written) and the reference's fast twins (the kernels
 registered under its dotted name, numformer/kernels/twins.py). Nothing else: a composite calling its children's
 backward (``MultiHeadAttention.backward`` calling ``self.attention.backward``) or attention's backward calling
 numformer's ``softmax_backward`` is the student using pieces the exercise does not ask for.
@@ -14,8 +14,7 @@ Two ways a student's code gets there:
   called for every line; the callback returns at once for any event but ``'call'``) and keeps those made from
   the student's file, or from a file beside it (a helper module it imports; ``load_file`` puts the folder on
   the path for that), with the line. The caller is the nearest frame outside numformer's package: a call
-  through numformer's own code (``super().backward(dy)`` passes through the tap wrapper of numformer/module.py,
-  ``kernel(f)(...)`` through the switch of numformer/kernels/__init__.py, ``LayerNorm.backward`` through the
+  through numformer's own code (``kernel(f)(...)`` through the switch of numformer/kernels/__init__.py, ``LayerNorm.backward`` through the
   layer) is made by whoever called numformer. The grader's own calls do not count: the output guard of
   grad_checks/exercise.py runs the reference on a copy of the arguments, from grad_checks, on every call of a
   student's function, so a detector that ignored the caller's file would call every answer numformer's.
@@ -67,16 +66,13 @@ def describe(calls) -> str:
 
 
 def _unwrapped(fn):
-    """The function as written, through what only forwards to it: staticmethod and classmethod, a layer's tap
-    wrapper (``tapped_method``), functools.partial and functools.wraps (``__wrapped__``), a bound method, and
-    kernel()'s switch (``fast``)."""
+    """The function as written, through what only forwards to it: staticmethod and classmethod,
+    functools.partial and functools.wraps (``__wrapped__``), a bound method, and kernel()'s switch (``fast``)."""
     for _ in range(20):  # a chain longer than that is not a chain of wrappers
         if isinstance(fn, (staticmethod, classmethod)) or inspect.ismethod(fn):
             fn = fn.__func__
         elif isinstance(fn, functools.partial):
             fn = fn.func
-        elif hasattr(fn, "tapped_method"):
-            fn = fn.tapped_method
         elif hasattr(fn, "__wrapped__"):
             fn = fn.__wrapped__
         elif callable(getattr(fn, "fast", None)) and not isinstance(fn, type):
@@ -88,7 +84,7 @@ def _unwrapped(fn):
 
 def numformer_backward_names(ex) -> dict:
     """{code object: dotted name} of what a student's backward for ``ex`` must not use: numformer's reference
-    (a method's own code, not the tap wrapper all layer methods share) and its fast twins."""
+    (a method's own code) and its fast twins."""
     from numformer.kernels import fast_twin  # noqa: PLC0415  (loads the kernel files: only when grading)
 
     codes = {_unwrapped(ex.target).__code__: ex.reference_name}

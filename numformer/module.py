@@ -103,15 +103,6 @@ class Module:
         object.__setattr__(self, "_persistent", [])
         object.__setattr__(self, "_saved", {})
 
-    def __init_subclass__(cls, **kwargs):
-        """Every class's own ``forward`` and ``backward`` pass through its instances' taps (a no-op check
-        when none is installed): taps reach a layer written later without its author doing anything."""
-        super().__init_subclass__(**kwargs)
-        for kind in ("forward", "backward"):
-            method = cls.__dict__.get(kind)
-            if callable(method) and not hasattr(method, "tapped_method"):
-                setattr(cls, kind, _through_taps(kind, method))
-
     def register_buffer(self, name: str, array, persistent: bool = False) -> None:
         """``self.name = array``, an array that is not trained: it has no gradient and is not among
         :meth:`parameters`, so the optimizer, gradient clipping and norms, the gradient statistics, the
@@ -296,11 +287,16 @@ class Module:
             object.__setattr__(self, "_taps", {"forward": [], "backward": []})
         for kind, f in functions:
             self._taps[kind].append(f)
+            # the instance's own attribute stands in front of its class's method while a tap of this kind is
+            # installed: an untapped layer's calls go straight to the method, no wrapper in between
+            object.__setattr__(self, kind, functools.partial(_through_taps, self, kind))
         try:
             yield self
         finally:
             for kind, f in functions:
                 self._taps[kind].remove(f)
+                if not self._taps[kind] and kind in vars(self):
+                    object.__delattr__(self, kind)
             if not any(self._taps.values()):
                 object.__setattr__(self, "_taps", None)
 
@@ -378,18 +374,11 @@ def tapped(modules, forward=None, backward=None):
         yield
 
 
-def _through_taps(kind: str, method):
-    """``method`` (a class's own forward or backward) run through the instance's taps of that kind, when
-    any is installed and this class's method is the one the instance calls (a subclass calling
-    ``super().forward`` is tapped once, at its own level)."""
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        taps = self._taps
-        if not taps or not taps[kind] or getattr(type(self), kind) is not run:
-            return method(self, *args, **kwargs)
-        call = functools.partial(method, self)
-        for tap in taps[kind]:  # the first installed innermost
-            call = functools.partial(tap, self, call)
-        return call(*args, **kwargs)
-    run.tapped_method = method
-    return run
+def _through_taps(module, kind: str, *args, **kwargs):
+    """``module.forward(...)`` (``kind``: or backward) while a tap of that kind is installed on it: its class's
+    method run through the taps, the first installed innermost. A subclass calling ``super().forward`` reaches
+    its parent's method directly, so a layer is tapped once, at the level the caller called."""
+    call = getattr(type(module), kind).__get__(module)
+    for tap in module._taps[kind]:
+        call = functools.partial(tap, module, call)
+    return call(*args, **kwargs)

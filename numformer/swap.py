@@ -78,7 +78,6 @@ def using(layer_class: type, **functions) -> type:
     methods, used = {}, set()
     for attr, value in vars(layer_class).items():
         raw = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
-        raw = getattr(raw, "tapped_method", raw)  # the method as written (its class passes it through taps)
         if not isinstance(raw, types.FunctionType):
             continue
         names = set(raw.__code__.co_names) & set(functions)

@@ -177,6 +177,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mpirun -n 2 python3 bench/data_parallel.py --allreduce 52000000 --bucket-elements 524288":
         ("small", "mpirun -n 2 --allow-run-as-root --oversubscribe python3 bench/data_parallel.py --allreduce 100000 "
                   "--bucket-elements 16384"),
+    "python3 bench/step_python_calls.py --preset base": ("run", "python3 bench/step_python_calls.py --preset base"),
     "python3 bench/kernel_speed.py --calls 15": ("small", "python3 bench/kernel_speed.py --calls 1 --size batch-of-one"),
     "python3 bench/data_scale.py --pairs 500000,1500000,4500000":
         ("small", "python3 bench/data_scale.py --pairs 20000 --steps 1 --vocab-size 500"),

@@ -188,7 +188,7 @@ def test_what_is_watched_is_the_reference_as_written_and_its_fast_twin():
     ln, mha = exercises.get("layernorm"), exercises.get("multihead")
     assert sorted(numformer_backward_names(ln).values()) == [LN_FAST, LN]
     (code, name), = numformer_backward_names(mha).items()
-    # not the tap wrapper of numformer/module.py that every layer's backward passes through
+    # the method as written in attention.py
     assert name == mha.reference_name and code.co_name == "backward" and code.co_filename.endswith("attention.py")
 
 

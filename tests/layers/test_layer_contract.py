@@ -224,3 +224,25 @@ def test_tapped_puts_one_tap_on_many_layers_at_the_with_and_takes_them_all_off()
     for r in relus:
         r(x)
     assert len(seen) == 3  # every one removed, after the error too
+
+
+def test_an_untapped_layer_is_called_without_a_wrapper():
+    """Taps cost nothing where none is installed: a layer's class holds its methods as written (no wrapper of
+    module.py in between), a tap puts an attribute of the instance in front of them for its block only, and a
+    whole model's forward and backward call no tap machinery (counted with cProfile)."""
+    import cProfile
+    import pstats
+
+    lin = Linear(4, 3, rng=np.random.default_rng(0))
+    assert Linear.forward.__code__.co_filename.endswith("linear.py")  # the method as written
+    with lin.tap(forward=lambda m, run, x: run(x) * 2):
+        assert "forward" in vars(lin) and "backward" not in vars(lin)
+        x = np.ones((2, 4))
+        np.testing.assert_allclose(lin(x), 2 * Linear.forward(lin, x))
+    assert "forward" not in vars(lin) and lin._taps is None
+    model = Transformer(ModelConfig(vocab_size=30, d_model=16, d_ff=32, heads=2, layers=1), seed=0)
+    src = np.array([[5, 6, 7, 2]])
+    profile = cProfile.Profile()
+    profile.runcall(lambda: model.backward(np.ones_like(model(src, src))))
+    called = {name for (path, _line, name) in pstats.Stats(profile).stats if path.endswith("module.py")}
+    assert "_through_taps" not in called and "run" not in called
