@@ -91,8 +91,9 @@ class Module:
     Anyone may read what a layer holds through :attr:`saved` (a read-only view: ``linear.saved["x"]``),
     and each layer's docstring names its saved tensors: they are its public contract, not a private
     detail. A tool that must observe or change what a layer does (per-sentence statistics, the Hessian's
-    held ReLU sets, the studies) installs a *tap* for the length of a ``with`` block (:meth:`tap`); the
-    layer's own methods are never replaced, so a layer written later is observable by every tool.
+    held ReLU sets, the studies) installs a *tap* for the length of a ``with`` block (:meth:`tap`); no tool
+    replaces a layer's methods, and the tap mechanism needs nothing of a layer's class, so a layer written
+    later is observable by every tool (and an untapped layer is called without a wrapper).
     """
 
     _taps = None  # {"forward": [...], "backward": [...]} while a tap is installed on this instance
