@@ -22,14 +22,21 @@ class WorkerFailed(NumformerError):
     def __init__(self, what: str, returncode: int, stderr: str):
         lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
         if returncode < 0:
-            name = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else -returncode
-            said = f"killed by {name}" + (f" after: {lines[-1]}" if lines else "")
+            said = f"killed by {_signal_name(-returncode)}" + (f" after: {lines[-1]}" if lines else "")
             code = 128 - returncode
         else:
             said = lines[-1] if lines else f"exit status {returncode} and nothing on stderr"
             code = returncode
         super().__init__(f"the {what} failed: {said}")
         self.exit_code = code
+
+
+def _signal_name(number: int) -> str:
+    """SIGKILL for 9; the number itself for one the signal module does not name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def run_worker(cmd, what: str, **kwargs) -> subprocess.CompletedProcess:

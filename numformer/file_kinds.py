@@ -68,6 +68,9 @@ HF_WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin")
 NUMFORMER_NPZ_ENTRIES = ("model/", "optim/", "vocab/", "meta.npy")
 SENTENCEPIECE_SUFFIXES = (".model",)
 METRICS_LOGS = (run_file_names.METRICS, run_file_names.GRAD_STATS)
+#: The first bytes of a serialized Marian vocabulary (numformer.data.marian_vocab's format, which takes them from
+#: here: this floor tells files apart and may not import the data floor).
+MARIAN_VOCAB_MAGIC = b"NFMARIAN"
 
 
 class FileKindError(NumformerError, ValueError):
@@ -124,7 +127,7 @@ def _file_kind(path: Path, head: bytes) -> Kind:
         return NUMPY_ARCHIVE if name.endswith(".npz") else OTHER
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:  # a pickle: torch.save's legacy format
         return PYTORCH
-    if head.startswith(b"NFMARIAN"):  # numformer.data.marian_vocab.MAGIC (a higher floor: spelled here)
+    if head.startswith(MARIAN_VOCAB_MAGIC):
         return MARIAN_VOCAB
     safetensors = _safetensors_format(path, head)
     if safetensors is not None:

@@ -214,7 +214,7 @@ class Module:
         for prefix, m in self.named_modules():
             for attr, value in vars(m).items():
                 for item in (value if isinstance(value, (list, tuple)) else (value,)):
-                    if id(item) in old and item is not None and not isinstance(item, (Module, Parameter)):
+                    if id(item) in old and not isinstance(item, (Module, Parameter)):
                         raise StaleParameterArray(
                             f"{type(m).__name__} ({prefix or 'the model'}) keeps the array of parameter "
                             f"{old[id(item)]!r} in self.{attr}: the parameters now live in one buffer, so it "

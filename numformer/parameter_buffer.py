@@ -83,7 +83,7 @@ class ParameterBuffer:
 
     Packing copies each parameter's current value and gradient into the buffer and makes ``p.data`` and
     ``p.grad`` views into it (the old arrays are let go). ``names``: what :meth:`check` calls each parameter
-    (default: its index and shape).
+    (default: ``parameter I``, its index).
     """
 
     def __init__(self, params, names=None):

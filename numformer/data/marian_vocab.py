@@ -40,13 +40,15 @@ import struct
 from pathlib import Path
 from typing import Sequence
 
+from ..file_kinds import MARIAN_VOCAB_MAGIC
 from .errors import DataError
 from .hf_files import (BOOLEAN, FIX, INTEGER, STRING, TOKEN_STRING, InteropError, check_value, field,
                        read_json_object, read_sentencepiece)
 from .vocab import cut_at_eos, sentencepiece_module
 
-#: The first bytes of a serialized MarianVocab (a sentencepiece model starts with a protobuf tag instead).
-MAGIC = b"NFMARIAN"
+#: The first bytes of a serialized MarianVocab (a sentencepiece model starts with a protobuf tag instead); one
+#: definition, in numformer.file_kinds, which tells a file of this format by them.
+MAGIC = MARIAN_VOCAB_MAGIC
 #: The serialized format's version.
 FORMAT = 1
 #: The special tokens' strings MarianTokenizer uses unless its tokenizer_config.json names others.

@@ -53,7 +53,8 @@ class TrainConfig:
         the line names it} for values that did not come from a flag (a resumed run's ``run.json``), so that
         the user is not told to change a flag never typed. Returns self."""
         flags = {"max_nonfinite_in_a_row": "--stop-after-nonfinite"}
-        name = lambda field: (named or {}).get(field) or flags.get(field, "--" + field.replace("_", "-"))  # noqa: E731
+        flag = lambda field: flags.get(field, "--" + field.replace("_", "-"))  # noqa: E731
+        name = lambda field: (named or {}).get(field) or flag(field)  # noqa: E731
         for field in named or {}:  # run.json edited by hand: a value of the wrong type
             default, value = getattr(TrainConfig, field, None), getattr(self, field)
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -61,8 +62,7 @@ class TrainConfig:
                      or isinstance(default, str) and not isinstance(value, str))
             if wrong:
                 raise UsageError(f"{name(field)} is {value!r}, not a {'string' if isinstance(default, str) else 'number'}: "
-                                 "correct it, or resume "
-                                 f"with {flags.get(field, '--' + field.replace('_', '-'))} given")
+                                 f"correct it, or resume with {flag(field)} given")
         if self.max_steps is None and self.max_minutes is None:
             raise UsageError("give --max-steps or --max-minutes (or both): training needs an end")
         for field in ("max_tokens", "accum", "warmup", "keep_last", "average_last", "log_every",

@@ -1,6 +1,6 @@
 """The data-parallel step's pieces (see :mod:`numformer.training.distributed`): the step's batches dealt
-to the ranks, every gradient summed in one call on the parameter buffer's gradient array, and rank 0's
-arrays broadcast at the start.
+to the ranks, every gradient summed in place on the parameter buffer's gradient array (in measured pieces on
+the host, one call on a device), and rank 0's arrays broadcast at the start.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ places of the step by :class:`StepHooks`:
 hook                  what it does                                                            when it is on
 ====================  ======================================================================  =========================
 ``BatchDropoutKeys``  reseeds the dropout masks before each batch from its data position      ``--dropout-rng batch``, several processes
-``GradientAllReduce`` sums gradients, loss and NLL over the processes (one call per step)    several processes
+``GradientAllReduce`` sums gradients, loss and NLL over the processes (one buffer per step)  several processes
 ``LossScaling``       seeds backward with ``scale * dL/dlogits``, unscales the gradients,     ``--precision fp16``
                       skips an overflowing step and halves the scale
 ``GradientStatistics`` per-tensor gradient, weight, update and activation statistics, and    ``--log-grads N``, every N-th step
@@ -162,8 +162,8 @@ def dropout_seed(seed: int, epoch: int, position: int) -> int:
 
 class GradientAllReduce(StepHook):
     """Several processes: every gradient is a view into the parameter buffer's gradient array (two spare
-    slots carry the loss and the NLL), summed over the processes in one call; from here on every rank holds
-    the same sums."""
+    slots carry the loss and the NLL), summed over the processes in place (GradientBucket); from here on every
+    rank holds the same sums."""
 
     def __init__(self, world, bucket):
         self.world, self.bucket = world, bucket

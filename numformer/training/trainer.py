@@ -31,7 +31,7 @@ process computes it, with any number of processes and any ``accum``, and after a
 Several processes (``world``, see :mod:`numformer.training.distributed`): each optimizer step takes
 ``world.size * accum`` batches from the epoch's list (the same list on every rank), deals ``accum``
 of them to each rank by token count, normalises the loss by the target tokens of all of them, and
-sums gradients and loss across ranks in one call before the update, which is then the update one
+sums gradients and loss across ranks in the one gradient buffer before the update, which is then the update one
 process would make on all those batches. Rank 0 alone writes the run folder, logs and draws the
 progress bar.
 """
