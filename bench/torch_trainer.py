@@ -58,7 +58,8 @@ def check_architecture(cfg) -> None:
     d_k = d_model / h, no attention or ReLU dropout, as many decoder as encoder layers): one line otherwise."""
     odd = [name for name, ok in (
         ("--pre-norm", not cfg.pre_norm), ("--untied", cfg.tie_embeddings),
-        ("--positional learned", cfg.positional == "sinusoidal"), ("a SiLU activation", cfg.activation == "relu"),
+        ("--positional learned", cfg.positional == "sinusoidal"),
+        (f"the {cfg.activation} activation", cfg.activation == "relu"),
         ("a logits bias", not cfg.logits_bias), ("attention dropout", not cfg.attn_dropout),
         ("ReLU dropout", not cfg.relu_dropout), ("d_k other than d_model / heads",
                                                  cfg.head_dim_k * cfg.heads == cfg.d_model == cfg.head_dim_v * cfg.heads),

@@ -6,10 +6,15 @@ tokens (fully masked attention rows, whose scores must get no gradient),
 four heads, and random inputs; dropout is either off or replayed with a fixed mask
 (the model's RandomState is restored before every forward).
 
-The last two builders check what a Marian (opus-mt) model computes besides: SiLU, alone and in the
-feed-forward network, and ``Marian``: the pad row's gradient rule (``Embedding(padding_idx=...)``), alone and
-tied with the pre-softmax projection, and the whole model with SiLU, a frozen logits bias, that rule and a
-decoder input starting with pad. They come last so that every earlier case keeps its seed and probes.
+Every activation of numformer's table (numformer.activations) but ReLU, which has its own builder (kept away
+from its kink), is checked alone and in the feed-forward network by a builder made from its row
+(:func:`~grad_checks.layer_cases.activation_cases`): SiLU, what a Marian (opus-mt) model computes, GELU, ...
+``Marian`` checks the pad row's gradient rule (``Embedding(padding_idx=...)``), alone and tied with the
+pre-softmax projection, and the whole model with SiLU, a frozen logits bias, that rule and a decoder input
+starting with pad.
+
+Each builder's random numbers are seeded by its name (:func:`case_seed`, a CRC-32 of it), not by its place in
+:data:`BUILDERS`: a builder may be added anywhere and every other keeps its inputs.
 
 This file is the index (:data:`BUILDERS`, :func:`build_cases`) and the checks on a trained model's weights
 (:func:`checkpoint_cases`); the cases live by job: grad_checks/case_helpers.py (shapes, padded batches,
@@ -19,9 +24,11 @@ layers, the stacks, the whole model, Marian's). Every name they export stays imp
 from __future__ import annotations
 
 import contextlib
+import zlib
 
 import numpy as np
 
+from numformer.activations import ACTIVATIONS
 from numformer.finite_differences import GradCase
 from numformer.layers.registry import replaced
 from numformer.loss import LabelSmoothedCrossEntropy
@@ -30,14 +37,14 @@ from numformer.presets import ModelConfig
 
 from .case_helpers import (B, D, DFF, F64, HEADS, MARIAN_PAD, PAD, S, T, V, HeldPadEmbedding, Holder, _replay,
                            as_marian_ids, padded_batch, padded_ids, small_config)
-from .layer_cases import (SoftmaxFunction, dropout, embedding, feedforward, layernorm, learned_positions, linear,
-                          loss, multi_head, positional, projection, relu, residual, scaled_dot_product, silu,
-                          softmax)
+from .layer_cases import (SoftmaxFunction, activation_cases, dropout, embedding, feedforward, layernorm,
+                          learned_positions, linear, loss, multi_head, positional, projection, relu, residual,
+                          scaled_dot_product, softmax)
 from .model_cases import encoder_decoder_layers, marian, stacks, transformer
 
 __all__ = ["B", "BUILDERS", "D", "DFF", "F64", "HEADS", "MARIAN_PAD", "PAD", "S", "T", "TRAINED", "V",
            "HeldPadEmbedding", "Holder", "SoftmaxFunction", "_replay", "as_marian_ids", "build_cases",
-           "checkpoint_cases", "padded_batch", "padded_ids", "small_config"]
+           "case_seed", "checkpoint_cases", "padded_batch", "padded_ids", "small_config"]
 
 
 BUILDERS = {
@@ -47,9 +54,17 @@ BUILDERS = {
     "ScaledDotProductAttention": scaled_dot_product, "MultiHeadAttention": multi_head,
     "FeedForward": feedforward, "Residual": residual, "EncoderLayer": encoder_decoder_layers,
     "DecoderLayer": encoder_decoder_layers, "Encoder": stacks, "Decoder": stacks,
-    "LabelSmoothedCrossEntropy": loss, "Transformer": transformer,
-    "SiLU": silu, "Marian": marian,  # appended: the cases above keep their seeds
+    "LabelSmoothedCrossEntropy": loss, "Transformer": transformer, "Marian": marian,
 }
+# every activation of the table with a builder of its own made from its row (ReLU has one above)
+BUILDERS.update({row.layer: activation_cases(row.name) for row in ACTIVATIONS.values() if row.layer not in BUILDERS})
+
+
+def case_seed(name: str, seed: int = 0) -> list:
+    """The random seed of the builder called ``name``: ``[seed, CRC-32 of the name]``, the same wherever the
+    builder stands in :data:`BUILDERS` (a builder shared by several names is seeded by its first name)."""
+    first = next(n for n, b in BUILDERS.items() if b is BUILDERS[name])
+    return [seed, zlib.crc32(first.encode())]
 
 
 def build_cases(layers=None, seed: int = 0) -> list[GradCase]:
@@ -64,7 +79,7 @@ def build_cases(layers=None, seed: int = 0) -> list[GradCase]:
         if builder in done:
             continue
         done.add(builder)
-        rng = np.random.default_rng([seed, list(BUILDERS).index(n)])
+        rng = np.random.default_rng(case_seed(n, seed))
         cases += builder(rng)
     return cases
 

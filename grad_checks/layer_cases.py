@@ -2,18 +2,21 @@
 its GradCases (grad_checks/cases.py indexes them by layer name).
 
 Inputs are random, with padding where the layer sees ids or masks (fully masked attention rows among them),
-four heads, and dropout either off or replayed with a fixed mask. :func:`silu` checks what a Marian
-(opus-mt) model computes besides: SiLU alone and in the feed-forward network.
+four heads, and dropout either off or replayed with a fixed mask. :func:`activation_cases` builds the cases of
+every smooth activation of numformer's table (numformer.activations: SiLU, what a Marian opus-mt model
+computes, GELU, ...), alone and in the feed-forward network, from its row alone.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from numformer.activations import ACTIVATIONS
 from numformer.backend import RandomState
 from numformer.finite_differences import GradCase
 from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, LearnedPositionalEmbedding, Linear,
                               MultiHeadAttention, OutputProjection, PositionalEncoding, ReLU, Residual,
-                              ScaledDotProductAttention, SiLU)
+                              ScaledDotProductAttention)
+from numformer.layers.registry import layer_class
 from numformer.layers.softmax import softmax as softmax_fn, softmax_backward
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.module import Module
@@ -186,16 +189,23 @@ def loss(rng):
                      lambda m, i: m.loss.forward(i["logits"], tgt) * 1.0,
                      lambda m, g: {"logits": m.loss.backward() * g[0]})]
 
-def silu(rng):
-    """SiLU alone (no kink: nothing is kept away from 0; |x| up to 30, where the sigmoid saturates), and the
-    feed-forward network with it (Marian's swish)."""
-    m = SiLU()
-    x = 3.0 * rng.standard_normal((B, S, D))
-    x[0, 0, :5] = [-30.0, -8.0, 0.0, 8.0, 30.0]
-    f = FeedForward(D, DFF, rng=rng, dtype=F64, activation="silu")
-    for lin in (f.w_1, f.w_2):
-        lin.bias.data[:] = 0.1 * rng.standard_normal(lin.bias.shape)
-    return [GradCase("SiLU", "random, |x| up to 30", m, {"x": x},
-                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}),
-            GradCase("FeedForward", "d_ff 16, SiLU", f, {"x": rng.standard_normal((B, S, D))},
-                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+def activation_cases(name: str):
+    """The builder of the activation ``name``'s cases (a row of numformer.activations.ACTIVATIONS, smooth: no
+    kink, so nothing is kept away from 0): the layer alone on |x| up to 30 (where a gate saturates) with 0
+    exactly, and the feed-forward network with it (SiLU is Marian's swish)."""
+    row = ACTIVATIONS[name]
+
+    def build(rng):
+        m = layer_class(row.layer)()
+        x = 3.0 * rng.standard_normal((B, S, D))
+        x[0, 0, :5] = [-30.0, -8.0, 0.0, 8.0, 30.0]
+        f = FeedForward(D, DFF, rng=rng, dtype=F64, activation=name)
+        for lin in (f.w_1, f.w_2):
+            lin.bias.data[:] = 0.1 * rng.standard_normal(lin.bias.shape)
+        return [GradCase(row.layer, "random, |x| up to 30", m, {"x": x},
+                         lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}),
+                GradCase("FeedForward", f"d_ff 16, {row.layer}", f, {"x": rng.standard_normal((B, S, D))},
+                         lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+
+    build.__name__ = build.__qualname__ = name
+    return build

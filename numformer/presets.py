@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from .errors import UsageError
-from .layers.feedforward import ACTIVATIONS
+from .activations import ACTIVATIONS
 from .layers.init import DEFAULT_SCHEME, SCHEMES
 
 
@@ -44,8 +44,8 @@ class ModelConfig:
     Three fields represent what a Hugging Face ``MarianMTModel`` (opus-mt) computes differently; their defaults
     are the paper's, and a model file written before they existed loads with them:
 
-    * ``activation``: the feed-forward network's, ``"relu"`` (Eq. 2) or ``"silu"`` (``x * sigmoid(x)``,
-      Marian's ``swish``);
+    * ``activation``: the feed-forward network's, ``"relu"`` (Eq. 2) or another row of
+      :data:`numformer.activations.ACTIVATIONS` (``"silu"``, Marian's ``swish``; ``"gelu"``);
     * ``logits_bias``: the model holds a frozen vector ``final_logits_bias`` (vocab,) added to the logits,
       ``logits = h W^T + b``: saved and loaded with the weights, never trained (no gradient, not in
       ``parameters()``);
@@ -77,7 +77,7 @@ class ModelConfig:
     ln_eps: float = 1e-5
     pad_id: int = 0
     init: str = DEFAULT_SCHEME  # weight initialisation of the linear maps: one of layers/init.py's SCHEMES
-    activation: str = "relu"  # the feed-forward network's: "relu" (Eq. 2) or "silu" (Marian's swish)
+    activation: str = "relu"  # the feed-forward network's: a name of numformer.activations.ACTIVATIONS
     logits_bias: bool = False  # a frozen (vocab,) final_logits_bias added to the logits (Marian's), never trained
     pad_row_gradient: bool = True  # False: embedding lookups give the pad_id row no gradient (padding_idx)
 

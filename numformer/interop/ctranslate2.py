@@ -9,8 +9,9 @@ a zero start embedding, and none of them knows numformer's interleaved sinusoids
 What maps to what (numformer name -> CTranslate2 spec), V the vocabulary, d = d_model:
 
 * **architecture**: ``TransformerSpec.from_config((layers, decoder_layers), heads, pre_norm=...,
-  activation=RELU | SWISH)`` (``ModelConfig.activation`` "relu" | "silu": SiLU is CTranslate2's SWISH,
-  ``x * sigmoid(x)``); ``config.layer_norm_epsilon = ln_eps``.
+  activation=...)``, the member of ``common_spec.Activation`` that ``ModelConfig.activation``'s row of
+  :data:`numformer.activations.ACTIVATIONS` names (relu RELU, silu SWISH = ``x * sigmoid(x)``, gelu GELU, ...);
+  ``config.layer_norm_epsilon = ln_eps``.
 * **linear maps**: numformer's :class:`~numformer.layers.linear.Linear` computes ``y = x W + b`` with W (in, out);
   a CTranslate2 ``LinearSpec`` holds (out, in), as PyTorch does: every weight is transposed. Self-attention's
   three maps are one fused ``linear[0]`` of (3 d, d) rows ``[W_q^T; W_k^T; W_v^T]`` (biases concatenated
@@ -66,6 +67,7 @@ from pathlib import Path
 import numpy as np
 
 from . import InteropError
+from ..activations import ACTIVATIONS
 from ..checkpoint.trained_model import load_model
 from ..files import atomic_folder
 from ..layers.positional import sinusoid_table
@@ -92,8 +94,9 @@ def check_exportable(cfg) -> None:
         raise InteropError(f"CTranslate2 cannot hold d_k {cfg.head_dim_k} != d_v {cfg.head_dim_v} (Table 3's row B): "
                            "its attention gives queries, keys and values one head size")
     activation = getattr(cfg, "activation", "relu")
-    if activation not in ("relu", "silu"):
-        raise InteropError(f"CTranslate2 export knows the activations relu and silu, not {activation!r}")
+    if activation not in ACTIVATIONS or not ACTIVATIONS[activation].ctranslate2:
+        known = ", ".join(name for name, row in ACTIVATIONS.items() if row.ctranslate2)
+        raise InteropError(f"CTranslate2 export knows the activations {known}, not {activation!r}")
 
 
 def ct2_tokens(vocab) -> list[str]:
@@ -234,8 +237,7 @@ def transformer_spec(cfg, state: dict, vocab, embedding_scale: float | None = No
     check_exportable(cfg)
     if vocab.size != cfg.vocab_size:
         raise InteropError(f"the vocabulary has {vocab.size} pieces, the model {cfg.vocab_size} rows")
-    activation = {"relu": common_spec.Activation.RELU,
-                  "silu": common_spec.Activation.SWISH}[getattr(cfg, "activation", "relu")]
+    activation = getattr(common_spec.Activation, ACTIVATIONS[getattr(cfg, "activation", "relu")].ctranslate2)
     n_dec = cfg.n_decoder_layers
     head_dim = None if cfg.head_dim_k * cfg.heads == cfg.d_model else cfg.head_dim_k
     if head_dim is None:

@@ -15,16 +15,18 @@ represent is one :class:`~numformer.interop.InteropError` line naming the settin
 from __future__ import annotations
 
 from . import InteropError
+from ..activations import ACTIVATIONS as TABLE, from_transformers, transformers_names
 from ..data.hf_files import BOOLEAN, INTEGER, NUMBER, STRING, TOKEN_ID, check_value, field, shown
 from ..errors import UsageError, first_line
 from ..presets import ModelConfig
 
 #: The model folder's configuration file.
 CONFIG = "config.json"
-#: Marian's ``activation_function`` -> numformer's ``ModelConfig.activation`` (Marian's swish is SiLU).
-ACTIVATIONS = {"relu": "relu", "swish": "silu", "silu": "silu"}
-#: numformer's activation -> the name written into an exported config.json (opus-mt's own spelling).
-MARIAN_ACTIVATION = {"relu": "relu", "silu": "swish"}
+#: Marian's ``activation_function`` -> numformer's ``ModelConfig.activation`` (Marian's swish is SiLU), from
+#: the activations' table (numformer.activations: each row's transformers names).
+ACTIVATIONS = {name: from_transformers(name).name for name in transformers_names()}
+#: numformer's activation -> the name written into an exported config.json (the row's first: opus-mt's swish).
+MARIAN_ACTIVATION = {row.name: row.transformers[0] for row in TABLE.values()}
 #: transformers' LayerNorm eps (``nn.LayerNorm``'s default; MarianConfig has no setting for it).
 MARIAN_LN_EPS = 1e-5
 
@@ -66,7 +68,7 @@ def model_config_from_marian(config: dict, where="the model", path=None) -> Mode
                            f"{shown(model_type)} (numformer imports MarianMTModel, model_type 'marian')")
     act = field(c, "activation_function", STRING, path, default="gelu")  # MarianConfig's own default
     if act not in ACTIVATIONS:
-        refuse(where, f"activation_function {act!r}", "numformer's feed-forward block has relu and swish/silu")
+        refuse(where, f"activation_function {act!r}", f"numformer's feed-forward block has {', '.join(ACTIVATIONS)}")
     if not field(c, "scale_embedding", BOOLEAN, path, default=False):
         refuse(where, "scale_embedding false", "numformer always scales the embeddings by sqrt(d_model)")
     if not field(c, "share_encoder_decoder_embeddings", BOOLEAN, path, default=True):

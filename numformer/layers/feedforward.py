@@ -1,35 +1,32 @@
 """Position-wise feed-forward network (Section 3.3, Eq. 2).
 
 ``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2``, applied to each position alike.
-Shapes: x (..., d_model) -> (..., d_model), inner width d_ff. The activation is the paper's ReLU, or
-SiLU (``x * sigmoid(x)``, Marian's ``swish``, what the opus-mt translators use): ``activation``, from
-``ModelConfig.activation``. An optional dropout after the activation (tensor2tensor's relu_dropout) is off
-by default, as in the paper.
+Shapes: x (..., d_model) -> (..., d_model), inner width d_ff. The activation is the paper's ReLU, or one that
+stands in its place (SiLU, Marian's ``swish``, what the opus-mt translators use; GELU): ``activation``, from
+``ModelConfig.activation``, a name of :data:`numformer.activations.ACTIVATIONS`, whose row names the layer.
+An optional dropout after the activation (tensor2tensor's relu_dropout) is off by default, as in the paper.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ..activations import activation as activation_row
 from ..backend import DEFAULT_DTYPE
 from ..module import Module
 from .init import DEFAULT_SCHEME
 from .registry import layer_class
 
-#: ModelConfig.activation -> the layer (its name in numformer.layers.registry) the feed-forward network applies.
-ACTIVATIONS = {"relu": "ReLU", "silu": "SiLU"}
-
 
 class FeedForward(Module):
-    """Linear(d_model, d_ff) -> activation (ReLU or SiLU) -> [Dropout] -> Linear(d_ff, d_model)."""
+    """Linear(d_model, d_ff) -> activation (ReLU, or the table's ``activation``) -> [Dropout] -> Linear(d_ff, d_model)."""
 
     def __init__(self, d_model: int, d_ff: int, relu_dropout: float = 0.0, rng=None, dropout_rng=None,
                  dtype=DEFAULT_DTYPE, init: str = DEFAULT_SCHEME, activation: str = "relu"):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+        layer = activation_row(activation).layer  # ValueError naming the choices for an unknown name
         rng = rng if rng is not None else np.random.default_rng(0)
         self.w_1 = layer_class("Linear")(d_model, d_ff, rng=rng, dtype=dtype, init=init)
-        self.activation = layer_class(ACTIVATIONS[activation])()
+        self.activation = layer_class(layer)()
         self.dropout = layer_class("Dropout")(relu_dropout, dropout_rng)
         self.w_2 = layer_class("Linear")(d_ff, d_model, rng=rng, dtype=dtype, init=init)
 

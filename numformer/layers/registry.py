@@ -8,46 +8,54 @@ instead of naming the class, so putting another class under a name (:func:`repla
         model = Transformer(cfg)        # every LayerNorm in it is a MyLayerNorm
     # restored here; the model keeps its MyLayerNorms
 
-:data:`NAMES` lists the layers, in order, each with the module that registers numformer's own class
-(:func:`register`): ``numformer.layers`` for the layers, ``numformer.model`` for the stacks, ``numformer.loss``
-for the loss. This module imports no other part of numformer at import time, so each of them may import it
-without a circle; a layer asked for before its module was imported has the module imported then.
+A layer is registered once, where it is defined: ``@registered`` on its class (the layers, the stacks of
+``numformer.model``, the loss), or, for an activation, its row of :mod:`numformer.activations` (``numformer.layers``
+imports and registers each row's class). :data:`REGISTERING` names the modules whose import registers every
+class. This module imports no other part of numformer at import time, so each of them may import it without a
+circle; a layer asked for before its module was imported has those modules imported then.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
 
-# name -> the module that registers numformer's own class (in this order: numformer_classes() keeps it)
-NAMES = {
-    **dict.fromkeys(("Dropout", "Embedding", "FeedForward", "LayerNorm", "LearnedPositionalEmbedding", "Linear",
-                     "MultiHeadAttention", "OutputProjection", "PositionalEncoding", "ReLU", "Residual",
-                     "ScaledDotProductAttention", "SiLU"),
-                    "numformer.layers"),
-    **dict.fromkeys(("EncoderLayer", "DecoderLayer", "Encoder", "Decoder"), "numformer.model"),
-    "LabelSmoothedCrossEntropy": "numformer.loss",
-}
+#: The modules whose import registers every class (in this order: numformer_classes() keeps it).
+REGISTERING = ("numformer.layers", "numformer.model", "numformer.loss")
 
 _OWN: dict = {}       # name -> numformer's own class, as registered
 _REPLACED: dict = {}  # name -> the class put in its place now (inside a replaced() block)
 
 
+def registered(cls: type) -> type:
+    """Class decorator: register ``cls`` as numformer's own class under its name (returns it unchanged).
+    A class of another module or name under a name already registered is a ValueError (two layers may not
+    share a name); the same class defined again (its module reloaded) takes its place."""
+    old = _OWN.get(cls.__name__)
+    if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"two layer classes named {cls.__name__}: {old.__module__} and {cls.__module__}")
+    _OWN[cls.__name__] = cls
+    return cls
+
+
 def register(*classes) -> None:
-    """Register numformer's own classes under their names (each must be one of :data:`NAMES`)."""
+    """Register numformer's own classes under their names (what ``@registered`` does, for several at once)."""
     for cls in classes:
-        if cls.__name__ not in NAMES:
-            raise ValueError(f"{cls.__name__} is not one of numformer.layers.registry.NAMES: add it there first")
-        _OWN[cls.__name__] = cls
+        registered(cls)
+
+
+def _import_all() -> None:
+    for module in REGISTERING:
+        importlib.import_module(module)
 
 
 def _known(name: str) -> None:
-    """KeyError unless ``name`` is registered. A layer of :data:`NAMES` whose module is not imported yet
-    (the trainer builds the loss without importing ``numformer.loss`` itself) is imported here: those
-    modules are the layers, the loss and the model, which import this one only to register."""
-    if name not in _OWN and name in NAMES:
-        importlib.import_module(NAMES[name])
+    """KeyError unless ``name`` is registered. A layer whose module is not imported yet (the trainer builds the
+    loss without importing ``numformer.loss`` itself) is registered by importing :data:`REGISTERING`: those
+    modules are the layers, the model and the loss, which import this one only to register."""
     if name not in _OWN:
-        raise KeyError(f"no layer class registered as {name!r}: choose from {', '.join(NAMES)}")
+        _import_all()
+    if name not in _OWN:
+        raise KeyError(f"no layer class registered as {name!r}: choose from {', '.join(numformer_classes())}")
 
 
 def layer_class(name: str) -> type:
@@ -57,10 +65,18 @@ def layer_class(name: str) -> type:
 
 
 def numformer_classes() -> dict:
-    """name -> numformer's own class, for every layer of :data:`NAMES`, in that order."""
-    for name in NAMES:
-        _known(name)
-    return {name: _OWN[name] for name in NAMES}
+    """name -> numformer's own class, for every registered layer: the layers of ``numformer.layers`` by name,
+    then the model's stacks and the loss as registered."""
+    _import_all()
+    group = {module: i for i, module in enumerate(REGISTERING)}
+    place = {name: i for i, name in enumerate(_OWN)}
+
+    def order(name):
+        module = _OWN[name].__module__
+        g = next((group[m] for m in REGISTERING if module == m or module.startswith(m + ".")), len(group))
+        return (g, name if g == 0 else "", place[name])
+
+    return {name: _OWN[name] for name in sorted(_OWN, key=order)}
 
 
 @contextlib.contextmanager

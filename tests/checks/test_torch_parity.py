@@ -42,10 +42,12 @@ import numpy as np
 import pytest
 import torch
 
+from numformer.activations import ACTIVATIONS
 from numformer.backend import RandomState
 from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, LearnedPositionalEmbedding, Linear,
                               MultiHeadAttention, OutputProjection, PositionalEncoding, ReLU, Residual,
-                              ScaledDotProductAttention, SiLU)
+                              ScaledDotProductAttention)
+from numformer.layers.registry import layer_class
 from numformer.kernels import kernel_mode
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer
@@ -221,12 +223,19 @@ def case_embedding_pad_row(rng, dt):
                 lambda P, i, d: {"y": tm.embedding(P, "", _t(ids), D, padding_idx=MARIAN_PAD)})
 
 
-def case_silu(rng, dt):
-    """SiLU against ``torch.nn.functional.silu``, |x| up to 30 (the sigmoid saturated)."""
-    x = 3.0 * rng.standard_normal((B, S, D))
-    x[0, 0, :4] = [-30.0, -8.0, 8.0, 30.0]
-    return Case(SiLU(), {"x": x}, lambda m, i: {"y": m(i["x"])}, lambda m, g: {"x": m.backward(g["y"])},
-                lambda P, i, d: {"y": torch.nn.functional.silu(i["x"])})
+def case_activation(rng, dt, name, shape=(B, S, D), extremes=True):
+    """A smooth activation of numformer's table (SiLU, GELU, ...) against the function of
+    ``torch.nn.functional`` the table names for the mirror; with ``extremes`` |x| up to 30 (a gate saturated)."""
+    x = 3.0 * rng.standard_normal(shape)
+    if extremes:
+        x[0, 0, :4] = [-30.0, -8.0, 8.0, 30.0]
+    return Case(layer_class(ACTIVATIONS[name].layer)(), {"x": x}, lambda m, i: {"y": m(i["x"])},
+                lambda m, g: {"x": m.backward(g["y"])},
+                lambda P, i, d: {"y": tm.activation(None, "", i["x"], name)})
+
+
+#: the smooth activations of the table (ReLU's cases keep away from its kink: case_relu, case_feedforward)
+SMOOTH = [name for name in ACTIVATIONS if name != "relu"]
 
 
 def case_relu(rng, dt):
@@ -462,8 +471,8 @@ CASES = {
     "Linear": case_linear,
     "Embedding-repeated-ids": case_embedding,
     "Embedding-pad-row-rule": case_embedding_pad_row,
-    "SiLU": case_silu,
-    "FeedForward-SiLU": lambda r, d: case_feedforward(r, d, "silu"),
+    **{ACTIVATIONS[n].layer: lambda r, d, n=n: case_activation(r, d, n) for n in SMOOTH},
+    **{f"FeedForward-{ACTIVATIONS[n].layer}": lambda r, d, n=n: case_feedforward(r, d, n) for n in SMOOTH},
     "OutputProjection": case_output_projection,
     "PositionalEncoding-offset3": case_positional,
     "PositionalEncoding-odd-width": case_positional_odd_width,
@@ -803,11 +812,9 @@ def real_ffn(rng, dt):
                 lambda P, i, d: {"y": tm.feed_forward(P, "", i["x"])})
 
 
-def real_silu(rng, dt):
-    """SiLU at a training shape: 16 sentences of 40 positions, d_ff 1024."""
-    return Case(SiLU(), {"x": 3.0 * rng.standard_normal((16, 40, 1024))},
-                lambda m, i: {"y": m(i["x"])}, lambda m, g: {"x": m.backward(g["y"])},
-                lambda P, i, d: {"y": torch.nn.functional.silu(i["x"])})
+def real_activation(rng, dt, name):
+    """A smooth activation (SiLU, GELU, ...) at a training shape: 16 sentences of 40 positions, d_ff 1024."""
+    return case_activation(rng, dt, name, (16, 40, 1024), extremes=False)
 
 
 def real_layernorm(rng, dt):
@@ -879,7 +886,7 @@ REAL_CASES = {
     "MHA-cross-base-shape": lambda r, d: real_mha(r, d, cross=True, batch=BASE["batch"], tgt=BASE["tgt"]),
     "MHA-self-base-shape-batch-of-one": lambda r, d: real_mha(r, d, cross=False, batch=1, tgt=57),
     "FeedForward-base-shape": real_ffn,
-    "SiLU-16x40x1024": real_silu,
+    **{f"{ACTIVATIONS[n].layer}-16x40x1024": lambda r, d, n=n: real_activation(r, d, n) for n in SMOOTH},
     "LayerNorm-base-shape": real_layernorm,
     "EncoderLayer-base-shape-dropout": lambda r, d: real_layer(r, d, decoder=False),
     "DecoderLayer-base-shape-dropout": lambda r, d: real_layer(r, d, decoder=True),

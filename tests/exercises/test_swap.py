@@ -11,6 +11,7 @@ import pytest
 
 import lab_files
 from grad_checks import exercises
+from numformer.activations import ACTIVATIONS
 from numformer import loss as loss_module
 from numformer.checkpoint.trained_model import load_model
 from numformer.kernels import kernel_mode
@@ -65,7 +66,8 @@ def _reference_file(name, tmp_path):
 @pytest.mark.parametrize("name", SWAPPED)
 def test_a_swapped_layer_reaches_every_use_and_trains_bit_for_bit(name, tmp_path):
     ex, cls = _reference_file(name, tmp_path)
-    cfg = CFG.replace(activation="silu") if ex.swap == "SiLU" else CFG  # the feed-forward builds one activation
+    # the feed-forward builds one activation: the table's whose layer is swapped
+    cfg = next((CFG.replace(activation=row.name) for row in ACTIVATIONS.values() if row.layer == ex.swap), CFG)
     with kernel_mode("plain"):
         ref_model = Transformer(cfg, seed=3)
         ref_losses, ref_state = _train(ref_model, loss_module.LabelSmoothedCrossEntropy(0.1, 0), _batches())

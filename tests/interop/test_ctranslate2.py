@@ -33,6 +33,7 @@ import pytest
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
+from numformer.activations import ACTIVATIONS  # noqa: E402
 from numformer.checkpoint import save_checkpoint, vocab_fingerprint  # noqa: E402
 from numformer.checkpoint.trained_model import load_model  # noqa: E402
 from numformer.data import SubwordVocab, make_synthetic  # noqa: E402
@@ -179,7 +180,8 @@ def test_the_engine_is_as_close_to_float64_as_numformers_float32(reverse):
     dict(activation="silu", logits_bias=True, tie_embeddings=False),        # SWISH, projection bias, 3 matrices
     dict(positional="learned", ln_eps=1e-1, pre_norm=True),                 # a learned table, CT2's epsilon
     dict(d_k=12, d_v=12),                                                  # head_dim != d_model / heads
-], ids=["pre-LN", "silu-bias-untied", "learned-eps", "head-dim"])
+    *[dict(activation=name) for name in ACTIVATIONS if name not in ("relu", "silu")],  # GELU, ...: the table's
+], ids=["pre-LN", "silu-bias-untied", "learned-eps", "head-dim", *[n for n in ACTIVATIONS if n not in ("relu", "silu")]])
 def test_scores_equal_numformer_on_random_models(small_vocab, tmp_path, changes):
     model = random_model(small_vocab, **changes)
     src, tgt = random_pairs(small_vocab)

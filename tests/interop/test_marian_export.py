@@ -15,6 +15,7 @@ import torch  # noqa: E402
 from transformers import MarianMTModel, MarianTokenizer  # noqa: E402
 
 from marian_files import SRC_WORDS, exact_positions, sentences  # noqa: E402
+from numformer.activations import from_transformers, transformers_names  # noqa: E402
 from numformer.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from numformer.checkpoint_command import main  # noqa: E402
 from numformer.data.marian_vocab import vocab_from_bytes  # noqa: E402
@@ -121,10 +122,13 @@ def test_generate_greedy_equals_numformer_greedy(exported):
 
 
 # -- Marian in and back out ------------------------------------------------------------------------------------
-def test_marian_to_numformer_to_marian_gives_identical_arrays(marian, tmp_path, capsys):
+@pytest.mark.parametrize("activation", transformers_names())  # relu, swish, silu, gelu, ...: the table's
+def test_marian_to_numformer_to_marian_gives_identical_arrays(marian, tmp_path, capsys, activation):
+    """Every array and tokenizer file back as it was; the config too, but for an activation_function that is
+    not its row's first name (silu exports as swish, the same function): the row's first is written."""
     from safetensors.numpy import load_file
 
-    case = marian("swish")
+    case = marian(activation)
     out = export(case.npz, tmp_path / "again", capsys)
     before, after = load_file(str(case.folder / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert before.keys() == after.keys()
@@ -137,7 +141,10 @@ def test_marian_to_numformer_to_marian_gives_identical_arrays(marian, tmp_path, 
     keys = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "encoder_ffn_dim",
             "activation_function", "scale_embedding", "pad_token_id", "eos_token_id", "decoder_start_token_id",
             "max_position_embeddings", "dropout", "share_encoder_decoder_embeddings", "tie_word_embeddings")
+    assert new["activation_function"] == from_transformers(activation).transformers[0]
+    old["activation_function"] = new["activation_function"]
     assert {k: old[k] for k in keys} == {k: new[k] for k in keys}
+    assert MarianMTModel.from_pretrained(str(out)).config.activation_function == new["activation_function"]
     tok_old, tok_new = MarianTokenizer.from_pretrained(str(case.folder)), MarianTokenizer.from_pretrained(str(out))
     texts = sentences(SRC_WORDS, 3, 10)
     assert tok_old(texts)["input_ids"] == tok_new(texts)["input_ids"]

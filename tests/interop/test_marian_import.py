@@ -1,5 +1,6 @@
 """A Hugging Face Marian model imported into numformer computes what transformers computes: logits to 1e-10,
-the loss and every gradient to 1e-9 (float64, label smoothing 0, pads ignored), for both activations, a
+the loss and every gradient to 1e-9 (float64, label smoothing 0, pads ignored), for every activation_function
+name of numformer's activations table (relu, swish, silu, gelu, ...), a
 non-zero logits bias and encoder and decoder depths that differ, on a batch with padding whose decoder
 starts from pad. transformers' autograd is a third, independent check of numformer's hand-written backward
 (after finite differences and the PyTorch mirror), on a peer's implementation of the same model.
@@ -20,6 +21,7 @@ import pytest
 pytest.importorskip("transformers")
 import torch  # noqa: E402
 
+from numformer.activations import from_transformers, transformers_names  # noqa: E402
 from numformer.checkpoint import load_checkpoint  # noqa: E402
 from numformer.checkpoint_command import main  # noqa: E402
 from numformer.interop.marian import marian_permutation, marian_to_numformer  # noqa: E402
@@ -91,9 +93,11 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
 
 
-@pytest.mark.parametrize("activation", ["relu", "swish"])
+@pytest.mark.parametrize("activation", transformers_names())  # relu, swish, silu, gelu, ...: the table's
 def test_logits_loss_and_every_gradient_equal_transformers(marian, activation):
     case = marian(activation)
+    cfg = ModelConfig.from_dict(load_checkpoint(case.npz).meta["model_config"])
+    assert cfg.activation == from_transformers(activation).name
     logits, loss, grads = numformer_run(case)
     t_logits, t_loss, t_grads = transformers_run(case)
     assert np.abs(logits - t_logits).max() <= LOGITS_TOL, np.abs(logits - t_logits).max()
@@ -190,7 +194,7 @@ def _variant(case, tmp_path, config=None, drop=(), files=None):
 BAD_CONFIGS = {
     "bart": ({"model_type": "bart"}, "model_type 'bart'"),
     "t5": ({"model_type": "t5"}, "model_type 't5'"),
-    "gelu": ({"activation_function": "gelu"}, "activation_function 'gelu'"),
+    "quick-gelu": ({"activation_function": "quick_gelu"}, "activation_function 'quick_gelu'"),
     "untied": ({"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings false"),
     "lm-head": ({"tie_word_embeddings": False}, "tie_word_embeddings false"),
     "no-scale": ({"scale_embedding": False}, "scale_embedding false"),

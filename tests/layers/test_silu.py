@@ -45,5 +45,5 @@ def test_the_activation_reaches_every_feed_forward_block():
     assert len(ffns) == 4 and all(type(f.activation) is SiLU for f in ffns)
     assert not [m for m in Transformer(cfg).modules() if isinstance(m, ReLU)]
     assert type(FeedForward(8, 16).activation) is ReLU  # the paper's by default
-    with pytest.raises(ValueError, match="activation must be one of relu, silu, got 'gelu'"):
-        FeedForward(8, 16, activation="gelu")
+    with pytest.raises(ValueError, match="activation must be one of relu, silu, .*got 'swish'"):
+        FeedForward(8, 16, activation="swish")  # Marian's name for it is not numformer's (the table maps it)

@@ -4,7 +4,9 @@ Written with torch ops and autograd only; nothing here calls numformer code, so 
 is an independent second implementation of the paper (Vaswani et al. 2017):
 
 * torch's own building blocks where their semantics match numformer's:
-  ``F.linear``, ``F.embedding``, ``F.layer_norm``, ``torch.softmax``, ``F.relu``, ``F.silu``,
+  ``F.linear``, ``F.embedding``, ``F.layer_norm``, ``torch.softmax``, ``F.relu``, and for another feed-forward
+  activation the function of ``torch.nn.functional`` its row of numformer's activations table names (``F.silu``,
+  ``F.gelu``: the table is read, numformer's code is not called),
   ``F.cross_entropy(label_smoothing=eps)`` (eps spread as eps/V over all V classes,
   the same convention as numformer's loss);
 * what a Marian (opus-mt) model computes besides, as PyTorch and transformers' ``MarianMTModel`` do it:
@@ -47,6 +49,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from numformer.activations import ACTIVATIONS
+
 MASKED_SCORE = -1e9
 
 
@@ -66,7 +70,7 @@ class Arch:
     pad_id: int = 0
     label_smoothing: float = 0.1
     positional: str = "sinusoidal"  # or "learned" (Table 3 row E): the tables src_pos.weight, tgt_pos.weight
-    activation: str = "relu"        # or "silu" (Marian's swish)
+    activation: str = "relu"        # or another row of numformer.activations.ACTIVATIONS ("silu": Marian's swish)
     logits_bias: bool = False       # the frozen final_logits_bias added to the logits (MirrorParams.frozen)
     pad_row_gradient: bool = True   # False: F.embedding(padding_idx=pad_id), torch's nn.Embedding(padding_idx)
 
@@ -163,13 +167,15 @@ def relu(replay, name: str, x):
 
 
 def activation(replay, name: str, x, kind: str = "relu"):
-    """The feed-forward network's activation: ReLU (replayed as :func:`relu`) or SiLU, ``F.silu`` (smooth:
-    nothing to replay)."""
-    if kind == "silu":
-        return F.silu(x)
-    if kind != "relu":
+    """The feed-forward network's activation: ReLU (replayed as :func:`relu`), or the function of
+    ``torch.nn.functional`` the activations table names for ``kind`` (``F.silu``, ``F.gelu(approximate=...)``:
+    smooth, nothing to replay)."""
+    if kind not in ACTIVATIONS:
         raise ValueError(f"unknown activation {kind!r}")
-    return relu(replay, name, x)
+    if kind == "relu":
+        return relu(replay, name, x)
+    row = ACTIVATIONS[kind]
+    return getattr(F, row.torch)(x, **row.torch_kwargs)
 
 
 # -- layers ------------------------------------------------------------------------
@@ -250,7 +256,7 @@ def multi_head(P, prefix: str, x, memory=None, mask=None, *, heads: int, d_k: in
 
 def feed_forward(P, prefix: str, x, replay=None, kind: str = "relu"):
     """Eq. 2: max(0, x W1 + b1) W2 + b2 (ReLU active sets and ReLU dropout replayed when given); ``kind``
-    "silu": SiLU in place of the ReLU."""
+    another activation of the table ("silu", "gelu") in place of the ReLU."""
     h = activation(replay, _join(prefix, "activation"), linear(P, _join(prefix, "w_1"), x), kind)
     h = dropout(replay, _join(prefix, "dropout"), h)
     return linear(P, _join(prefix, "w_2"), h)
