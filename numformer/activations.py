@@ -52,6 +52,7 @@ ACTIVATIONS = {row.name: row for row in (
     Activation("relu", "ReLU", ("relu",), "RELU", "relu"),
     Activation("silu", "SiLU", ("swish", "silu"), "SWISH", "silu"),
     Activation("gelu", "GELU", ("gelu",), "GELU", "gelu"),
+    Activation("gelu_tanh", "GELUTanh", ("gelu_new", "gelu_pytorch_tanh"), "GELUTanh", "gelu", {"approximate": "tanh"}),
 )}
 
 
