@@ -17,6 +17,18 @@ import pytest  # noqa: E402
 
 from support import copy_run, cuda_available, random_run, run_copy  # noqa: F401, E402  (shared fixtures)
 from worst_error import CACHE_KEY, WORST, record_worst, summary_lines  # noqa: E402
+import process_state  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def process_state_put_back():
+    """Every test leaves the worker's process-wide settings as it found them (tests/process_state.py says why)."""
+    before = process_state.snapshot()
+    yield
+    changed = process_state.changes(before, process_state.snapshot())
+    if changed:
+        pytest.fail("this test changed process-wide state that later in-process runs of this worker would "
+                    "inherit; put it back (monkeypatch, a context manager or try/finally):\n" + "\n".join(changed))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -133,6 +133,11 @@ def set_disabled(names) -> frozenset:
     return previous
 
 
+def disabled() -> frozenset:
+    """The kernel files left out now (:func:`set_disabled`, else ``NUMFORMER_KERNELS_OFF``)."""
+    return _left_out()
+
+
 def registered() -> dict:
     """{plain function's dotted name: fast function} for every kernel (loads them)."""
     return {name: twin.fast for name, twin in _registry().items()}

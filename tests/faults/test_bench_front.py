@@ -13,6 +13,7 @@ workers as the real child processes they are.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from numformer.errors import NumformerError
 from support import ROOT, assert_one_line_error, load_file_module, run_main
 
 BENCH = ROOT / "bench"
+THREAD_VARS = load_file_module(BENCH / "thread_env.py", "bench_front_thread_env").THREAD_VARS
 # a value of NUMFORMER_KERNELS numformer refuses: set for a worker only, it fails at once with its own line
 REFUSED_KERNELS = "turbo"
 REFUSED_LINE = "error: the environment variable NUMFORMER_KERNELS holds 'turbo'"
@@ -30,8 +32,14 @@ REFUSED_LINE = "error: the environment variable NUMFORMER_KERNELS holds 'turbo'"
 
 @pytest.fixture
 def bench(monkeypatch):
-    """Loads a bench script by its name as a module (bench/ on the path, as when it is run)."""
+    """Loads a bench script by its name as a module (bench/ on the path, as when it is run). A bench's main pins
+    the thread counts of the environment for its workers (bench/thread_env.py): they are put back after the
+    test, or every later subprocess of this pytest worker would run on other thread counts than the worker."""
     monkeypatch.syspath_prepend(str(BENCH))
+    for var in THREAD_VARS:  # setenv records the value to put back (none: the variable is removed again)
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+        if not os.environ[var]:
+            monkeypatch.delenv(var)
 
     def load(name: str):
         return load_file_module(BENCH / f"{name}.py", f"bench_front_{name}")
