@@ -22,8 +22,9 @@ Two ways a student's code gets there:
   class) is then called by numformer's layer, from numformer's file, and no call is the student's:
   :func:`reexported` compares the answer's code object with numformer's.
 
-Only the thread that runs the grading is watched: the student's code runs there (numformer's host threads run
-numformer's kernels). A profiler installed before (cProfile, a Python profile function) is put back afterwards,
+The student's code runs on the grading thread, which the profiler watches; what it hands to another thread, a
+process or ``exec`` is found by grad_checks/trip_wires.py (numformer's backward and its twin made trip wires for
+every thread, an audit hook for processes and exec). A profiler installed before (cProfile, a Python profile function) is put back afterwards,
 and a Python one still sees every event in between.
 """
 from __future__ import annotations
@@ -36,19 +37,37 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import threading
+
 import numformer
+
+from .trip_wires import original_code, wired
 
 
 @dataclass(frozen=True)
 class OwnCall:
     """numformer's own backward for the exercise, used by the student's code: called from ``file`` at ``line``,
-    or (``line`` None) the student's function is numformer's itself."""
+    or (``line`` None, ``how`` "call") the student's function is numformer's itself. ``how``: "call" (on the
+    grading thread), "thread" (from another thread; ``detail`` its name), "process" (a process started, where
+    no watch reaches; ``detail`` its command, ``callee`` None) or "exec" (numformer's source run through exec):
+    grad_checks/trip_wires.py finds the last three."""
 
-    callee: str         # its dotted name: "numformer.layers.layernorm.layernorm_backward"
+    callee: str | None  # its dotted name: "numformer.layers.layernorm.layernorm_backward"
     file: str | None    # the student's file (or the helper beside it) the call is made from
     line: int | None
+    how: str = "call"
+    detail: str | None = None
+
+    def where(self) -> str:
+        return f"{Path(self.file).name}:{self.line}" if self.file and self.line else f"thread {self.detail!r}"
 
     def __str__(self) -> str:
+        if self.how == "thread":
+            return f"numformer's {self.callee}, called from a thread ({self.where()})"
+        if self.how == "process":
+            return f"a process started ({self.detail}; {self.where()})"
+        if self.how == "exec":
+            return f"numformer's {self.callee} run from its source through exec ({self.where()})"
         where = Path(self.file).name if self.file else "the answer"
         if self.line is None:
             return f"numformer's {self.callee} itself ({where} assigns it instead of writing it)"
@@ -60,6 +79,13 @@ def describe(calls) -> str:
     numformer.layers.layernorm.layernorm_backward (my_layernorm.py:81)``) and how many more there are."""
     first, n = calls[0], len(calls) - 1
     more = f" (and {n} more use{'s' if n != 1 else ''})" if n else ""
+    if first.how == "thread":
+        return f"calls numformer's own {first.callee} from a thread ({first.where()}){more}"
+    if first.how == "process":
+        return (f"starts a process ({first.detail}; {first.where()}): the grading cannot see what it computes, "
+                f"so the answer cannot be graded as yours{more}")
+    if first.how == "exec":
+        return f"runs numformer's own {first.callee} from its source through exec ({first.where()}){more}"
     if first.line is None:
         return f"is numformer's own {first.callee}, assigned instead of written{more}"
     return f"calls numformer's own {first.callee} ({Path(first.file).name}:{first.line}){more}"
@@ -82,17 +108,22 @@ def _unwrapped(fn):
     return fn
 
 
-def numformer_backward_names(ex) -> dict:
-    """{code object: dotted name} of what a student's backward for ``ex`` must not use: numformer's reference
-    (a method's own code) and its fast twins."""
+def numformer_backward_functions(ex) -> dict:
+    """{function: dotted name} of what a student's backward for ``ex`` must not use: numformer's reference (a
+    method's own function) and its fast twins."""
     from numformer.kernels import fast_twin  # noqa: PLC0415  (loads the kernel files: only when grading)
 
-    codes = {_unwrapped(ex.target).__code__: ex.reference_name}
+    functions = {_unwrapped(ex.target): ex.reference_name}
     twin = fast_twin(ex.target)
     if twin is not None:
         twin = _unwrapped(twin)
-        codes[twin.__code__] = f"{twin.__module__}.{twin.__qualname__}"
-    return codes
+        functions[twin] = f"{twin.__module__}.{twin.__qualname__}"
+    return functions
+
+
+def numformer_backward_names(ex) -> dict:
+    """{code object as written: dotted name} of :func:`numformer_backward_functions` (a trip wire on or not)."""
+    return {original_code(fn): name for fn, name in numformer_backward_functions(ex).items()}
 
 
 def _answer_function(ex, answer):
@@ -108,7 +139,8 @@ def _answer_function(ex, answer):
 def reexported(ex, answer, file=None) -> OwnCall | None:
     """An :class:`OwnCall` (line None) when the student's function for ``ex`` is numformer's own (assigned, or
     wrapped in something that only forwards to it), else None."""
-    code = getattr(_unwrapped(_answer_function(ex, answer)), "__code__", None)
+    fn = _unwrapped(_answer_function(ex, answer))
+    code = original_code(fn) if hasattr(fn, "__code__") else None  # as written, a trip wire on it or not
     # identity, not ==: code objects compare by content, and a copy of numformer's source at the same line
     # numbers (written, not assigned) would compare equal
     name = next((n for c, n in numformer_backward_names(ex).items() if c is code), None)
@@ -160,6 +192,14 @@ def watch(ex, file, answer=None, whose=None):
         calls.append(own)
     previous = sys.getprofile()
     chain = previous if callable(previous) else None
+    grading = threading.current_thread()
+
+    def record(callee, frame, how, detail):
+        where = (None, None) if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+        key = (callee, *where, how, None if frame is not None else detail)
+        if key not in seen:
+            seen.add(key)
+            calls.append(OwnCall(callee, *where, how, detail))
 
     def profile(frame, event, arg):
         if event == "call":
@@ -168,17 +208,20 @@ def watch(ex, file, answer=None, whose=None):
                 caller = frame.f_back
                 while caller is not None and _in_numformer(caller.f_code.co_filename, library):
                     caller = caller.f_back  # numformer only passed the call on: its caller made it
-                if caller is not None and theirs(caller.f_code.co_filename):
-                    key = (callee, caller.f_code.co_filename, caller.f_lineno)
-                    if key not in seen:
-                        seen.add(key)
-                        calls.append(OwnCall(*key))
-        if chain is not None:
+                here = threading.current_thread()
+                if here is not grading:  # a thread the student's code started (trip_wires.wired gives it this)
+                    while caller is not None and not theirs(caller.f_code.co_filename):
+                        caller = caller.f_back
+                    record(callee, caller, "thread", here.name)
+                elif caller is not None and theirs(caller.f_code.co_filename):
+                    record(callee, caller, "call", None)
+        if chain is not None and threading.current_thread() is grading:
             chain(frame, event, arg)
 
     sys.setprofile(profile)
     try:
-        yield calls
+        with wired(numformer_backward_functions(ex), record, theirs, profile):
+            yield calls
     finally:
         if previous is not None and not callable(previous) and hasattr(previous, "enable"):
             sys.setprofile(None)

@@ -233,3 +233,89 @@ def test_check_says_not_yours_for_an_answer_that_calls_numformers(tmp_path):
     # the same file with the reference written out is the student's own, and exact
     result, status, _ = lab.check_file(str(lab_files.write(ex, ex.target, tmp_path)))
     assert status == 0 and result.exact and result.not_yours is None
+
+
+# -- what the grading thread's profiler cannot see: other threads, processes, exec (grad_checks/trip_wires.py) ------
+
+def from_a_thread_it_starts(dy, xhat, r, gamma):
+    import threading
+    from numformer.layers.layernorm import layernorm_backward
+    out = []
+    worker = threading.Thread(target=lambda: out.append(layernorm_backward(dy, xhat, r, gamma)), name="helper")
+    worker.start()
+    worker.join()
+    return out[0]
+
+
+def from_a_thread_pool(dy, xhat, r, gamma):
+    from concurrent.futures import ThreadPoolExecutor
+    import numformer.layers.layernorm as L
+    with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
+        return pool.submit(L.layernorm_backward, dy, xhat, r, gamma).result()
+
+
+def from_numformers_own_thread_pool(dy, xhat, r, gamma):
+    from numformer.kernels.host import threads
+    from numformer.kernels.layernorm import layernorm_backward_fast
+    return threads._get_pool(2).submit(layernorm_backward_fast, dy, xhat, r, gamma).result()
+
+
+def through_a_process(dy, xhat, r, gamma):
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-c", "pass"], check=True)  # (what it computes is out of the grading's sight)
+    from grad_checks.exercises.layernorm import layernorm_backward as copied  # noqa: F401  (never reached: see below)
+
+
+def through_exec_of_numformers_source(dy, xhat, r, gamma):
+    import inspect
+    import numformer.layers.layernorm as L
+    namespace = dict(vars(L))
+    exec(inspect.getsource(L.layernorm_backward), namespace)
+    return namespace["layernorm_backward"](dy, xhat, r, gamma)
+
+
+@pytest.mark.parametrize("fn, how, text", [
+    (from_a_thread_it_starts, "thread", "out.append(layernorm_backward("),
+    (from_a_thread_pool, "thread", None),  # the pool's thread calls it: no line of the student's on its stack
+    (from_numformers_own_thread_pool, "thread", None),  # a thread started before the grading, numformer's own
+    (through_exec_of_numformers_source, "exec", "exec(inspect.getsource("),
+])
+def test_numformers_backward_used_off_the_grading_thread_is_not_yours(fn, how, text, tmp_path):
+    """The cheats of issue 61 graded EXACT before the trip wires: numformer's backward called from a worker
+    thread (one the code starts, a pool's, numformer's own pool started before the grading), or its source run
+    through exec. Each is found, with the student's line where one is on the stack, and the grade is NOT YOURS."""
+    from numformer.kernels.host import threads
+    threads._get_pool(2).submit(lambda: None).result()  # numformer's pool exists before the watch starts
+    ex = exercises.get("layernorm")
+    path, answer = _answer(ex, fn, tmp_path)
+    result, calls = _graded(ex, answer, path)
+    assert calls and {c.how for c in calls} == {how}, calls
+    if text is not None:
+        assert (calls[0].file, calls[0].line) == (str(path), _line(path, text))
+    assert not result.exact and result.not_yours == describe(calls)
+    assert result.summary().startswith("NOT YOURS: ")
+
+
+def test_a_process_started_by_the_answer_is_named_and_not_graded_as_its_own(tmp_path):
+    ex = exercises.get("layernorm")
+    path, answer = _answer(ex, through_a_process, tmp_path)
+    result, calls = _graded(ex, answer, path)
+    assert calls[0].how == "process" and (calls[0].file, calls[0].line) == (str(path), _line(path, "subprocess.run("))
+    assert "-c pass" in calls[0].detail
+    assert not result.exact and result.not_yours.startswith("starts a process (")
+
+
+def test_the_trip_wires_are_taken_off_after_the_grading(tmp_path):
+    """The functions run their own code again, and a thread calling them later is not counted."""
+    from numformer.layers.layernorm import layernorm_backward
+    ex = exercises.get("layernorm")
+    code = layernorm_backward.__code__
+    path, answer = _answer(ex, from_a_thread_it_starts, tmp_path)
+    _graded(ex, answer, path)
+    assert layernorm_backward.__code__ is code
+    with watch(ex, path) as calls:
+        pass
+    rng = np.random.default_rng(0)
+    answer(rng.normal(size=(2, 4)), rng.normal(size=(2, 4)), rng.random((2, 1)), rng.normal(size=4))
+    assert calls == []
