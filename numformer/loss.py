@@ -49,6 +49,8 @@ def smoothed_cross_entropy_backward(p, y, eps: float, weight):
 class LabelSmoothedCrossEntropy:
     """Forward returns the smoothed loss (a 0-d array, on the logits' device); backward its gradient."""
 
+    kinks = False  # log-softmax and sums (Module.kinks: the layer contract)
+
     def __init__(self, smoothing: float = 0.1, pad_id: int = 0):
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"label smoothing must be in [0, 1), got {smoothing}")

@@ -47,6 +47,8 @@ def decoder_self_mask(tgt_in, pad_id: int):
 class EncoderLayer(Module):
     """Self-attention and feed-forward, each in a residual sub-layer (Section 3.1, Figure 1 left)."""
 
+    kinks = False  # composes its children (Module.kinks: the layer contract)
+
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
         d = cfg.d_model
@@ -69,6 +71,8 @@ class EncoderLayer(Module):
 
 class DecoderLayer(Module):
     """Masked self-attention, encoder-decoder attention and feed-forward (Section 3.1, Figure 1 right)."""
+
+    kinks = False  # composes its children (Module.kinks: the layer contract)
 
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
@@ -117,6 +121,8 @@ class DecoderLayer(Module):
 class Encoder(Module):
     """N encoder layers (Section 3.1); a pre-LN stack ends with a final LayerNorm."""
 
+    kinks = False  # composes its children (Module.kinks: the layer contract)
+
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
         self.layers = [layer_class("EncoderLayer")(cfg, rng, dropout_rng, dtype) for _ in range(cfg.layers)]
@@ -138,6 +144,8 @@ class Encoder(Module):
 
 class Decoder(Module):
     """N decoder layers (Section 3.1); a pre-LN stack ends with a final LayerNorm."""
+
+    kinks = False  # composes its children (Module.kinks: the layer contract)
 
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
@@ -193,6 +201,8 @@ class Transformer(Module):
     ``numpy.random.default_rng(seed)`` then cast to ``dtype``; dropout masks come
     from one :class:`RandomState` per model (``self.rng``), seeded from ``seed`` too.
     """
+
+    kinks = False  # a scale and sums around its children (Module.kinks: the layer contract)
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, dtype=np.float32):
         super().__init__()

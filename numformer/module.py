@@ -94,8 +94,31 @@ class Module:
     held ReLU sets, the studies) installs a *tap* for the length of a ``with`` block (:meth:`tap`); no tool
     replaces a layer's methods, and the tap mechanism needs nothing of a layer's class, so a layer written
     later is observable by every tool (and an untapped layer is called without a wrapper).
+
+    **Kinks, declared.** A layer says whether its forward is smooth with the class attribute :attr:`kinks`,
+    because the tools that differentiate through it cannot find out by themselves: the Hessian-vector
+    products (numformer/curvature/hvp.py) are a difference of gradients, which a kink (ReLU at 0) makes
+    meaningless unless each kinked layer stays on the piece it was on at the point, and the finite-difference
+    checks (numformer/finite_differences/kinks.py) must drop a probe whose two sides fall on different pieces.
+
+    * ``kinks = None`` (Module's default): undeclared. The Hessian tools refuse a model holding a *leaf* layer
+      (one without child modules) that leaves it undeclared, in one line (:class:`UndeclaredKinks`); a
+      composite only composes its children unless it says otherwise. The finite-difference checks take an
+      undeclared layer as smooth and say so in their report (a probe across an undeclared kink can only fail a
+      right backward, never pass a wrong one).
+    * ``kinks = False``: the forward is smooth (twice differentiable) everywhere; for a composite, what it
+      computes itself outside its children is. Every numformer layer class but ReLU says so, the loss too;
+      Dropout with its mask fixed is linear. A subclass inherits its parent's declaration.
+    * ``kinks = True``: the forward is smooth piece by piece (ReLU, leaky ReLU, squared ReLU). The layer then
+      provides :attr:`active_set`, the piece each element was on in the last training-mode forward (a bool
+      array, the elements' shape, for two pieces; an integer array for more; None when nothing was kept), and
+      :meth:`forward_on_pieces` ``(x, pieces)``: the same forward with every element held on the piece
+      ``pieces`` names (an earlier ``active_set``) whatever its input is now, saving what backward needs so
+      that backward is that piece's derivative (ReLU: ``y = x * pieces``). :func:`kinked_layers` checks both
+      are there.
     """
 
+    kinks = None  # None: undeclared; False: smooth; True: piecewise, with active_set and forward_on_pieces
     _taps = None  # {"forward": [...], "backward": [...]} while a tap is installed on this instance
 
     def __init__(self):
@@ -301,6 +324,20 @@ class Module:
             if not any(self._taps.values()):
                 object.__setattr__(self, "_taps", None)
 
+    # -- kinks: the pieces of a piecewise layer (see the class docstring) ----------
+    @property
+    def active_set(self):
+        """The piece each element was on in the last training-mode forward, for a layer with ``kinks = True``
+        (bool, the elements' shape, for two pieces); None here: a layer without kinks has one piece."""
+        return None
+
+    def forward_on_pieces(self, x, pieces):
+        """The forward of ``x`` with every element held on the piece ``pieces`` says (an earlier
+        :attr:`active_set`), saving what backward needs for that piece's derivative; a layer with
+        ``kinks = True`` provides it."""
+        raise NotImplementedError(f"{type(self).__name__} declares kinks = {self.kinks!r} and has no "
+                                  "forward_on_pieces")
+
     # -- devices and dtypes --------------------------------------------------
     def to(self, xp=None, dtype=None) -> "Module":
         """Move every parameter and buffer to array module ``xp`` and/or cast to ``dtype``.
@@ -361,12 +398,66 @@ class Module:
             target[...] = to_xp(value, get_array_module(target), target.dtype)  # in place: the array the layer holds
 
 
+class UndeclaredKinks(NumformerError, ValueError):
+    """A tool that needs to know a layer's kinks was given a layer that does not declare them (or declares
+    ``kinks = True`` without the pieces): one line naming the layer and what to write
+    (:attr:`Module.kinks`). Also a ValueError."""
+
+
+def _declares_pieces(layer) -> bool:
+    """An ``active_set`` and a ``forward_on_pieces`` of the layer's own (a Module's, not Module's placeholders)."""
+    if not isinstance(layer, Module):
+        return hasattr(layer, "forward_on_pieces") and hasattr(layer, "active_set")
+    cls = type(layer)
+    return all(getattr(cls, name, None) is not getattr(Module, name) or name in vars(layer)
+               for name in ("active_set", "forward_on_pieces"))
+
+
+def _has_children(layer) -> bool:
+    return isinstance(layer, Module) and next(iter(layer.named_children()), None) is not None
+
+
+def kink_declarations(modules) -> tuple[list, list]:
+    """``modules``: (name, layer) pairs (``named_modules()``; a layer need not be a Module, its ``kinks``
+    attribute is read). -> (the layers declaring ``kinks = True``, the names of the *leaf* layers that leave
+    ``kinks`` undeclared). A layer declaring ``kinks = True`` without ``active_set`` and ``forward_on_pieces``
+    is refused here, in one line (:class:`UndeclaredKinks`)."""
+    kinked, undeclared = [], []
+    for name, m in modules:
+        kinks = getattr(m, "kinks", None)
+        if kinks is True:
+            if not _declares_pieces(m):
+                raise UndeclaredKinks(
+                    f"{type(m).__name__} ({name or 'the layer'}) declares kinks = True but does not provide its "
+                    "pieces: give it an active_set property (the piece each element was on in the last training "
+                    "forward) and forward_on_pieces(x, pieces) (the forward held on those pieces), see "
+                    "numformer/module.py's Module")
+            kinked.append(m)
+        elif kinks is None and not _has_children(m):
+            undeclared.append(f"{type(m).__name__} ({name})" if name else type(m).__name__)
+    return kinked, undeclared
+
+
+def kinked_layers(model, tool: str) -> list:
+    """The layers of ``model`` declaring ``kinks = True`` (each with its pieces), for ``tool`` (named in the
+    message), which needs every kink declared: a leaf layer leaving :attr:`Module.kinks` undeclared is refused
+    in one line (:class:`UndeclaredKinks`), as is one declaring kinks without its pieces."""
+    kinked, undeclared = kink_declarations(model.named_modules())
+    if undeclared:
+        raise UndeclaredKinks(
+            f"{tool} need to know every layer's kinks and {undeclared[0]}"
+            f"{f' (and {len(undeclared) - 1} more)' if len(undeclared) > 1 else ''} does not declare them: set "
+            "kinks = False on its class if its forward is smooth, or kinks = True with active_set and "
+            "forward_on_pieces if it is piecewise (numformer/module.py's Module)")
+    return kinked
+
+
 @contextlib.contextmanager
 def tapped(modules, forward=None, backward=None):
     """:meth:`Module.tap` on each of ``modules`` at once (the same ``forward`` and ``backward`` taps), all of
     them installed on entering the block and removed at its end, an exception included::
 
-        with tapped([m for m in model.modules() if isinstance(m, ReLU)], forward=record):
+        with tapped([m for m in model.modules() if m.kinks], forward=record):
             model(src, tgt_in)
     """
     with contextlib.ExitStack() as taps:

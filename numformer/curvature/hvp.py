@@ -6,11 +6,15 @@ parameters held) from numformer's hand-written backward. The loss is the label-s
 mean over the batch's target tokens (Section 5.4), of one fixed batch.
 
 What makes the difference quotient a Hessian: the loss must be smooth along the probe. Dropout is off (the
-model must be built without it: refused otherwise), and every ReLU keeps the active set it had at the point
-(``[x > 0]`` at theta, recorded once from what each ReLU saves for its backward, then held by a forward tap:
-:meth:`numformer.module.Module.tap`): within that piece the network is smooth, ReLU's second derivative is
-zero, so the piece's Hessian at theta is the Hessian at theta (which exists wherever no ReLU input is
-exactly 0), and no probe crosses a kink whatever its size.
+model must be built without it: refused otherwise), and every layer that declares kinks (``kinks = True``, the
+layer contract of :class:`numformer.module.Module`: ReLU, or a user's leaky ReLU) keeps the pieces it was on at
+the point: its ``active_set`` at theta (ReLU's ``[x > 0]``), recorded once after a forward at the point, then
+held by a forward tap (:meth:`numformer.module.Module.tap`) that runs the layer's ``forward_on_pieces(x,
+pieces)`` instead of its forward (ReLU: ``y = x * S``). Within those pieces the network is smooth, and the
+pieces' Hessian at theta is the Hessian at theta (which exists wherever no input sits exactly on a kink), so
+no probe crosses a kink whatever its size. No class is tested: a model holding a leaf layer that leaves
+``kinks`` undeclared is refused in one line (:class:`numformer.module.UndeclaredKinks`), since a kink nobody
+declared would silently make the products wrong.
 
 The step and its error: the truncation error of the central difference is ``h^2 / 6 |g'''[v, v, v]|`` and the
 rounding error about ``u |g| / h`` (u = 2^-53); their sum is smallest near ``h = u^(1/3) ~ 5e-6`` in units of
@@ -23,9 +27,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import get_array_module
-from ..layers import Dropout, ReLU
+from ..layers import Dropout
 from ..loss import LabelSmoothedCrossEntropy
-from ..module import tapped
+from ..module import UndeclaredKinks, kinked_layers, tapped
 
 STEP = 5e-6  # u^(1/3) for float64, in units of the block's scale
 
@@ -53,38 +57,37 @@ class BlockHessian:
         self.xp = get_array_module(self.params[0].data)
         self.scale = max(1.0, float(np.sqrt(sum(float((p.data * p.data).sum()) for p in self.params))))
         self.evaluations = 0  # forward and backward passes run (two per product)
-        self._sets = self._record_relu_sets()
+        self._kinked = kinked_layers(model, "Hessian-vector products")  # refuses an undeclared leaf layer
+        self._sets = self._record_pieces()
 
     @property
     def dim(self) -> int:
         return int(sum(self.sizes))
 
-    # -- the point's ReLU active sets, held ---------------------------------------------------------------
-    def _relus(self):
-        return [m for m in self.model.modules() if isinstance(m, ReLU)]
-
-    def _record_relu_sets(self) -> dict:
-        """{id(relu): its active set [x > 0] at the point}, read from what each ReLU saved for backward
-        (``positive``) in a forward at the point."""
+    # -- the point's pieces of every kinked layer, held ---------------------------------------------------
+    def _record_pieces(self) -> dict:
+        """{id(layer): its active_set at the point} for every layer declaring kinks, read after its forward in
+        a forward and backward at the point (ReLU: ``[x > 0]``)."""
         sets = {}
 
-        def record(m, forward, x):
-            y = forward(x)
-            sets[id(m)] = m.saved["positive"]
+        def record(m, forward, *args, **kwargs):
+            y = forward(*args, **kwargs)
+            sets[id(m)] = m.active_set
+            if sets[id(m)] is None:
+                raise UndeclaredKinks(f"{type(m).__name__} declares kinks = True but kept no active_set in a "
+                                      "training forward: its active_set must say which piece each element was on")
             return y
-        with tapped(self._relus(), forward=record):
+        with tapped(self._kinked, forward=record):
             self._loss_and_backward()
         return sets
 
     def _held(self):
-        """A context in which every ReLU stays on its recorded active set S: ``y = x * S``, and S is what
-        it saves for its backward (``dx = dy * S``), whatever the sign of x under the probe. The taps go on
-        when the block is entered, not when this is called."""
-        def hold(m, forward, x):
-            positive = self._sets[id(m)]
-            m.save_for_backward(positive=positive)
-            return x * positive
-        return tapped(self._relus(), forward=hold)
+        """A context in which every kinked layer stays on its recorded pieces S: its forward runs as
+        ``forward_on_pieces(x, pieces=S)`` (ReLU: ``y = x * S``, saving S for ``dx = dy * S``), whatever its
+        input under the probe. The taps go on when the block is entered, not when this is called."""
+        def hold(m, forward, *args, **kwargs):
+            return m.forward_on_pieces(*args, pieces=self._sets[id(m)], **kwargs)
+        return tapped(self._kinked, forward=hold)
 
     # -- the gradient of the block -----------------------------------------------------------------------
     def _loss_and_backward(self):
@@ -98,7 +101,8 @@ class BlockHessian:
         return loss
 
     def gradient(self, shift=None):
-        """The block's gradient (flat) at the point, or at the point + ``shift`` (flat); ReLU sets held."""
+        """The block's gradient (flat) at the point, or at the point + ``shift`` (flat); the kinked layers'
+        pieces held."""
         saved = [p.data.copy() for p in self.params] if shift is not None else None
         try:
             with self._held():

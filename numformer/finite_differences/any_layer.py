@@ -18,15 +18,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backend import RandomState
+from ..module import UndeclaredKinks
 from ..user_code import exception_line
 from .central_differences import GradCase, analytic_gradients, format_results, run_case
+from .kinks import undeclared
 
 @dataclass
 class CheckReport:
     """What :func:`check` found: one :class:`TensorResult` per tensor, or the one line that stopped it.
 
     ``passed`` is true when the layer ran and every tensor is within the tolerance. ``print(report)``
-    shows a table: tensor, shape, probes measured, probes dropped at ReLU kinks, worst relative error.
+    shows a table: tensor, shape, probes measured, probes dropped at kinks, worst relative error.
     """
 
     layer: str
@@ -121,7 +123,8 @@ class _Foreign:
             self.layer.clear_cache()
 
     def modules(self):
-        return self.layer.modules() if hasattr(self.layer, "modules") else iter(())
+        """The layer's modules, or the layer alone (so a ``kinks`` it declares is seen)."""
+        return self.layer.modules() if hasattr(self.layer, "modules") else iter((self.layer,))
 
 
 def detached_copy(obj):
@@ -225,7 +228,10 @@ def check(layer, *inputs, seed: int = 0, step: float = 1e-5, tolerance: float = 
     of entries plus random directions of a large one (:func:`run_case`); anything else (integer
     ids, boolean masks, a sub-layer) is passed to forward unchanged. The upstream gradients are
     random (seeded by ``seed``), dropout generators found on the layer are replayed so every
-    forward draws the same mask, and a probe that straddles a ReLU kink is dropped and replaced.
+    forward draws the same mask, and a probe that straddles a kink is dropped and replaced: the kinks
+    a layer declares (``kinks = True`` with its pieces, :class:`numformer.module.Module`); a leaf layer
+    that declares nothing is checked as smooth and named in the report's notes. A probe that fails at
+    ``step`` is measured again at ``step / 2`` and judged by Richardson's extrapolation (run_case).
     The layer is checked as a float64 copy: the caller's layer and its ``.grad`` are not touched.
 
         >>> report = check(LayerNorm(8), np.random.default_rng(0).standard_normal((2, 3, 8)))
@@ -264,6 +270,14 @@ def check(layer, *inputs, seed: int = 0, step: float = 1e-5, tolerance: float = 
         return _gradients_by_input(result, float_names, who)
 
     module = twin if hasattr(twin, "modules") and hasattr(twin, "clear_cache") else _Foreign(twin, _find_parameters(twin))
+    try:  # the kinks it declares (Module.kinks); a leaf that declares none is checked as smooth, and named
+        named = twin.named_modules() if hasattr(twin, "named_modules") else [("", twin)]
+        smooth = undeclared(named)
+    except UndeclaredKinks as exc:  # kinks = True without its pieces
+        return CheckReport(who, error=str(exc), notes=notes, tolerance=tolerance, step=step)
+    if smooth:
+        notes.append(f"{', '.join(smooth)} declare{'s' * (len(smooth) == 1)} no kinks: checked as smooth (a layer "
+                     "with kinks says kinks = True and gives its pieces: numformer.module.Module.kinks)")
     gens = _generators(twin)
     case = GradCase(who, "check", module, values, fwd, bwd, before_forward=_replayer(gens) if gens else None)
     report = CheckReport(who, notes=notes, tolerance=tolerance, step=step)

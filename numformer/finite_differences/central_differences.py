@@ -13,11 +13,32 @@ one plus a few random +-1 directions u (``<grad, u>`` against
 cover every entry at once). The error is ``|a - n| / max(|a| + |n|, tiny)``, the
 worst over the probes of a tensor is reported.
 
-Step h = 1e-5 by default. Central differences have truncation error O(h^2 L''')
-and round-off O(eps_64 * |L| / h); the step that balances them is about
-eps_64^(1/3) ~ 6e-6. Measured on these checks: h = 1e-6 leaves round-off of
-~3e-11 in the full model's derivatives, h = 1e-5 ten times less, with truncation
-still below 1e-10 relative.
+The step, and a probe measured again before it fails. The error of a central
+difference has two terms::
+
+    D(h) = L'(x) + h^2/6 L'''(x) + O(h^4)     truncation
+                 + O(eps_64 |L| / h)           round-off of the two evaluations (eps_64 ~ 1.1e-16)
+
+A fixed step balances them for one kind of layer only. h = 1e-5 (near
+eps_64^(1/3) ~ 6e-6) suits the layers on random weights: h = 1e-6 left ~3e-11 of
+round-off in the full model's derivatives, h = 1e-5 ten times less, with
+truncation below 1e-10 relative. On a smooth but strongly curved layer (GELU on
+trained weights, ``sin(a x)`` with a large ``a``) the truncation term
+``h^2 L''' / (6 L')`` alone exceeds the tolerance: one tensor of 161 failed at
+1.57e-6 and passed at a smaller step, which was the check's error, not the
+backward's. So a probe chooses its step by halving, with Richardson's
+extrapolation: a probe whose D(h) passes is done (two forwards, as before); one
+that fails is measured again at h/2 and judged by
+
+    R = (4 D(h/2) - D(h)) / 3 = L'(x) - h^4/480 L^(5)(x) + ...     (the h^2 term cancels)
+
+whose round-off is about 3 eps_64 |L| / h (D(h/2) carries twice D(h)'s, weighted
+4/3, plus D(h)'s weighted 1/3): still ~1e-10 relative at h = 1e-5. R estimates
+L' better than D(h) whatever the backward says, so a wrong backward (a planted
+bug, every mutant) still fails, against a figure closer to the truth; a right
+one fails only where R's own error exceeds the tolerance. The cost: two more
+forwards for a failing probe only (``refined`` counts them per tensor), none for
+a passing one. ``h`` stays an argument (1e-5 by default).
 
 Floor of the denominator: ``tiny = floor_ratio * max|analytic gradient|`` over the
 whole case (floor_ratio 1e-3). Some gradients are exactly zero by symmetry (the
@@ -27,13 +48,15 @@ error of two round-off-sized numbers is ~1 and says nothing. With the floor,
 such entries must agree to ``tolerance * tiny`` in absolute terms instead.
 
 Kinks: ReLU is not differentiable at 0. When the +h and -h evaluations of a
-probe see different ReLU active sets, the difference quotient straddles a kink
+probe see different pieces of a layer that declares kinks (``kinks = True``, the
+layer contract of :class:`numformer.module.Module`: ReLU's active set [x > 0]),
+the difference quotient straddles a kink
 and measures nothing; such a probe is dropped (counted in ``kinks``, reported)
 and, for a sampled tensor or a direction, another entry or direction is drawn in
 its place (up to four times the number asked for). A tensor none of whose probes
 could be measured fails: no evidence is not a pass.
 
-The kink test itself (which ReLU active sets a forward saw) is :mod:`numformer.finite_differences.kinks`;
+The kink test itself (which pieces a forward saw) is :mod:`numformer.finite_differences.kinks`;
 :func:`analytic_gradients` is the one forward and backward that :func:`run_case`, the check of any
 layer (:mod:`numformer.finite_differences.any_layer`) and the exercises' grading all start from.
 """
@@ -44,7 +67,7 @@ from typing import Callable
 
 import numpy as np
 
-from .kinks import active_set_signature
+from .kinks import active_set_signature, kinked
 
 TINY = 1e-8  # below this |a| + |n|, both gradients are zero to round-off: the error is measured against TINY
 
@@ -61,7 +84,8 @@ class TensorResult:
     max_rel_error: float
     tolerance: float
     samples: list = field(default_factory=list)  # (probe, analytic, numeric, rel_error) for --verbose
-    kinks: int = 0  # probes dropped because +h and -h gave different ReLU active sets
+    kinks: int = 0  # probes dropped because +h and -h saw different pieces of a declared kink (ReLU's active set)
+    refined: int = 0  # probes that failed at h, measured again at h/2 and judged by Richardson's extrapolation
 
     @property
     def passed(self) -> bool:
@@ -122,32 +146,51 @@ def analytic_gradients(case: GradCase, rng: np.random.Generator) -> tuple[list, 
 
 def run_case(case: GradCase, rng: np.random.Generator, h: float = 1e-5, full_size: int = 64,
              sample: int = 8, directions: int = 3, tolerance: float = 1e-6,
-             keep_samples: int = 0, floor_ratio: float = 1e-3) -> list[TensorResult]:
-    """Check every parameter and input tensor of ``case``; returns one TensorResult per tensor."""
+             keep_samples: int = 0, floor_ratio: float = 1e-3, extrapolate: bool = True) -> list[TensorResult]:
+    """Check every parameter and input tensor of ``case``; returns one TensorResult per tensor.
+
+    ``extrapolate``: a probe failing at ``h`` is measured again at ``h / 2`` and judged by Richardson's
+    extrapolation (the module docstring); False: the fixed step alone, as before (for comparisons)."""
     module = case.module
     upstream, tensors = analytic_gradients(case, rng)
     # walked once: every probe runs two forwards, and a decoder layer is some forty modules deep
     modules = list(module.modules())
+    releases = [m.release_saved for m in modules if hasattr(m, "release_saved")]  # a foreign layer may have none
+    pieced = kinked(modules)  # the layers declaring kinks (kinks = True): their active sets sign each forward
 
     def objective(upstream):
-        """(L, kink signature): the signature is the ReLU active set of this forward."""
+        """(L, kink signature): the signature is the pieces every declared kink was on in this forward."""
         if case.before_forward is not None:
             case.before_forward()
         outs = _as_tuple(case.forward(module, case.inputs))
-        signature = active_set_signature(module, modules)
-        for m in modules:  # module.clear_cache(), without walking the tree again
-            m.release_saved()
+        signature = active_set_signature(module, pieced)
+        for release in releases:  # module.clear_cache(), without walking the tree again
+            release()
         return float(sum(np.sum(o * g) for o, g in zip(outs, upstream))), signature
 
-    def central_difference(perturb, restore):
-        """(L(x + h d) - L(x - h d)) / 2h, or None when the two sides straddle a ReLU kink."""
-        perturb(+h)
+    def central_difference(perturb, restore, step):
+        """((L(x + step d) - L(x - step d)) / 2 step, the sides' signature), or None when the two sides
+        straddle a kink."""
+        perturb(+step)
         lp, sp = objective(upstream)
-        perturb(-h)
+        perturb(-step)
         lm, sm = objective(upstream)
         restore()
-        return None if sp != sm else (lp - lm) / (2 * h)
+        return None if sp != sm else ((lp - lm) / (2 * step), sp)
 
+    def derivative(perturb, restore, analytic):
+        """(the difference quotient, refined?): D(h); where it fails the tolerance against ``analytic``,
+        Richardson's (4 D(h/2) - D(h)) / 3 instead (the module docstring). None: the probe straddles a
+        kink."""
+        first = central_difference(perturb, restore, h)
+        if first is None:
+            return None
+        if not extrapolate or rel_error(analytic, first[0], tiny) <= tolerance:
+            return first[0], False
+        half = central_difference(perturb, restore, h / 2)
+        if half is None or half[1] != first[1]:  # a kink between h/2 and h: no extrapolation; D(h) stands
+            return first[0], False
+        return (4.0 * half[0] - first[0]) / 3.0, True
 
     # The floor of the error's denominator: a fraction of the largest gradient entry of the case.
     gmax = max([float(np.abs(g).max()) for _, _, g in tensors if g.size] + [0.0])
@@ -165,7 +208,7 @@ def run_case(case: GradCase, rng: np.random.Generator, h: float = 1e-5, full_siz
         else:  # a random order of all entries: a kink's replacement is the next one
             entries, wanted = rng.permutation(x.size)[: 4 * sample], sample
         gflat = grad.reshape(-1)
-        skipped = measured = 0
+        skipped = measured = refined = 0
         for i in entries:
             if measured == wanted:
                 break
@@ -177,11 +220,12 @@ def run_case(case: GradCase, rng: np.random.Generator, h: float = 1e-5, full_siz
             def restore(i=i, old=old):
                 flat[i] = old
 
-            n = central_difference(perturb, restore)
-            if n is None:  # derivative undefined at a kink: this entry cannot be checked by differences
+            found = derivative(perturb, restore, float(gflat[i]))
+            if found is None:  # derivative undefined at a kink: this entry cannot be checked by differences
                 skipped += 1
                 continue
-            probes.append((str(tuple(int(j) for j in np.unravel_index(i, x.shape))), float(gflat[i]), n))
+            probes.append((str(tuple(int(j) for j in np.unravel_index(i, x.shape))), float(gflat[i]), found[0]))
+            refined += found[1]
             measured += 1
         if x.size > full_size:
             k = tries = 0
@@ -196,17 +240,19 @@ def run_case(case: GradCase, rng: np.random.Generator, h: float = 1e-5, full_siz
                 def restore(old=old):
                     x[...] = old
 
-                n = central_difference(perturb, restore)
-                if n is None:  # straddles a kink: draw another direction
+                analytic = float(np.sum(grad * u))
+                found = derivative(perturb, restore, analytic)
+                if found is None:  # straddles a kink: draw another direction
                     skipped += 1
                     continue
-                probes.append((f"direction {k}", float(np.sum(grad * u)), n))
+                probes.append((f"direction {k}", analytic, found[0]))
+                refined += found[1]
                 k += 1
         errors = [rel_error(a, n, tiny) for _, a, n in probes]
         worst = max(errors) if errors else 0.0
         kept = [(p, a, n, e) for (p, a, n), e in zip(probes, errors)][:keep_samples]
         results.append(TensorResult(case.layer, case.case, name, tuple(x.shape), len(probes), worst, tolerance, kept,
-                                    skipped))
+                                    skipped, refined))
     module.zero_grad()
     return results
 

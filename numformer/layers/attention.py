@@ -68,6 +68,8 @@ class ScaledDotProductAttention(Module):
     ``scale`` and ``dropout`` (the layer whose mask backward replays, or None).
     """
 
+    kinks = False  # matmuls and a softmax; its dropout is a child (Module.kinks: the layer contract)
+
     def __init__(self, dropout: float = 0.0, rng=None):
         super().__init__()
         self.dropout = layer_class("Dropout")(dropout, rng)
@@ -111,6 +113,8 @@ class MultiHeadAttention(Module):
     by doubling, so a step writes one position instead of copying the whole prefix);
     encoder-decoder attention projects the memory once and reuses it for every step.
     """
+
+    kinks = False  # reshapes; its projections and attention are children (Module.kinks: the layer contract)
 
     def __init__(self, d_model: int, heads: int, d_k: int | None = None, d_v: int | None = None,
                  attn_dropout: float = 0.0, rng=None, dropout_rng=None, dtype=DEFAULT_DTYPE,

@@ -58,6 +58,8 @@ class Dropout(Module):
     """Zero elements with probability ``p`` in training mode; identity in eval mode or when p = 0.
     Saved for backward: ``mask``, the kept elements scaled by 1 / (1 - p) (None when inactive)."""
 
+    kinks = False  # a fixed mask: linear (Module.kinks: the layer contract)
+
     def __init__(self, p: float, rng=None):
         super().__init__()
         if not 0.0 <= p < 1.0:

@@ -56,6 +56,8 @@ class Embedding(Module):
     ``padding_idx``: the row whose lookups give it no gradient (None: every row gets gradient, the paper's).
     Saved for backward: ``ids``, on the weight's device."""
 
+    kinks = False  # a lookup: linear in the weight (Module.kinks: the layer contract)
+
     def __init__(self, vocab_size: int, d_model: int, scale: bool = True, weight: Parameter | None = None,
                  rng=None, dtype=DEFAULT_DTYPE, padding_idx: int | None = None):
         super().__init__()

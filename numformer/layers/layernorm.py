@@ -41,6 +41,8 @@ class LayerNorm(Module):
     """Normalise the last axis, then scale and shift (gain 1, bias 0 at start).
     Saved for backward: ``xhat`` (n, d) and ``r`` (n, 1), the input's rows normalised and their 1 / std."""
 
+    kinks = False  # smooth for var + eps > 0 (Module.kinks: the layer contract)
+
     def __init__(self, d: int, eps: float = 1e-5, dtype=DEFAULT_DTYPE):
         super().__init__()
         self.d, self.eps = d, float(eps)

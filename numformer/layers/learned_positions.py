@@ -46,6 +46,8 @@ class LearnedPositionalEmbedding(Module):
     Saved for backward: ``offset``, the first row read.
     """
 
+    kinks = False  # a lookup: linear in the weight (Module.kinks: the layer contract)
+
     def __init__(self, d_model: int, max_len: int = 1024, dtype=DEFAULT_DTYPE, rng=None,
                  weight: Parameter | None = None):
         super().__init__()

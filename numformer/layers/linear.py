@@ -32,6 +32,8 @@ class Linear(Module):
     """Affine map on the last axis; uniform weights (``init.py``'s scheme and role), zero bias.
     Saved for backward: ``x`` (n, d_in), the input's rows."""
 
+    kinks = False  # affine (Module.kinks: the layer contract)
+
     def __init__(self, d_in: int, d_out: int, bias: bool = True, rng=None, dtype=DEFAULT_DTYPE,
                  init: str = DEFAULT_SCHEME, role: str = "ffn"):
         super().__init__()

@@ -33,6 +33,8 @@ def check_positions(n: int, max_len: int) -> None:
 class PositionalEncoding(Module):
     """x + PE[offset : offset + time]; ``offset`` is used by incremental decoding."""
 
+    kinks = False  # adds a constant table (Module.kinks: the layer contract)
+
     def __init__(self, d_model: int, max_len: int = 1024, dtype=DEFAULT_DTYPE):
         super().__init__()
         self.d_model, self.max_len = d_model, max_len

@@ -16,6 +16,8 @@ from .embedding import vocab_matrix
 class OutputProjection(Module):
     """``logits = h @ W.T`` with W (vocab, d_model), no bias. Saved for backward: ``h`` (..., d_model)."""
 
+    kinks = False  # linear (Module.kinks: the layer contract)
+
     def __init__(self, d_model: int, vocab_size: int, weight: Parameter | None = None, rng=None,
                  dtype=DEFAULT_DTYPE):
         super().__init__()

@@ -22,7 +22,12 @@ def relu_backward(dy, positive):
 
 
 class ReLU(Module):
-    """``max(0, x)``. Saved for backward: ``positive``, the active set ``[x > 0]`` (also :attr:`active_set`)."""
+    """``max(0, x)``. Saved for backward: ``positive``, the active set ``[x > 0]`` (also :attr:`active_set`).
+
+    Two pieces, the identity where ``x > 0`` and zero elsewhere: ``kinks = True`` (the layer contract,
+    numformer/module.py's Module), with :attr:`active_set` and :meth:`forward_on_pieces`."""
+
+    kinks = True
 
     def forward(self, x):
         y, positive = kernel(relu_forward)(x)
@@ -33,8 +38,17 @@ class ReLU(Module):
     def active_set(self):
         """The active set ``[x > 0]`` (bool, x's shape) of the last forward in training mode, until backward
         uses it; None otherwise. The finite-difference checks compare it between the two sides of a probe:
-        when it differs, the probe straddles the kink at 0 and measures nothing (numformer.finite_differences.kinks)."""
+        when it differs, the probe straddles the kink at 0 and measures nothing (numformer.finite_differences.kinks);
+        the Hessian tools record it at the point and hold it with :meth:`forward_on_pieces`."""
         return self.saved.get("positive")
+
+    def forward_on_pieces(self, x, pieces):
+        """x (any shape) -> ``x * pieces``: each element held on the piece ``pieces`` (bool, x's shape: True
+        the identity, False zero, an earlier :attr:`active_set`) whatever the sign of x now; saved for
+        backward: ``positive = pieces``, so ``dx = dy * pieces``. What the Hessian tools run to stay on the
+        point's pieces (numformer/curvature/hvp.py)."""
+        self.save_for_backward(positive=pieces)
+        return x * pieces
 
     def backward(self, dy):
         return kernel(relu_backward)(dy, self.pop_saved("positive"))

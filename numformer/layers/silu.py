@@ -38,6 +38,8 @@ def silu_backward(dy, x, s):
 class SiLU(Module):
     """``x * sigmoid(x)``. Saved for backward: ``x`` and ``s``, the input and its sigmoid."""
 
+    kinks = False  # x * sigmoid(x): smooth (Module.kinks: the layer contract)
+
     def forward(self, x):
         y, s = silu_forward(x)
         self.save_for_backward(x=x, s=s)

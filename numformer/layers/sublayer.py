@@ -20,6 +20,8 @@ from .registry import layer_class
 class Residual(Module):
     """Wraps one sub-layer call with dropout, the residual sum and LayerNorm."""
 
+    kinks = False  # a sum; its norm and dropout are children (Module.kinks: the layer contract)
+
     def __init__(self, d_model: int, dropout: float = 0.1, pre_norm: bool = False, rng=None,
                  eps: float = 1e-5, dtype=DEFAULT_DTYPE):
         super().__init__()

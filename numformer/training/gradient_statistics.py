@@ -10,7 +10,8 @@ optimizer step, at the step's places:
    (:meth:`numformer.module.Module.tap`) and, at ``after_forward``: mean and std of every sub-layer
    output (each Residual's output) and, for each feed-forward block with ReLU, the share of dead ReLU
    units (hidden units that are not positive for any token of the batch, read from the active set the
-   ReLU saved for its backward; SiLU has no dead units: none is logged);
+   ReLU saved for its backward: the pieces an activation declaring ``kinks = True`` keeps, through the layer
+   contract of :class:`numformer.module.Module`; SiLU is smooth, has no dead units: none is logged);
 2. ``before_update`` (after backward, before Adam): per parameter tensor the gradient's L2 norm, RMS and
    largest magnitude; a copy of the weights; from the step's per-sentence gradient norms, the gradient
    noise scale and signal-to-noise ratio per tensor, per layer type and in total
@@ -122,8 +123,9 @@ class GradientStatistics(StepHook):
         acts, dead = dict(self._outputs), {}
         self._outputs = {}
         for name, m in self.ffns:
-            positive = getattr(m.activation, "active_set", None)  # ReLU's [x > 0]; SiLU keeps none
-            if positive is not None:
+            act = m.activation  # its pieces through the layer contract (Module.kinks): ReLU's active set [x > 0]
+            positive = act.active_set if getattr(act, "kinks", None) is True else None  # a smooth one has none
+            if positive is not None and positive.dtype == bool:
                 xp = get_array_module(positive)
                 ever = positive.reshape(-1, positive.shape[-1]).any(axis=0)
                 dead[name] = 1.0 - ever.mean(dtype=xp.float64)

@@ -29,7 +29,10 @@ B, S, T, V, PAD, D = 3, 6, 5, 13, 0, 8
 class RMSNorm(Module):
     """``y = x / rms(x) * g`` over the last axis, ``rms(x) = sqrt(mean(x^2) + eps)``. Backward:
     ``dg = sum(dy * xhat)``; ``dx = r * (dxhat - xhat * mean(dxhat * xhat))`` with ``dxhat = dy * g``.
-    Saved for backward: ``xhat`` and ``r`` (1 / rms)."""
+    Saved for backward: ``xhat`` and ``r`` (1 / rms). Smooth (eps > 0): ``kinks = False``, which the Hessian
+    tools need said (Module.kinks)."""
+
+    kinks = False
 
     def __init__(self, d: int, eps: float = 1e-5, dtype=np.float32):
         super().__init__()
