@@ -10,7 +10,7 @@
     python -m grad_checks check --exercise layernorm FILE  a file without an EXERCISE line
     python -m grad_checks mutants [--exercise NAME]        how many mutants of the references the grading catches
 
-check and exercise --status give each case of the student's code 60 s (--time-limit SECONDS; 0: no limit):
+check and exercise --status give each case of the student's code 10 s (--time-limit SECONDS; 0: no limit):
 code that does not return in time stops the grading in one line naming the case and the file:line it was at.
 
 Exit status: 0 passed (or done), 1 the graded code is wrong, raises or is not written yet,

@@ -8,14 +8,15 @@ forward and backward, each case's finite differences) is wrapped in :class:`dead
 raises :class:`StudentCodeTimeout`, a :class:`~numformer.errors.UsageError` (exit status 2, the student's
 mistake), whose message is the one line::
 
-    case 2 of 3 (padded batch) did not return within 60 s: stopped at lab/my_layernorm.py:81 in
+    case 2 of 3 (padded batch) did not return within 10 s: stopped at lab/my_layernorm.py:81 in
     layernorm_backward (an endless loop?): fix it, or give it longer with --time-limit SECONDS (0: no limit)
 
-The limit is :data:`DEFAULT_TIME_LIMIT` per case: the slowest case of every exercise, numformer's own
-backward written in as the student's file, takes under a second on a 2-core machine (the decoder layer's
-finite differences, 0.96 s; every other case under 0.7 s), so 60 s leaves a right but slow backward (Python
-loops over the entries) on a loaded machine a margin of about 60x, and an endless loop is reported within a
-minute.
+The limit is :data:`DEFAULT_TIME_LIMIT` per case: ten times the slowest right answer. The slowest case of
+every exercise, numformer's own backward written in as the student's file, takes under a second on a 2-core
+machine (the decoder layer's finite differences, 0.96 s; every other case under 0.7 s), so 10 s leaves a right
+answer on a loaded machine a margin of 10x, and an endless loop is named within seconds instead of after a
+silent minute (the limit was 60 s until a student took that minute for a hang). A right but slow backward
+(Python loops over the entries) may need ``--time-limit``: the line says so.
 
 How the clock stops the code: SIGALRM in the main thread (``signal.setitimer``). A student's backward is pure
 Python and NumPy, so the interpreter reaches a bytecode boundary within microseconds of the signal, and the
@@ -42,7 +43,7 @@ from pathlib import Path
 from numformer.errors import UsageError
 from numformer.user_code import library_dirs
 
-DEFAULT_TIME_LIMIT = 60.0  # seconds per case; see the module docstring for the measurements behind it
+DEFAULT_TIME_LIMIT = 10.0  # seconds per case: 10x the slowest right answer (the module docstring)
 ADVICE = "fix it, or give it longer with --time-limit SECONDS (0: no limit)"
 _AGAIN = 1.0  # after the deadline the alarm repeats every second: code that swallowed the first one is stopped again
 GIVE_UP = 3.0  # seconds after the deadline: code still running has caught every stop, and the process ends
@@ -58,7 +59,7 @@ class StudentCodeTimeout(UsageError):
         super().__init__(f"{self.stopped()}: {advice}")
 
     def stopped(self) -> str:
-        """``case 2 of 3 (padded batch) did not return within 60 s: stopped at FILE:LINE in NAME (...)``."""
+        """``case 2 of 3 (padded batch) did not return within 10 s: stopped at FILE:LINE in NAME (...)``."""
         return (f"{self.case} did not return within {self.seconds:g} s: stopped at {self.where} "
                 "(an endless loop?)")
 
