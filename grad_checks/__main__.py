@@ -89,10 +89,11 @@ def _table(argv) -> int:
             "layers": sorted({r.layer for r in results}),
             "kernels": get_kernels(),
             "kinks_skipped": sum(r.kinks for r in results),
+            "refined": sum(r.refined for r in results),
             "seconds": round(elapsed, 2),
             "results": [
                 {"layer": r.layer, "case": r.case, "tensor": r.tensor, "shape": list(r.shape), "probes": r.probes,
-                 "max_rel_error": r.max_rel_error, "kinks_skipped": r.kinks, "passed": r.passed}
+                 "max_rel_error": r.max_rel_error, "kinks_skipped": r.kinks, "refined": r.refined, "passed": r.passed}
                 for r in results
             ],
         }))
@@ -108,7 +109,9 @@ def _table(argv) -> int:
             print(f"{'':<{w_layer}}    {probe:<24} analytic {a:+.10e}  numerical {n:+.10e}  rel err {e:.1e}")
     print(f"\n{len(results)} tensors checked in {elapsed:.1f} s ({get_kernels()} kernels), {len(failed)} failed, "
           f"worst relative error {worst:.2e} (tolerance {args.tolerance:.0e}, step {args.step:.0e}); "
-          f"{sum(r.kinks for r in results)} probes dropped at ReLU kinks (replaced where the tensor was sampled)")
+          f"{sum(r.kinks for r in results)} probes dropped at declared kinks (replaced where the tensor was sampled), "
+          f"{sum(r.refined for r in results)} refined (failing at the step, judged by Richardson's extrapolation from "
+          "half of it)")
     return 1 if failed else 0
 
 

@@ -6,8 +6,9 @@ Three parts, one file each:
   inputs, how to run it), :func:`run_case` (float64 central differences against ``backward``, every tensor),
   :func:`rel_error`, :class:`TensorResult`, :func:`analytic_gradients`, :func:`format_results`; the
   method (step, error floor, sampling, directions) is in its docstring;
-* :mod:`~numformer.finite_differences.kinks`: which side of every ReLU kink a forward saw
-  (:func:`active_set_signature`), so a probe straddling one is dropped;
+* :mod:`~numformer.finite_differences.kinks`: which piece of every declared kink (``kinks = True``, the
+  layer contract of :class:`numformer.module.Module`: ReLU) a forward saw (:func:`active_set_signature`), so
+  a probe straddling one is dropped;
 * :mod:`~numformer.finite_differences.any_layer`: :func:`check` (``check(layer, *inputs)``), the same check
   on any object with the layer contract, a user's own layer included, returning a printable
   :class:`CheckReport`; :class:`LayerContractError`, :func:`validate_gradients`, :func:`detached_copy`.
