@@ -44,8 +44,7 @@ from numformer import run_file_names
 from numformer.backend import xp_for
 from numformer.checkpoint import load_checkpoint
 from numformer.checkpoint.trained_model import load_model
-from numformer.cli.arguments import (OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int,
-                                     probability)
+from numformer.cli.arguments import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
 from numformer.cli.front import command_line
 from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
@@ -53,7 +52,6 @@ from numformer.decoding.valid_choice import choose_alpha, write_choice
 from numformer.errors import UsageError, first_line
 from numformer.stop_signals import exit_status as stop_exit_status
 from numformer.files import atomic_write_text, write_json
-from numformer.layers.init import SCHEMES as INIT_SCHEMES
 from numformer.model import Transformer
 from numformer.precision import MODES as PRECISIONS
 from numformer.precision import check_precision
@@ -62,7 +60,7 @@ from numformer.data.sources import CORPORA
 from numformer.data.wmt14 import WMT14
 from numformer.data.vocab_sample import DEFAULT_VOCAB_SAMPLE
 from numformer.presets import ModelConfig, get_preset
-from numformer.presets import POSITIONAL, PRESETS
+from numformer.presets import PRESETS
 from numformer.swap import check_layout, swapped_from_specs
 from numformer.training.config import (GPU_RECIPES, TrainConfig, default_out, default_preset, run_json_of,
                                        saved_model_config, settle, source_of)
@@ -71,6 +69,7 @@ from numformer.training.replicas import SharedRun, share_run
 from numformer.training.run_folder import RunFolder
 from numformer.training.run_lock import refusal_leaves_folder_as_found
 from numformer.training.tensorboard_log import require_writer
+from numformer.training.model_flags import TRAINING_ONLY, add_model_flags, clashing_with_init_from
 from numformer.training.trainer import Trainer
 
 TRAIN_DEFAULTS, MODEL_DEFAULTS, DECODE_DEFAULTS = TrainConfig(), ModelConfig(), DecodeOptions()
@@ -122,21 +121,12 @@ def parse_args(argv=None, prog: str = "train.py"):
                    help="fine-tune this model (a numformer model file or run folder, or one imported from Hugging "
                         "Face with python -m numformer.checkpoint import): its architecture, weights and vocabulary "
                         "(no new one is trained); the preset gives the training recipe only; see docs/interop.md")
-    m.add_argument("--pre-norm", action="store_true", help="pre-LN residual blocks instead of the paper's post-LN")
-    m.add_argument("--untied", action="store_true", help="separate source, target and output embeddings")
-    m.add_argument("--dropout", type=probability, help="dropout probability (default: the preset's)")
-    m.add_argument("--label-smoothing", type=probability, help=f"label smoothing epsilon (default {MODEL_DEFAULTS.label_smoothing})")
+    add_model_flags(m)  # --pre-norm, --untied, --dropout, ...: numformer/training/model_flags.py's table
     m.add_argument("--swap", action="append", metavar="LAYER=FILE.py:CLASS",
                    help="train with your own layer class in place of numformer's LAYER, everywhere the model uses "
                         "it (e.g. LayerNorm=my_layernorm.py:LayerNorm, from python -m grad_checks exercise layernorm); "
                         "repeatable; all=DIR swaps in every layer whose exercise file in DIR checks exact (and "
                         "refuses a folder holding one that does not); see docs/exercises.md")
-    m.add_argument("--positional", choices=list(POSITIONAL),
-                   help="sinusoidal (Section 3.5, the paper's) or learned position embeddings (Table 3 row E) "
-                        "(default: the preset's)")
-    m.add_argument("--init", choices=list(INIT_SCHEMES),
-                   help="initialisation of the linear maps: pytorch (torch.nn.Transformer's, the default) or "
-                        "xavier (Xavier-uniform everywhere); see numformer/layers/init.py")
     t = ap.add_argument_group("training (defaults: the preset's recipe; with --resume, the run's settings)")
     t.add_argument("--max-steps", type=positive_int)
     t.add_argument("--max-minutes", type=positive_float,
@@ -203,9 +193,8 @@ def parse_args(argv=None, prog: str = "train.py"):
     if args.corpus is not None and args.corpus not in CORPORA:
         ap.error(f"unknown corpus {args.corpus!r}: choose one of {', '.join(CORPORA)}, or pass --data DIR")
     if args.init_from is not None:
-        clash = [flag for flag, given in (("--resume", args.resume), ("--vocab-size", args.vocab_size),
-                                          ("--pre-norm", args.pre_norm), ("--untied", args.untied),
-                                          ("--positional", args.positional), ("--init", args.init)) if given]
+        clash = [flag for flag, given in (("--resume", args.resume), ("--vocab-size", args.vocab_size)) if given]
+        clash += clashing_with_init_from(vars(args))
         if clash:
             ap.error(f"--init-from takes the model's architecture and vocabulary as they are: leave out "
                      f"{', '.join(clash)}" + (" (a resumed run continues from its own checkpoint)"
@@ -318,7 +307,7 @@ def _open_run(args, device: str, out: Path, processes: int, report):
         if args.max_len is None and run.train.max_len > init.model.cfg.max_len:  # the model's table bounds the pairs
             run.train.max_len = init.model.cfg.max_len
             print(f"init: training pairs of up to {run.train.max_len} subwords a side (the model's positional table)")
-        mcfg = init.model.cfg.replace(**{k: v for k, v in run.model.items() if k in ("dropout", "label_smoothing")})
+        mcfg = init.model.cfg.replace(**{k: v for k, v in run.model.items() if k in TRAINING_ONLY})
     elif run.init_from:  # a resumed fine-tuning run: the architecture its run.json recorded
         mcfg = saved_model_config(saved, out)
     else:

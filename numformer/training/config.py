@@ -17,6 +17,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..precision import MODES as PRECISIONS
 from ..presets import PRESETS, TABLE3, ModelConfig
+from . import model_flags
 from .budget_recipe import budget_recipe
 
 
@@ -292,11 +293,9 @@ def _settle_training(flags: dict, preset: str, device: str, saved: dict | None, 
     return TrainConfig(**base).checked(positional_table=PRESETS[preset].max_len, named=from_run)
 
 
-#: The model settings a resumed run takes from its run.json unless a flag is given (--pre-norm and --untied
-#: turn the first two one way only; the others are flags that take any value, and a refusal suggests them).
-RESUMED_MODEL_FIELDS = ("pre_norm", "tie_embeddings", "dropout", "label_smoothing", "init", "positional")
-VALUE_FLAGS = {"dropout": "--dropout", "label_smoothing": "--label-smoothing", "init": "--init",
-               "positional": "--positional"}
+#: The model settings a resumed run takes from its run.json unless a flag is given, and the flags that take any
+#: value (a refusal suggests them): both from the table of model flags.
+RESUMED_MODEL_FIELDS, VALUE_FLAGS = model_flags.RESUMED_MODEL_FIELDS, model_flags.VALUE_FLAGS
 
 
 def run_json_of(out) -> str:
@@ -307,17 +306,12 @@ def run_json_of(out) -> str:
 def _settle_model(flags: dict, saved: dict | None, out=None) -> dict:
     """The model config's changes to the preset: the flags', on top of a resumed run's own (checked, and named
     ``RUN/run.json's model_config.FIELD`` when refused: the user typed no flag for them)."""
-    given = {"pre_norm": bool(flags.get("pre_norm")), "tie_embeddings": bool(flags.get("untied")),
-             **{name: flags.get(name) is not None for name in VALUE_FLAGS}}
-    changes = dict(pre_norm=given["pre_norm"], tie_embeddings=not given["tie_embeddings"])
+    changes, given = model_flags.model_changes(flags)
     if saved is not None and isinstance(saved.get("model_config"), dict):
         run = saved["model_config"]
         taken = {k: run[k] for k in RESUMED_MODEL_FIELDS if run.get(k) is not None and not given[k]}
         check_saved_model_values(taken, run_json_of(out))
         changes.update(taken)
-    for name in VALUE_FLAGS:
-        if flags.get(name) is not None:
-            changes[name] = flags[name]
     return changes
 
 
