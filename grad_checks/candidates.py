@@ -46,8 +46,12 @@ class Outcome:
         return self.error is not None and not self.output
 
 
-def run_class(ex: Exercise, cls: type, seed: int = 0, file=None, time_limit: float | None = None) -> tuple:
+def run_class(ex: Exercise, cls: type, seed: int = 0, file=None, time_limit: float | None = None,
+              order=None) -> tuple:
     """(cases, outcomes) of the layer class ``cls`` on the exercise's cases.
+
+    ``order``: the case numbers (from 0) in the order to run them (default: as listed); the outcomes are in
+    the cases' order either way (grad_checks/kept_state.py runs them backwards).
 
     ``time_limit`` (seconds): a student's code runs under a clock (numformer/user_code_clock.py), building the layers
     and each case; one that does not return in time raises StudentCodeTimeout, which stops the grading (None:
@@ -61,12 +65,13 @@ def run_class(ex: Exercise, cls: type, seed: int = 0, file=None, time_limit: flo
     except Exception as exc:  # noqa: BLE001  (a student's class whose constructor differs from numformer's)
         return [], [Outcome(error=f"the layer could not be built: {exception_line(exc, file)}",
                             signature=("build", type(exc).__name__))]
-    outcomes = []
-    for i, case in enumerate(cases):
+    outcomes = [None] * len(cases)
+    for i in (range(len(cases)) if order is None else order):
+        case = cases[i]
         # the clock outside the try: its _Deadline gets through the except clauses, its StudentCodeTimeout
         # (an Exception) is raised after them, not recorded as the case's outcome
         with deadline(time_limit, f"case {i + 1} of {len(cases)} ({case.case})", file):
-            outcomes.append(_outcome(case, seed, i, file))
+            outcomes[i] = _outcome(case, seed, i, file)
     return cases, outcomes
 
 

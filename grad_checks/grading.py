@@ -41,6 +41,7 @@ from .candidates import (APPROX, EXACT, Outcome, closest, compare, constant_fact
 from numformer.user_code_clock import DEFAULT_TIME_LIMIT, deadline
 from .exercise import Exercise
 from .first_wrong_step import first_wrong_steps
+from .kept_state import kept_state, snapshot
 from .own_code import describe, watch
 from .locate import (located_sentence, same_error, same_error_sentence, single_edit, weighed_sentence, weighed_terms,
                      wrong_entries)
@@ -85,6 +86,7 @@ class Grade:
     raised: bool = False  # every case stopped at an exception: the error line is where it went wrong
     steps: list = field(default_factory=list)  # the first wrong steps (grad_checks/first_wrong_step.py)
     not_yours: str | None = None  # numformer's own backward called (grad_checks/own_code.py): what and where
+    keeps_state: str | None = None  # a case's outcome changes with the calls before it (grad_checks/kept_state.py)
     hints: list = field(default_factory=list)
     check_command: str = ""
 
@@ -103,7 +105,8 @@ class Grade:
 
     @property
     def passed(self) -> bool:
-        return (self.not_implemented is None and self.not_yours is None and not self.errors and bool(self.tensors)
+        return (self.not_implemented is None and self.not_yours is None and self.keeps_state is None
+                and not self.errors and bool(self.tensors)
                 and all(t.verdict != "wrong" and (t.fd is None or t.fd.passed) for t in self.tensors))
 
     @property
@@ -116,6 +119,8 @@ class Grade:
             return f"NOT IMPLEMENTED: {self.not_implemented}"
         if self.not_yours:
             return f"NOT YOURS: {self.not_yours}"
+        if self.keeps_state:
+            return "WRONG: " + self.keeps_state.split(". A backward must")[0]
         named = f": the catalogued mistake {self.mistake}" if self.mistake else \
             ": the mistake located (see the diagnosis)" if self.location or self.steps else ""
         wrong = [t for t in self.tensors if t.verdict == "wrong" or (t.fd is not None and not t.fd.passed)]
@@ -158,6 +163,8 @@ class Grade:
                 if t.verdict == "wrong":
                     lines.append(f"  {'':<{w}}  worst at {t.index}: yours {t.mine:+.6g}, numformer's {t.theirs:+.6g}")
         lines.append("")
+        if self.keeps_state:
+            lines.append(f"diagnosis: {self.keeps_state}")
         if self.mistake:
             lines.append(f"diagnosis: {self.mistake}: {ex.explanation(ex.mistake_names[self.mistake])}")
         elif self.location:
@@ -216,8 +223,13 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
     with kernel_mode("plain"):
         _, reference = run_function(ex, ex.target, seed, guard=False)
         with watch(ex, file, answer) as own:  # numformer's own backward called from the student's file
+            before = snapshot(answer)
             cases, mine = run_class(ex, cls, seed, file, time_limit)
+            state = None
+            if not any(o.not_implemented for o in mine):  # the cases again, backwards: state between calls
+                state = kept_state(ex, cls, answer, seed, file, time_limit, mine, reference, before)
         result = Grade(ex, who or ex.student_name, check_command=check_command)
+        result.keeps_state = state
         stopped = next((o for o in mine if o.not_implemented), None)
         if stopped is not None:
             result.not_implemented = stopped.error
@@ -243,10 +255,13 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
                 for t in cg.tensors:
                     t.fd = by_name.get(t.tensor)
         if diagnose and not result.passed:
-            found = closest_mistake(ex, mine, reference, seed)
+            # a backward that keeps state computes another function at every call: matching one pass of it to a
+            # catalogued mistake or a single edit would blame a step it may have right; its steps are still shown
+            found = None if result.keeps_state else closest_mistake(ex, mine, reference, seed)
             result.mistake = found[0] if found is not None else None
             if found is None:
-                _locate(result, ex, mine, reference, seed)
+                if not result.keeps_state:
+                    _locate(result, ex, mine, reference, seed)
                 if any(o.output for o in mine):  # numformer's intermediates against the student's, step by step
                     result.steps = first_wrong_steps(ex, answer, seed, file, time_limit)
         # after the diagnosis: code that hands numformer's own result on is not the student's, right or wrong

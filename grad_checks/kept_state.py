@@ -1,0 +1,147 @@
+"""State kept between calls: a student's backward whose result depends on the calls before it.
+
+A backward is a function of its arguments (and the layer's saved tensors): the same case must give the same
+gradients whenever it runs. A scratch buffer at module level that is added into and never zeroed, a cache
+keyed by shape, a mutable default argument, a class attribute: each makes the first call right and a later
+one wrong, and the grading of one pass over the cases can only point at the line where the wrong value
+appears, not say why. So the cases run a second time, on new layers, in the reverse order (each case then
+runs both before and after every other one), and a case whose gradients differ between the passes (to the
+bit: the same code on the same inputs computes the same floats) is named: which case, whether it was right
+as the first call and wrong later, and what in the student's code changed from one call to the next, with
+its line (a module-level name of the student's file, a default argument, a class attribute), found by
+comparing a fingerprint of each before the first pass and after the second.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .candidates import compare, floor, run_class
+
+
+def _fingerprint(value, depth: int = 0):
+    """What a value holds, to compare before and after: an array's bytes (hashed), a container's items, a
+    scalar itself; anything else by identity (a rebinding shows, a change inside it not)."""
+    if isinstance(value, np.ndarray):
+        return ("array", value.shape, str(value.dtype), hashlib.sha1(np.ascontiguousarray(value).tobytes()).hexdigest())
+    if depth < 3 and isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_fingerprint(v, depth + 1) for v in value))
+    if depth < 3 and isinstance(value, dict):
+        return ("dict", tuple((repr(k), _fingerprint(v, depth + 1)) for k, v in value.items()))
+    if depth < 3 and isinstance(value, (set, frozenset)):
+        return ("set", len(value), tuple(sorted(map(repr, value))))
+    if isinstance(value, (int, float, complex, str, bytes, bool, type(None))):
+        return value
+    return ("object", id(value))
+
+
+def _places(answer) -> dict:
+    """{description: value} of where a student's code can keep state: the module-level names of the file that
+    defines it, its default arguments, its class's attributes."""
+    places = {}
+    fn = answer
+    module = sys.modules.get(getattr(answer, "__module__", None) or "")
+    namespace = getattr(fn, "__globals__", None) or (vars(module) if module is not None else {})
+    for name, value in namespace.items():
+        if not (name.startswith("__") or callable(value) or type(value).__name__ == "module"):
+            places[("name", name)] = value
+    for value in (getattr(fn, "__defaults__", None) or ()):
+        places[("default", getattr(fn, "__name__", "?"))] = value
+    if isinstance(answer, type):
+        for klass in answer.__mro__:
+            if klass.__module__ == answer.__module__:
+                for name, value in vars(klass).items():
+                    if not (name.startswith("__") or callable(value) or isinstance(value, (property, staticmethod,
+                                                                                           classmethod))):
+                        places[("attribute", f"{klass.__name__}.{name}")] = value
+    return places
+
+
+def snapshot(answer) -> dict:
+    """The fingerprint of every place :func:`_places` finds, before the first pass."""
+    return {key: _fingerprint(value) for key, value in _places(answer).items()}
+
+
+def _line_of(file, kind: str, name: str) -> int | None:
+    """The line of ``file`` where the state is made: the module-level assignment of a name, the ``def`` of a
+    function with a default argument, the assignment in a class body."""
+    if file is None:
+        return None
+    try:
+        tree = ast.parse(Path(file).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    target = name.split(".")[-1]
+    for node in ast.walk(tree):
+        if kind == "default" and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return node.lineno
+        if kind in ("name", "attribute") and isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == target for t in targets):
+                return node.lineno
+    return None
+
+
+def _changed(before: dict, answer, file) -> list[str]:
+    """``_scratch`` (my_layernorm.py:12), a module-level name, for each place whose fingerprint changed."""
+    after = snapshot(answer)
+    said = []
+    for key in sorted(set(before) | set(after), key=str):
+        if before.get(key) == after.get(key):
+            continue
+        kind, name = key
+        line = _line_of(file, kind, name)
+        at = f" ({Path(file).name}:{line})" if line is not None else ""
+        what = {"name": "a module-level name", "default": "a default argument of", "attribute": "a class attribute"}
+        said.append(f"{what[kind]} {name}{at}" if kind == "default" else f"{name}{at}, {what[kind]}")
+    return said
+
+
+def _same(a, b) -> bool:
+    """Two outcomes of the same case: the same gradients to the bit, or the same error."""
+    if (a.grads is None) != (b.grads is None):
+        return False
+    if a.grads is None:
+        return a.error == b.error
+    return a.grads.keys() == b.grads.keys() and all(np.array_equal(a.grads[k], b.grads[k]) for k in a.grads)
+
+
+def _right(outcome, reference) -> bool:
+    if outcome.grads is None or reference.grads is None:
+        return False
+    tiny = floor(reference.grads)
+    return all(k in outcome.grads and compare(outcome.grads[k], g, tiny)[0] <= 1e-6 for k, g in reference.grads.items())
+
+
+def kept_state(ex, cls, answer, seed, file, time_limit, first: list, reference: list, before: dict) -> str | None:
+    """None when every case gives the same outcome run again, backwards, on new layers; else the sentence that
+    says the backward keeps state between calls: which case, how its outcome changed, and what holds the state.
+    ``first``: the outcomes of the first pass, in order; ``before``: :func:`snapshot` taken before it."""
+    n = len(first)
+    if n == 0:
+        return None
+    _, again = run_class(ex, cls, seed, file, time_limit, order=range(n - 1, -1, -1))
+    differ = [i for i in range(n) if not _same(first[i], again[i])]
+    if not differ:
+        return None
+    k = differ[0]
+    # case k ran after k cases in the first pass and after n - 1 - k in the second
+    runs = sorted([(k, first[k]), (n - 1 - k, again[k])], key=lambda r: r[0])
+    (early, e_out), (late, l_out) = runs
+    calls = lambda m: "as the first call" if m == 0 else f"after {m} call{'s' if m > 1 else ''}"  # noqa: E731
+    right_early, right_late = _right(e_out, reference[k]), _right(l_out, reference[k])
+    if right_early != right_late:
+        how = (f"case {k + 1} is {'right' if right_early else 'wrong'} {calls(early)} of your backward and "
+               f"{'right' if right_late else 'wrong'} {calls(late)}")
+    else:
+        how = f"case {k + 1} gives other gradients {calls(early)} of your backward than {calls(late)}"
+    holders = _changed(before, answer, file)
+    where = ("; what changes from one call to the next: " + ", ".join(holders)) if holders else \
+        "; no module-level name, default argument or class attribute of your file changed: look for an array " \
+        "your backward writes into and reads back (or random numbers)"
+    return (f"your backward keeps state between calls: {how}{where}. A backward must compute each call from its "
+            "arguments alone")

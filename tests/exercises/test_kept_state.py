@@ -1,0 +1,66 @@
+"""A backward that keeps state between calls (grad_checks/kept_state.py): the cases run again, backwards, on new
+layers; a case whose gradients change with the calls before it is named, with whether it was right as the first
+call, and what holds the state with its line. A right answer (every exercise's reference written out) keeps none,
+and the second pass costs a right file no verdict."""
+import numpy as np
+import pytest
+
+import lab_files
+from grad_checks import exercises
+from grad_checks.grading import grade
+from grad_checks.student_file import student_code
+from numformer.user_code import load_file
+
+
+def _graded(ex, path):
+    return grade(ex, student_code(load_file(path), ex), file=path, finite_differences=False)
+
+
+def _line(path, text) -> int:
+    (n,) = [i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line]
+    return n
+
+
+def test_a_scratch_buffer_never_zeroed_is_named_with_its_line(tmp_path):
+    """The issue's student: a module-level scratch array reused for dgamma and added into, never zeroed. The
+    first call is right, later ones wrong; the grade says so and names the buffer at its line."""
+    ex = exercises.get("layernorm")
+    path = lab_files.write(ex, ex.target, tmp_path)
+    text = path.read_text()
+    text = text.replace("def layernorm_backward(", "_scratch = {}\n\n\ndef layernorm_backward(", 1)
+    text = text.replace("    dgamma = (dy * xhat).sum(axis=0)\n",
+                        "    buf = _scratch.setdefault(gamma.shape, np.zeros(gamma.shape))\n"
+                        "    buf += (dy * xhat).sum(axis=0)\n"
+                        "    dgamma = buf.copy()\n", 1)
+    if "import numpy as np" not in text:
+        text = "import numpy as np\n" + text
+    path.write_text(text)
+    result = _graded(ex, path)
+    assert not result.passed and result.keeps_state is not None
+    assert "case 1 is right as the first call of your backward and wrong after" in result.keeps_state
+    assert f"_scratch ({path.name}:{_line(path, '_scratch = {}')}), a module-level name" in result.keeps_state
+    assert result.summary().startswith("WRONG: your backward keeps state between calls")
+    assert "diagnosis: your backward keeps state between calls" in str(result)
+
+
+def test_a_mutable_default_argument_is_named(tmp_path):
+    ex = exercises.get("relu")
+    path = lab_files.write(ex, ex.target, tmp_path)
+    text = path.read_text()
+    name = ex.target.__name__
+    head = text[text.index(f"def {name}("):].split(":\n", 1)[0]
+    args = head[len(f"def {name}("):-1]
+    text = text.replace(head + ":\n", f"def {name}({args}, _calls=[]):\n    _calls.append(1)\n"
+                        f"    if len(_calls) > 1:\n        dy = dy * 1.5\n", 1)
+    path.write_text(text)
+    result = _graded(ex, path)
+    assert result.keeps_state is not None
+    assert f"a default argument of {name} ({path.name}:{_line(path, f'def {name}(')})" in result.keeps_state
+
+
+@pytest.mark.parametrize("name", exercises.ORDER)
+def test_a_right_answer_keeps_no_state(name, tmp_path):
+    ex = exercises.get(name)
+    path = lab_files.write(ex, ex.target, tmp_path)
+    result = _graded(ex, path)
+    assert result.keeps_state is None and result.exact
