@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .backend import get_array_module
 from .kernels import kernel
-from .layers.registry import register
+from .layers.registry import registered
 
 
 def smoothed_cross_entropy(z, y, eps: float, keep_probs: bool = True, overwrite: bool = False):
@@ -46,6 +46,7 @@ def smoothed_cross_entropy_backward(p, y, eps: float, weight):
     return dz * weight[:, None]
 
 
+@registered  # the class the trainer builds: numformer.layers.registry
 class LabelSmoothedCrossEntropy:
     """Forward returns the smoothed loss (a 0-d array, on the logits' device); backward its gradient."""
 
@@ -88,4 +89,3 @@ class LabelSmoothedCrossEntropy:
         return kernel(smoothed_cross_entropy_backward)(p, y, self.eps, weight).reshape(shape)
 
 
-register(LabelSmoothedCrossEntropy)  # the class the trainer builds: numformer.layers.registry

@@ -14,7 +14,7 @@ import numpy as np
 
 from .backend import RandomState, get_array_module
 from .layers.kv_cache import DecoderCache, DecoderLayerCache
-from .layers.registry import layer_class, register
+from .layers.registry import layer_class, registered
 from .module import Module
 from .presets import ModelConfig
 
@@ -44,6 +44,7 @@ def decoder_self_mask(tgt_in, pad_id: int):
     return causal_mask(tgt_in.shape[1], xp) & keys[:, None, None, :]
 
 
+@registered
 class EncoderLayer(Module):
     """Self-attention and feed-forward, each in a residual sub-layer (Section 3.1, Figure 1 left)."""
 
@@ -69,6 +70,7 @@ class EncoderLayer(Module):
         return self.self_attn_residual.backward(dx, self.self_attn)
 
 
+@registered
 class DecoderLayer(Module):
     """Masked self-attention, encoder-decoder attention and feed-forward (Section 3.1, Figure 1 right)."""
 
@@ -118,6 +120,7 @@ class DecoderLayer(Module):
         return dy, dmemory
 
 
+@registered
 class Encoder(Module):
     """N encoder layers (Section 3.1); a pre-LN stack ends with a final LayerNorm."""
 
@@ -142,6 +145,7 @@ class Encoder(Module):
         return dy
 
 
+@registered
 class Decoder(Module):
     """N decoder layers (Section 3.1); a pre-LN stack ends with a final LayerNorm."""
 
@@ -174,7 +178,6 @@ class Decoder(Module):
 
 
 # the stacks are layers a user's class may stand in for (numformer.swap): the model reads them from the registry
-register(EncoderLayer, DecoderLayer, Encoder, Decoder)
 
 
 class Transformer(Module):

@@ -1,7 +1,7 @@
 """The layers of the Transformer, one concept per file, each with forward and backward.
 
 Each is registered once in :mod:`numformer.layers.registry`, where the model reads the classes it builds: the
-layers below by the one :func:`~numformer.layers.registry.register` call, each activation by its row of
+layers below by ``@registered`` on their classes (importing them here registers them), each activation by its row of
 :mod:`numformer.activations` (its module imported, its class registered and exported here, by the row alone).
 """
 from importlib import import_module
@@ -16,7 +16,7 @@ from .learned_positions import LearnedPositionalEmbedding
 from .linear import Linear
 from .positional import PositionalEncoding
 from .projection import OutputProjection
-from .registry import register, registered
+from .registry import registered
 from .sublayer import Residual
 
 __all__ = [
@@ -24,8 +24,6 @@ __all__ = [
     "OutputProjection", "PositionalEncoding", "Residual", "ScaledDotProductAttention",
 ]
 
-register(Dropout, Embedding, FeedForward, LayerNorm, LearnedPositionalEmbedding, Linear, MultiHeadAttention,
-         OutputProjection, PositionalEncoding, Residual, ScaledDotProductAttention)
 
 for _row in ACTIVATIONS.values():  # ReLU, SiLU, ...: the table's rows, each class registered and exported by name
     globals()[_row.layer] = registered(getattr(import_module(_row.module), _row.layer))

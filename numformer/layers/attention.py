@@ -19,7 +19,7 @@ from ..kernels import kernel
 from ..module import Module
 from .init import DEFAULT_SCHEME
 from .kv_cache import KVCache
-from .registry import layer_class
+from .registry import layer_class, registered
 from .softmax import softmax, softmax_backward
 
 
@@ -58,6 +58,7 @@ def attention_backward(dout, q, k, v, p, p_used, masked, scale: float, dropout_b
     return ds @ k, ds.swapaxes(-1, -2) @ q, dv
 
 
+@registered
 class ScaledDotProductAttention(Module):
     """Eq. 1 over batched heads.
 
@@ -95,6 +96,7 @@ class ScaledDotProductAttention(Module):
                                           None if dropout is None else dropout.backward)
 
 
+@registered
 class MultiHeadAttention(Module):
     """Multi-head attention with h heads, used three ways (Section 3.2.3).
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..module import Module
+from .registry import registered
 
 
 def dropout_mask(rng, shape, p: float, dtype):
@@ -54,6 +55,7 @@ def dropout_backward(dy, mask):
     return dy * mask
 
 
+@registered
 class Dropout(Module):
     """Zero elements with probability ``p`` in training mode; identity in eval mode or when p = 0.
     Saved for backward: ``mask``, the kept elements scaled by 1 / (1 - p) (None when inactive)."""

@@ -22,6 +22,7 @@ import numpy as np
 from ..backend import DEFAULT_DTYPE, get_array_module, scatter_add
 from ..kernels import kernel
 from ..module import Module, Parameter
+from .registry import registered
 
 
 def vocab_matrix(vocab_size: int, d_model: int, weight: Parameter | None, rng, dtype) -> Parameter:
@@ -50,6 +51,7 @@ def without_padding_rows(ids, dy, padding_idx: int):
     return xp.where((ids == padding_idx)[:, None], 0, dy)
 
 
+@registered
 class Embedding(Module):
     """Lookup ``W[ids] * scale``; weights ~ N(0, d_model^-1/2) so scaled rows have unit variance.
 

@@ -14,9 +14,10 @@ from ..activations import activation as activation_row
 from ..backend import DEFAULT_DTYPE
 from ..module import Module
 from .init import DEFAULT_SCHEME
-from .registry import layer_class
+from .registry import layer_class, registered
 
 
+@registered
 class FeedForward(Module):
     """Linear(d_model, d_ff) -> activation (ReLU, or the table's ``activation``) -> [Dropout] -> Linear(d_ff, d_model)."""
 

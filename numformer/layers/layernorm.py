@@ -16,6 +16,7 @@ import numpy as np
 from ..backend import DEFAULT_DTYPE, get_array_module
 from ..kernels import kernel
 from ..module import Module, Parameter
+from .registry import registered
 
 
 def layernorm_forward(x, gamma, beta, eps: float):
@@ -37,6 +38,7 @@ def layernorm_backward(dy, xhat, r, gamma):
     return dx, dgamma, dbeta
 
 
+@registered
 class LayerNorm(Module):
     """Normalise the last axis, then scale and shift (gain 1, bias 0 at start).
     Saved for backward: ``xhat`` (n, d) and ``r`` (n, 1), the input's rows normalised and their 1 / std."""

@@ -19,6 +19,7 @@ import numpy as np
 from ..backend import DEFAULT_DTYPE
 from ..module import Module, Parameter
 from .positional import check_positions
+from .registry import registered
 
 # The scale of the initial table. Every row of the sinusoid table has squared norm d_model / 2 (each pair of
 # columns holds sin^2 + cos^2 = 1), i.e. entries of mean square 1/2; rows drawn from N(0, 1/2) have that
@@ -37,6 +38,7 @@ def learned_positions_backward(grad, dy, offset: int):
     return grad, dy
 
 
+@registered
 class LearnedPositionalEmbedding(Module):
     """x + P[offset : offset + T] with P (max_len, d_model) a Parameter drawn from N(0, INIT_STD^2).
 

@@ -14,6 +14,7 @@ from ..backend import DEFAULT_DTYPE, matmul
 from ..kernels import kernel
 from ..module import Module, Parameter
 from .init import DEFAULT_SCHEME, linear_bound
+from .registry import registered
 
 
 def linear_forward(x, w, b):
@@ -28,6 +29,7 @@ def linear_backward(dy, x, w, with_bias: bool):
     return matmul(dy, w.T), matmul(x.T, dy), db
 
 
+@registered
 class Linear(Module):
     """Affine map on the last axis; uniform weights (``init.py``'s scheme and role), zero bias.
     Saved for backward: ``x`` (n, d_in), the input's rows."""

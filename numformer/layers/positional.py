@@ -10,6 +10,7 @@ import numpy as np
 
 from ..backend import DEFAULT_DTYPE, get_array_module
 from ..module import Module
+from .registry import registered
 
 
 def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:
@@ -30,6 +31,7 @@ def check_positions(n: int, max_len: int) -> None:
                          "raise max_len in the model config")
 
 
+@registered
 class PositionalEncoding(Module):
     """x + PE[offset : offset + time]; ``offset`` is used by incremental decoding."""
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 from ..backend import DEFAULT_DTYPE, matmul
 from ..module import Module, Parameter
 from .embedding import vocab_matrix
+from .registry import registered
 
 
+@registered
 class OutputProjection(Module):
     """``logits = h @ W.T`` with W (vocab, d_model), no bias. Saved for backward: ``h`` (..., d_model)."""
 

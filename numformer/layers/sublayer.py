@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from ..backend import DEFAULT_DTYPE
 from ..module import Module
-from .registry import layer_class
+from .registry import layer_class, registered
 
 
+@registered
 class Residual(Module):
     """Wraps one sub-layer call with dropout, the residual sum and LayerNorm."""
 
