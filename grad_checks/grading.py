@@ -43,6 +43,7 @@ from .exercise import Exercise
 from .first_wrong_step import first_wrong_steps
 from .kept_state import kept_state, snapshot
 from .own_code import describe, watch
+from .raised_line import raised_line
 from .locate import (located_sentence, same_error, same_error_sentence, single_edit, weighed_sentence, weighed_terms,
                      wrong_entries)
 
@@ -87,6 +88,7 @@ class Grade:
     steps: list = field(default_factory=list)  # the first wrong steps (grad_checks/first_wrong_step.py)
     not_yours: str | None = None  # numformer's own backward called (grad_checks/own_code.py): what and where
     keeps_state: str | None = None  # a case's outcome changes with the calls before it (grad_checks/kept_state.py)
+    raised_at: str | None = None    # what the line that raised reads, in the exercise's terms (raised_line.py)
     hints: list = field(default_factory=list)
     check_command: str = ""
 
@@ -169,11 +171,16 @@ class Grade:
             lines.append(f"diagnosis: {self.mistake}: {ex.explanation(ex.mistake_names[self.mistake])}")
         elif self.location:
             lines.append(f"diagnosis: {self.location}")
+        if self.raised_at:
+            lines.append(f"diagnosis: {self.raised_at}")
         for step in self.steps:
             lines.append(step.said)
         if self.not_yours:
-            lines.append(f"not yours: your code {self.not_yours}: the exercise is to write that backward; numformer's "
-                         "own is what it is graded against, so calling it proves nothing")
+            why = ("the exercise is to write that backward in the graded process, where its work can be seen"
+                   if self.not_yours.startswith("starts a process") else
+                   "the exercise is to write that backward; numformer's own is what it is graded against, so calling "
+                   "it proves nothing")
+            lines.append(f"not yours: your code {self.not_yours}: {why}")
         for hint in self.hints:
             lines.append(f"hint: {hint}")
         lines.append(f"result: {self.summary()}")
@@ -264,6 +271,11 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
                     _locate(result, ex, mine, reference, seed)
                 if any(o.output for o in mine):  # numformer's intermediates against the student's, step by step
                     result.steps = first_wrong_steps(ex, answer, seed, file, time_limit)
+            raised = next(((k, c) for k, c in enumerate(result.cases, 1) if (c.error or "").startswith("raised ")),
+                          None)
+            if raised is not None:  # the raising line in the exercise's terms (grad_checks/raised_line.py)
+                result.raised_at = raised_line(ex, answer, seed, file, time_limit, raised[0], raised[1].name,
+                                               raised[1].error)
         # after the diagnosis: code that hands numformer's own result on is not the student's, right or wrong
         result.not_yours = describe(own) if own else None
     return result

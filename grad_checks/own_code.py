@@ -82,8 +82,7 @@ def describe(calls) -> str:
     if first.how == "thread":
         return f"calls numformer's own {first.callee} from a thread ({first.where()}){more}"
     if first.how == "process":
-        return (f"starts a process ({first.detail}; {first.where()}): the grading cannot see what it computes, "
-                f"so the answer cannot be graded as yours{more}")
+        return f"starts a process ({first.detail}; {first.where()}), whose work the grading cannot see{more}"
     if first.how == "exec":
         return f"runs numformer's own {first.callee} from its source through exec ({first.where()}){more}"
     if first.line is None:

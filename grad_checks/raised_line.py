@@ -1,0 +1,119 @@
+"""An exception raised inside a student's backward, told in the exercise's terms: what the raising line reads.
+
+``ValueError at my_multihead.py:88 in backward: operands could not be broadcast together with shapes
+(3,5,8) (3,6,8)`` says where, not what: the student wrote ``return dx + dkv`` for every case, and in the
+encoder-decoder case those are two different gradients (the queries' input's and the memory's), which
+numformer returns apart. The grading knows what each of the student's arrays is, by value: the student's
+backward and numformer's are both run recorded on the same cases (grad_checks/recorded_run.py), and an array
+of the student's that equals one of numformer's intermediates *is* that intermediate. So for the case that
+raised, each name the raising line reads is given with its shape and what it is in numformer's backward (its
+name there, or the returned value it is), and when numformer returns several arrays in that case the line
+says which. Names whose value numformer never computes are given with their shape alone.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .counterparts import same
+from .first_wrong_step import recorded_calls
+
+
+ORDINALS = ("first", "second", "third", "fourth", "fifth", "next")
+
+
+def _line_and_names(file, line: int) -> tuple[str, list[str]]:
+    """(the source of ``line`` of ``file``, the names it reads, in order, each once)."""
+    text = Path(file).read_text(encoding="utf-8")
+    source = text.splitlines()[line - 1].strip()
+    names = []
+    for node in ast.walk(ast.parse(text)):
+        if (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.lineno == line
+                and node.id not in names):
+            names.append(node.id)
+    return source, names
+
+
+def _latest(call, name):
+    """The student's last array bound to ``name`` in ``call`` (an argument or a computed value), or None."""
+    found = [r for r in call.records if r.variable == name or (r.given and r.code == name)]
+    return found[-1] if found else None
+
+
+def _what(ex, ref_call, record) -> str | None:
+    """What ``record``'s value is in numformer's backward for this call, or None when numformer computes no such
+    array: a returned value (by the exercise's output name), a named intermediate, or the expression."""
+    matches = [r for r in ref_call.records if r.value.shape == record.value.shape and same(record.value, r.value)]
+    if not matches:
+        return None
+    returned = [r for r in matches if r.returned is not None]
+    if returned:
+        r = returned[-1]
+        if r.returned < len(ex.outputs):
+            return f"numformer's returned {ex.outputs[r.returned]}" + (f" (`{r.code}`)" if r.code != ex.outputs[r.returned] else "")
+        return f"the {ORDINALS[min(r.returned, len(ORDINALS) - 1)]} array numformer returns (`{r.code}`)"
+    named = [r for r in matches if r.variable or r.given]
+    r = (named or matches)[0]
+    if r.given:
+        return f"the argument {r.code}"
+    term = ex.names.get(r.code) or ex.names.get(r.variable or "")
+    return f"numformer's `{r.variable or r.code}`" + (f", {term}" if term else "")
+
+
+def _same_args(a, b) -> bool:
+    """The two calls got the same arrays (floats to round-off, masks and ids exactly); other arguments (a scale, a
+    function) are not compared: the arrays tell the cases apart."""
+    if a.args.keys() != b.args.keys():
+        return False
+    for k in a.args:
+        x, y = a.args[k], b.args[k]
+        if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)):
+            continue
+        if x.shape != y.shape:
+            return False
+        if np.issubdtype(x.dtype, np.floating) and np.issubdtype(y.dtype, np.floating):
+            if not same(x, y):
+                return False
+        elif not np.array_equal(x, y):
+            return False
+    return True
+
+
+def raised_line(ex, answer, seed: int, file, time_limit, case_number: int, case_name: str, error: str) -> str | None:
+    """The sentence for case ``case_number`` (from 1), which raised ``error`` (the outcome's line, which names
+    ``FILE:LINE``) inside the student's ``file``; None when the line is not in that file or nothing is known."""
+    if file is None:
+        return None
+    found = re.search(rf"at {re.escape(Path(file).name)}:(\d+) in ", error)
+    if found is None:
+        return None
+    line = int(found[1])
+    source, names = _line_and_names(file, line)
+    mine, ours = recorded_calls(ex, answer, seed, file, time_limit), recorded_calls(ex, ex.target, seed)
+    if not mine or not ours or case_number > len(ours):
+        return None
+    ref_call = ours[case_number - 1]
+    my_call = next((c for c in mine if _same_args(c, ref_call)), None)
+    if my_call is None:
+        return None
+    said, returned_read = [], 0
+    for name in names:
+        record = _latest(my_call, name)
+        if record is None or record.value is None:
+            continue
+        what = _what(ex, ref_call, record)
+        returned_read += what is not None and ("returns" in what or "returned" in what)
+        shape = tuple(record.value.shape)
+        said.append(f"`{name}` {shape} is {what}" if what else f"`{name}` {shape} is no array numformer computes here")
+    if not said:
+        return None
+    returned = sorted((r for r in ref_call.records if r.returned is not None), key=lambda r: r.returned)
+    apart = ""
+    if len(returned) > 1 and returned_read > 1:  # the line mixes arrays numformer keeps apart
+        outs = [ex.outputs[r.returned] if r.returned < len(ex.outputs) else f"`{r.code}`" for r in returned]
+        apart = f"; in this case numformer returns {len(returned)} arrays apart, ({', '.join(outs)})"
+    return (f"case {case_number} ({case_name}) raised at {Path(file).name}:{line} (`{source}`), where "
+            + "; ".join(said) + apart)
