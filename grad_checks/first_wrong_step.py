@@ -23,13 +23,25 @@ grad_checks/factor_names.py, the entries' words in grad_checks/entry_patterns.py
 Two independent mistakes give two first steps, both named: once a first step is found, numformer's
 reference is replayed with the student's value at that step (:class:`~grad_checks.recorded_run.Recorder`'s
 overrides), and the next intermediate that still differs is the next mistake, not a consequence of the first.
+
+No blame without proof (issue 61): the data flow only points at steps; one is said only when a replay proves it
+(:func:`_prove`): numformer's backward given the student's values at the steps computes the student's gradients,
+every one, each step needed; or the student's code given numformer's value at the student's line (the operand it
+used in numformer's place first: the line recomputing a sigmoid, not the line using it) gets right whatever the
+change touches. Else the student's lines are searched for one whose value, swapped both ways with one of
+numformer's, proves it (:func:`_search`); else no step is named, and the wrong returned values are said with the
+student's lines that feed them (``WrongStep.proven`` False, ``lines``): a route of the student's own is never told
+that a step it does not take is wrong.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
-from .candidates import run_class
-from .counterparts import compare_call, counterpart, views
+import numpy as np
+
+from .candidates import APPROX, floor, relative_errors, run_class
+from .counterparts import _returned_as, _student_map, compare_call, computed, counterpart, views
 from .entry_patterns import entry_pattern
 from .factor_names import name_factor
 from .recorded_run import Recorder, recorded
@@ -50,6 +62,8 @@ class WrongStep:
     pattern: str | None
     said: str
     note: str = ""      # the operand the student used in place of numformer's, when that is the difference
+    proven: bool = True     # False: no step proven; the wrong returned value and the student's lines feeding it
+    lines: tuple = ()       # those lines (an unproven sentence), in the student's file
 
 
 # -- running both, recorded -------------------------------------------------------------------------------
@@ -66,14 +80,20 @@ def _recorded_class(ex, answer, recorder):
 def recorded_calls(ex, answer, seed: int = 0, file=None, time_limit=None, overrides=None):
     """The :class:`~grad_checks.recorded_run.Call` of every run of ``answer`` on the exercise's cases (with
     ``overrides``, see Recorder), or None when its code cannot be recorded."""
+    return recorded_run(ex, answer, seed, file, time_limit, overrides)[0]
+
+
+def recorded_run(ex, answer, seed: int = 0, file=None, time_limit=None, overrides=None) -> tuple:
+    """(calls, outcomes): :func:`recorded_calls` and the gradients every case graded (parameters' included), or
+    (None, None)."""
     recorder = Recorder(overrides)
     cls = _recorded_class(ex, answer, recorder)
     if cls is None:
-        return None
+        return None, None
     _, outcomes = run_class(ex, cls, seed, file, time_limit)
     if answer is ex.target and any(o.error is not None for o in outcomes):
-        return None  # numformer's own code failed when recorded: say nothing rather than something wrong
-    return recorder.calls
+        return None, None  # numformer's own code failed when recorded: say nothing rather than something wrong
+    return recorder.calls, outcomes
 
 
 # -- the data flow over every call --------------------------------------------------------------------------
@@ -160,15 +180,55 @@ def _label(ex, record) -> str:
 
 def first_wrong_steps(ex, answer, seed: int = 0, file=None, time_limit=None) -> list:
     """The :class:`WrongStep` s of ``answer`` (a function or a layer class), in numformer's data-flow order, at
-    most :data:`MOST`; [] when its code or numformer's cannot be recorded, or the calls do not line up."""
-    my_calls = recorded_calls(ex, answer, seed, file, time_limit)
+    most :data:`MOST`; [] when its code or numformer's cannot be recorded, or the calls do not line up.
+
+    No blame without proof (issue 61): a step found is said only when a replay proves it (:func:`_prove`); when
+    none is, the student's lines are searched for one whose value, replaced by one of numformer's, makes every
+    gradient right (:func:`_search`); else the wrong returned values are said with the student's lines that feed
+    them (``proven`` False), and no step is named."""
+    my_calls, mine = recorded_run(ex, answer, seed, file, time_limit)
     if not my_calls:
         return []
-    overrides, out, said_keys = {}, [], set()
-    for _ in range(MOST):
+    ref_calls, reference = recorded_run(ex, ex.target, seed)
+    if not ref_calls or len(ref_calls) != len(my_calls):
+        return []
+    proof = _Proof(ex, answer, seed, file, time_limit, my_calls, mine, reference)
+    found, _ = _tentative(ex, seed, my_calls)
+    out = _prove(proof, found)
+    flow = _flow(ref_calls, my_calls)
+    if not out:
+        searched = _search(proof, ref_calls, flow, [f.said.line for f in found if f.said.line is not None])
+        if searched is not None:
+            return [searched]  # every gradient right with numformer's value there: nothing else to say
+    if len(out) < len([f for f in found if not f.repeated]) or not out:
+        # a step left unproven: the wrong returned values no proven step accounts for, with the lines feeding them
+        named = {s.code for s in out}
+        out += [s for s in _outputs(ex, flow, ref_calls, my_calls, set()) if s.code not in named]
+    return out[:MOST]
+
+
+@dataclass
+class _Found:
+    """A step the data flow points at, before any proof: what is said, numformer's value replaced by the student's
+    (None: never computed), the student's operand used in place of numformer's (and numformer's), the calls."""
+
+    said: WrongStep
+    replacements: dict | None
+    operand: tuple | None
+    ref_calls: list
+    step_key: tuple = ()
+    repeated: bool = False
+    returned: bool = False  # the step is a returned value: numformer's given the student's returns the student's  # the same wrong operand as a step before: one mistake, said once
+
+
+def _tentative(ex, seed, my_calls) -> tuple:
+    """([_Found], the last data flow): the first wrong steps as numformer's data flow finds them, each replayed
+    into numformer's backward to find the next (two independent mistakes: two steps), nothing proven yet."""
+    overrides, out, said_keys, steps = {}, [], set(), None
+    for _ in range(MOST + 1):
         ref_calls = recorded_calls(ex, ex.target, seed, overrides=overrides)
         if not ref_calls or len(ref_calls) != len(my_calls):
-            return out
+            return out, steps
         steps = _flow(ref_calls, my_calls)
         firsts = [s for s in _first_steps(steps) if s.key not in said_keys]
         if not firsts:
@@ -185,14 +245,278 @@ def first_wrong_steps(ex, answer, seed: int = 0, file=None, time_limit=None) -> 
             return bool(after) and all(status[r.index][0] == "right" for r in after)
 
         said, replacements = _say(ex, step, ref_calls, my_calls, verify)
-        if not (said.note and said.note in {s.note for s in out}):  # the same wrong operand: one mistake, said once
-            out.append(said)
+        repeated = bool(said.note) and said.note in {f.said.note for f in out}
+        out.append(_Found(said, replacements, _operand(step, ref_calls, my_calls, said), ref_calls, step.key,
+                          repeated, _returned_as(ref_calls[min(step.records)], step.record) is not None))
         said_keys.add(step.key)
         if replacements is None:  # never computed: nothing to replay numformer's with
-            out += _outputs(ex, steps, ref_calls, my_calls, said_keys)
             break
         overrides.update({(n, step.key): v for n, v in replacements.items()})
-    return out[:MOST]
+    return out, steps
+
+
+def _operand(step, ref_calls, my_calls, said):
+    """(the student's record used in place of numformer's operand, numformer's record) when the counterpart
+    differs from numformer's step by one operand the student computed (not an argument), else None."""
+    if not said.note or said.line is None:
+        return None
+    n = min(k for k, s in step.status.items() if s[0] != "right")
+    mine = next((s for s in my_calls[n].records if s.line == said.line and s.code in said.said), None)
+    if mine is None:
+        return None
+    mapped = _student_map(ref_calls[n], my_calls[n])
+    wanted = set(step.records[n].operands)
+    replaced = [o for o in mine.operands if not (mapped[o] & wanted)]
+    lacking = wanted - set().union(*[mapped[o] for o in mine.operands]) if mine.operands else wanted
+    if len(replaced) != 1 or len(lacking) != 1:
+        return None
+    theirs, ours = my_calls[n].records[replaced[0]], ref_calls[n].records[next(iter(lacking))]
+    return None if theirs.given else (theirs, ours)
+
+
+# -- the proof: a replay that changes the gradients the way the student's code does ------------------------------
+
+@dataclass
+class _Proof:
+    ex: object
+    answer: object
+    seed: int
+    file: object
+    time_limit: object
+    my_calls: list
+    mine: list          # the student's outcomes (every graded gradient, per case)
+    reference: list     # numformer's
+
+    def numformers(self, overrides):
+        with warnings.catch_warnings(), np.errstate(all="ignore"):  # a replayed value may overflow: no proof, no noise
+            warnings.simplefilter("ignore")
+            return recorded_run(self.ex, self.ex.target, self.seed, overrides=overrides)[1]
+
+    def students(self, overrides):
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            return recorded_run(self.ex, self.answer, self.seed, self.file, self.time_limit, overrides)[1]
+
+
+def _entries(a, b, reference):
+    """Per case and tensor, where ``a`` and ``b`` agree (to the grading's tolerance): [(agree(a, b), ...)] over the
+    cases all three ran, or None when a tensor is missing."""
+    if a is None or b is None or len(a) != len(reference) or len(b) != len(reference):
+        return None
+    out = []
+    for x, y, r in zip(a, b, reference):
+        if x is None or y is None or x.grads is None or y.grads is None or r.grads is None:
+            continue
+        tiny = floor(r.grads)
+        for name, g in r.grads.items():
+            if name not in x.grads or name not in y.grads or np.shape(x.grads[name]) != np.shape(g) \
+                    or np.shape(y.grads[name]) != np.shape(g):
+                return None
+            out.append((name, x.grads[name], y.grads[name], g, tiny))
+    return out
+
+
+def _agree(a, b, tiny):
+    return relative_errors(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), tiny) <= APPROX
+
+
+def _explains(replayed, proof) -> bool:
+    """numformer's backward replayed with the student's values computes the student's gradients, every one of them
+    (parameters' included: a child's backward given a wrong gradient accumulates wrong ones), and is not
+    numformer's somewhere."""
+    pairs = _entries(replayed, proof.mine, proof.reference)
+    if pairs is None:
+        return False
+    moved = False
+    for _, new, mine, ref, tiny in pairs:
+        moved |= not _agree(new, ref, tiny).all()
+        if not _agree(new, mine, tiny).all():
+            return False
+    return moved
+
+
+def _within(replayed, proof) -> bool:
+    """The replay is not numformer's somewhere, and only where the student's is not numformer's either."""
+    pairs = _entries(replayed, proof.mine, proof.reference)
+    if pairs is None:
+        return False
+    moved = False
+    for _, new, mine, ref, tiny in pairs:
+        off = ~_agree(new, ref, tiny)
+        moved |= bool(off.any())
+        if (off & _agree(mine, ref, tiny)).any():
+            return False
+    return moved
+
+
+def _fixes(replayed, proof, whole: bool = False) -> bool:
+    """The student's code replayed with numformer's value at one line: every gradient the change touches is
+    right (``whole``: every gradient), and it touches one."""
+    pairs = _entries(replayed, proof.mine, proof.reference)
+    if pairs is None:
+        return False
+    moved = False
+    for _, new, mine, ref, tiny in pairs:
+        right = _agree(new, ref, tiny)
+        changed = ~_agree(new, mine, tiny)
+        moved |= bool(changed.any())
+        if (changed & ~right).any() or (whole and not right.all()):
+            return False
+    return moved
+
+
+def _union(found) -> dict:
+    out = {}
+    for f in found:
+        out.update({(n, f.step_key): v for n, v in f.replacements.items()})
+    return out
+
+
+def _prove(proof, found) -> list:
+    """The steps of ``found`` a replay proves, said; the first unproven one ends the list (what follows it was
+    found with its value in place)."""
+    replayable = [f for f in found if f.replacements is not None]
+    proven_a = set()
+    for k in range(len(replayable), 0, -1):  # the longest run of steps whose values, together, explain the student's
+        chosen = replayable[:k]
+        if not _explains(proof.numformers(_union(chosen)), proof):
+            continue
+        for j, f in enumerate(chosen):  # each one needed: without it, the others do not explain the student's
+            # a returned value found after it masks it (given the student's returned value, numformer's code
+            # returns the student's whatever came before): then it must, alone with those before it, make wrong
+            # only entries the student's has wrong
+            masking = [g for g in chosen[j + 1:] if g.returned]
+            rest = [g for g in chosen if g is not f and g not in masking]
+            if rest and _explains(proof.numformers(_union(rest)), proof):
+                continue
+            if masking and not _within(proof.numformers(_union(chosen[:j + 1])), proof):
+                continue
+            proven_a.add(id(f))
+        break
+    out = []
+    for f in found:
+        if f.repeated:
+            continue
+        said = _fixed_at_operand(proof, f)  # upstream of the step: the operand the student computed wrongly
+        if said is None and id(f) in proven_a:
+            said = f.said
+        if said is None and f.replacements is not None and not _returned_line(proof, f.said.line) \
+                and _fixes(proof.students(_student_overrides(proof, f.ref_calls, f.said)), proof):
+            said = f.said  # numformer's value at the student's line puts right what it touches
+        if said is None:
+            break
+        out.append(said)
+    return out
+
+
+def _returned_line(proof, line) -> bool:
+    return any(r.returned is not None and r.line == line for c in proof.my_calls for r in c.records)
+
+
+def _student_overrides(proof, ref_calls, said, record=None, ref_record=None) -> dict:
+    """{(call, the student's record's key): numformer's value} for every call holding both: the student's line
+    ``said.line`` (or ``record``) given numformer's value of the step (or ``ref_record``)."""
+    out = {}
+    for n, (mc, rc) in enumerate(zip(proof.my_calls, ref_calls)):
+        if record is not None:
+            s = next((r for r in mc.records if r.key == record.key), None)
+            r = next((x for x in rc.records if x.key == ref_record.key), None)
+        else:
+            s = next((r for r in mc.records if r.line == said.line and r.code in said.said and not r.given), None)
+            r = next((x for x in rc.records if x.code == said.code and not x.given), None)
+        if s is None or r is None:
+            continue
+        v = next(iter(views(r.value, s.value.shape)), None)
+        if v is not None:
+            out[(n, s.key)] = v
+    return out
+
+
+def _fixed_at_operand(proof, f):
+    """The step said at the student's operand when numformer's value there puts right what it touches."""
+    if f.operand is None:
+        return None
+    theirs, ours = f.operand
+    if not _fixes(proof.students(_student_overrides(proof, f.ref_calls, f.said, theirs, ours)), proof):
+        return None
+    label = _label(proof.ex, ours)
+    where = "" if label == ours.code else f" (numformer's `{ours.code}`)"
+    said = (f"first wrong step: your line {theirs.line} (`{theirs.code}`), used where numformer's uses {label}{where}: "
+            "with numformer's value in its place, what it feeds is right")
+    return WrongStep(label, ours.code, ours.variable, theirs.line, None, None, said, f.said.note)
+
+
+SEARCHED = 48   # replays of the student's code at most, looking for the line whose value is the mistake
+
+
+def _search(proof, ref_calls, steps, unproven_lines=()):
+    """A line of the student's own route whose value, replaced by one of numformer's, makes every gradient right,
+    and whose value put in numformer's code gives the student's gradients (a sigmoid recomputed with its sign lost:
+    numformer's s there, and all is right); the earliest, or None. Not a line computed from one where the data
+    flow found a step it could not prove (``unproven_lines``): the mistake may be there, where no value of
+    numformer's fits (another shape), and a line after it would only compensate; not numformer's returned values
+    (given those, any code returns the right thing)."""
+    if steps is None:
+        return None
+    wrong = [s for s in _wrong_outputs(steps)]
+    n = next((k for s in wrong for k, st in sorted(s.status.items()) if st[0] != "right"), None)
+    if n is None:
+        return None
+    mc, rc = proof.my_calls[n], ref_calls[n]
+    feeding = _slice(mc, [computed(mc, r).index for r in mc.records if r.returned is not None])
+    after = set()
+    for s in mc.records:  # the records computed from one on an unproven step's line
+        if s.line in unproven_lines or any(o in after for o in s.operands):
+            after.add(s.index)
+    tried = 0
+    for s in mc.records:
+        if s.index not in feeding or s.given or s.returned is not None or s.kind == "name" or s.index in after:
+            continue
+        for r in rc.records:
+            if _returned_as(rc, r) is not None:
+                continue
+            view = next(iter(views(r.value, s.value.shape)), None)
+            if view is None or r.value.shape != view.shape and r.value.size != s.value.size:
+                continue
+            if tried >= SEARCHED:
+                return None
+            tried += 1
+            over = _student_overrides(proof, ref_calls, None, s, r)
+            if not over or not _fixes(proof.students(over), proof, whole=True):
+                continue
+            # and the other way round: numformer's code given the student's value there computes the student's
+            # gradients (a right line of another route that merely compensates a later mistake does not)
+            if _explains(proof.numformers(_numformer_overrides(proof, ref_calls, s, r)), proof):
+                label = _label(proof.ex, r)
+                where = "" if label == r.code else f" (numformer's `{r.code}`)"
+                said = (f"first wrong step: your line {s.line} (`{s.code}`) computes what numformer's code has as "
+                        f"{label}{where} differently: with numformer's value in its place, every gradient is right")
+                return WrongStep(label, r.code, r.variable, s.line, None, None, said)
+    return None
+
+
+def _numformer_overrides(proof, ref_calls, record, ref_record) -> dict:
+    """{(call, numformer's record's key): the student's value of ``record``} for every call holding both."""
+    out = {}
+    for n, (mc, rc) in enumerate(zip(proof.my_calls, ref_calls)):
+        s = next((x for x in mc.records if x.key == record.key), None)
+        r = next((x for x in rc.records if x.key == ref_record.key), None)
+        v = next(iter(views(s.value, r.value.shape)), None) if s is not None and r is not None else None
+        if v is not None:
+            out[(n, r.key)] = v
+    return out
+
+
+def _slice(call, indices) -> set:
+    """The records the given ones are computed from, at any depth, themselves included."""
+    found, todo = set(), list(indices)
+    while todo:
+        i = todo.pop()
+        if i in found:
+            continue
+        found.add(i)
+        todo += list(call.records[i].operands)
+    return found
 
 
 def _replay(step, my_calls, mine) -> dict:
@@ -241,8 +565,10 @@ def _say(ex, step, ref_calls, my_calls, verify=None) -> tuple:
 
 
 def _outputs(ex, steps, ref_calls, my_calls, said_keys) -> list:
-    """The wrong returned values, each with where it differs, when the student never computes a step: what the
-    student does return is still worth a pattern (padding rows that got gradient)."""
+    """The wrong returned values, each with where it differs and the student's lines that feed it, when no step
+    can be proven wrong: what the student returns is still worth a pattern (padding rows that got gradient), and the
+    mistake is on one of those lines (a slice of the student's data flow: the lines whose values numformer's code
+    also computes are right, and left out)."""
     out = []
     for step in _wrong_outputs(steps):
         if step.key in said_keys:
@@ -255,7 +581,20 @@ def _outputs(ex, steps, ref_calls, my_calls, said_keys) -> list:
             continue
         pattern, words = entry_pattern(ex, ref_calls[n].args, view, r.value)
         label = ex.outputs[r.returned] if r.returned < len(ex.outputs) else _label(ex, r)
+        mapped = _student_map(ref_calls[n], my_calls[n])
+        call = my_calls[n]
+        lines = sorted({call.records[i].line for i in _slice(call, [computed(call, mine).index])
+                        if not call.records[i].given and not mapped[i] and call.records[i].line is not None})
+        feed = ""
+        if lines:
+            feed = (f"; no step of it is proven wrong: the mistake is on {'line' if len(lines) == 1 else 'lines'} "
+                    f"{_numbers(lines)}, which feed it (your lines whose values numformer's also computes are right)")
         out.append(WrongStep(label, r.code, r.variable, mine.line, None, pattern,
-                             f"the returned {label}: your line {mine.line} (`{mine.code}`): {words}"))
+                             f"the returned {label}: your line {mine.line} (`{mine.code}`): {words}{feed}",
+                             proven=False, lines=tuple(lines)))
     return out
 
+
+def _numbers(lines) -> str:
+    said = [str(k) for k in lines]
+    return said[0] if len(said) == 1 else ", ".join(said[:-1]) + f" or {said[-1]}"

@@ -103,6 +103,9 @@ class Recorder:
     def enter(self, args: dict) -> Call:
         call = Call(len(self.calls), dict(args))
         for name, value in args.items():
+            override = self.overrides.get((call.number, ("arg", name)))
+            if override is not None and isinstance(value, np.ndarray):  # an argument replayed with another value
+                value = call.args[name] = np.asarray(override, dtype=value.dtype).reshape(value.shape)
             arr = _array(value)
             if arr is not None:
                 call.by_name[name] = self._add(call, Record(len(call.records), None, name, None, arr,
@@ -155,7 +158,11 @@ class Recorder:
             return value
         occurrence, override = self._next(call, node)
         if override is not None:
-            value = np.asarray(override, dtype=value.dtype).reshape(value.shape)
+            replaced = np.asarray(override, dtype=value.dtype).reshape(value.shape)
+            if returned is not None and isinstance(value, np.ndarray) and value.flags.writeable:
+                value[...] = replaced  # a returned array may be a buffer filled in place (a parameter's .grad)
+            else:
+                value = replaced
             arr = _array(value)
         index = self._add(call, Record(len(call.records), node, info.code, info.line, arr,
                                        self._operands(call, info), variable=bind, returned=returned,
@@ -392,7 +399,9 @@ def recorded(fn, recorder: Recorder):
     # bodies (if, for, with) itself, the function's own body is flattened here
     fdef.body = [s for stmt in fdef.body for s in (stmt if isinstance(stmt, list) else [stmt])]
     enter = ast.parse(f"{CALL} = {RECORDER}.enter({{{', '.join(f'{p!r}: {p}' for p in params)}}})").body[0]
-    fdef.body = [enter] + fdef.body
+    # the arguments as enter() hands them back: an override replaces one (see Recorder.overrides)
+    rebind = [ast.parse(f"{p} = {CALL}.args.get({p!r}, {p})").body[0] for p in params]
+    fdef.body = [enter] + rebind + fdef.body
     freevars = fn.__code__.co_freevars
     maker = ast.FunctionDef("__nf_make__", ast.arguments([], [ast.arg(v) for v in freevars], None, [], [], None, []),
                             [fdef, ast.Return(ast.Name(fdef.name, ast.Load()))], [], None)

@@ -102,8 +102,9 @@ def softmax_rows_reshaped_wrong_way(dy, y):
 
 expect(softmax_row_sum_of_dy_squared, "softmax", step="dy * y", line="(dy * dy)",
        note="the row sum weighs dy by y (sum of dy * y), not by dy itself")
-expect(softmax_recomputed_from_output, "softmax", step="dy * y", line="dy * probs",
-       note="y is already the softmax's output: applying the softmax to it again gives other weights")
+expect(softmax_recomputed_from_output, "softmax", step="y", line="probs = e / e.sum(axis=-1, keepdims=True)",
+       note="y is already the softmax's output: applying the softmax to it again gives other weights; the mistake "
+            "is the line recomputing it, not the line using it (issue 61: numformer's y there, and all is right)")
 expect(softmax_row_sum_scaled_by_dy, "softmax", step="dy - (dy * y).sum(axis=-1, keepdims=True)",
        line="dy * (y - s)", note="the row-sum term is multiplied by dy instead of y: dx = y * (dy - s)")
 expect(softmax_jacobian_diagonal_twice, "softmax", step="dy * y", line=None,

@@ -11,9 +11,10 @@ first wrong step.
 
 A diagnosis made must be right: a wrong one sends the student to fix a line that is correct, which is worse
 than none. So each solution's test checks whatever was diagnosed (the step, the line, the factor, the pattern,
-the second mistake, the sentence in the report), and one aggregate test asks that at least nine in ten
-solutions are *located* (the first step named): not every route a student takes shares numformer's
-intermediates, but nearly every one here does up to its mistake.
+the second mistake, the sentence in the report), and one aggregate test asks that at least three in four
+solutions are *located* (the first step named, or the mistake's line alone said as feeding the wrong values):
+issue 61 names a step only when a replay proves it (grad_checks/first_wrong_step.py), and an unproven one is said
+as the wrong returned values with the student's lines that feed them, which must hold the mistake's line.
 """
 import ast
 import inspect
@@ -28,7 +29,9 @@ import student_mistakes_layers  # noqa: F401  (its solutions register into stude
 from grad_checks import exercises, lab
 
 SOLUTIONS = student_mistakes.SOLUTIONS
-LOCATED_SHARE = 0.9
+# issue 61: a step is named only when a replay proves it (30 of the 38 here; 1 more has its one line said as the
+# one feeding the wrong values); the others get the wrong entries and the lines feeding them, never a right step
+LOCATED_SHARE = 0.75
 AT_LEAST_FOUR = ("attention", "layernorm", "softmax", "loss", "embedding")
 PATTERNS = {"masked", "mask reversed", "padding", "repeated ids", "row", "column", "head"}
 
@@ -50,8 +53,20 @@ def names(step, expected) -> bool:
     return expected in (step.code, step.variable, step.name)
 
 
-def located(expect, result) -> bool:
-    return bool(result.steps) and names(result.steps[0], expect.step)
+def proven(result) -> list:
+    """The steps the diagnosis names as wrong (issue 61: proven by a replay); the others are the wrong returned
+    values with the lines feeding them, said when no step is proven."""
+    return [s for s in result.steps if s.proven]
+
+
+def located(expect, result, path=None) -> bool:
+    """The first step named; or, no step proven, the mistake's line alone said as the one feeding the wrong values."""
+    if proven(result):
+        return names(proven(result)[0], expect.step)
+    if path is None or expect.line is None or not result.steps:
+        return False
+    want = snippet_line(path, exercises.get(expect.exercise), expect.line)
+    return set().union(*[set(s.lines) for s in result.steps]) == {want}
 
 
 def snippet_line(path, ex, snippet):
@@ -108,7 +123,10 @@ def test_a_diagnosed_first_wrong_step_is_the_right_one(expect, tmp_path_factory)
     assert "Traceback" not in text and "Traceback" not in message
     assert result.mistake is None, result.mistake
     want_line = None if expect.line is None else snippet_line(path, ex, expect.line)
-    steps = result.steps
+    steps = proven(result)
+    assert all(s.said in text for s in result.steps)
+    if want_line is not None and not steps and result.steps:  # unproven: the lines said feed it, the mistake's too
+        assert any(want_line in s.lines for s in result.steps), (result.steps, expect.line)
     if not steps:
         return  # not located: the aggregate test counts it; saying nothing is not saying something wrong
     first = steps[0]
@@ -119,12 +137,13 @@ def test_a_diagnosed_first_wrong_step_is_the_right_one(expect, tmp_path_factory)
     if expect.pattern is not None:
         assert first.pattern == expect.pattern, first
     if expect.second is not None:
-        assert any(names(s, expect.second) for s in steps[1:]), steps
+        assert any(names(s, expect.second) for s in result.steps[1:]), result.steps
     assert all(s.said in text for s in steps)
 
 
 def test_nine_in_ten_are_located(tmp_path_factory):
-    missed = [e.fn.__name__ for e in SOLUTIONS if not located(e, graded(e, tmp_path_factory)[1])]
+    missed = [e.fn.__name__ for e in SOLUTIONS
+              if not located(e, graded(e, tmp_path_factory)[1], graded(e, tmp_path_factory)[0])]
     assert len(SOLUTIONS) - len(missed) >= LOCATED_SHARE * len(SOLUTIONS), f"not located: {missed}"
 
 
@@ -140,5 +159,5 @@ def test_a_grader_that_skips_the_intermediates_fails_the_share(monkeypatch, tmp_
         path = lab_files.write(ex, e.fn, tmp_path / e.fn.__name__)
         result, status, _ = lab.check_file(str(path), finite_differences=False)
         assert status == 1
-        found += located(e, result)
+        found += located(e, result, path)
     assert found < LOCATED_SHARE * len(SOLUTIONS)
