@@ -10,7 +10,9 @@ Parts, each in its own child process with its own time box (a part that fails or
 out of time is recorded as such and the others still run):
 
     env           nvidia-smi, driver/CUDA/cupy/torch versions, the device's name
-    gpu_tests     python -m pytest -m gpu tests/ (tests/device/test_gpu_parity.py apart, see torch_parity)
+    gpu_tests     python -m pytest -m gpu tests/ (tests/device/test_gpu_parity.py apart, see torch_parity);
+                  its tests/device/test_cuda_kernels.py proves the CUDA kernels at the hashes summary.json's
+                  cuda_sources lists (what numformer/kernels/cuda_proofs.json then records)
     grad_checks   every grad_checks case on the device in float64 (bench/gpu_grad_checks.py)
     torch_parity  python -m pytest -m gpu tests/device/test_gpu_parity.py (whole model on cupy vs the torch mirror)
     kernels       NUMFORMER_TEST_DEVICE=<device> python -m pytest tests/kernels/test_kernels.py ('missing' if absent)
@@ -444,7 +446,8 @@ def main(argv=None) -> int:
     run = Runner(out, work, t_start + args.budget_s, args.box_scale)
     wanted = args.parts.split(",")
     summary = {"format": FORMAT, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": args.device,
-               "quick": args.quick, "budget_s": args.budget_s, "commit": _commit(), "parts": {}}
+               "quick": args.quick, "budget_s": args.budget_s, "commit": _commit(),
+               "cuda_sources": cuda_source_hashes(), "parts": {}}
     parts = {}  # as they end; summary.json lists them in the documented order (PARTS)
 
     def save():
@@ -527,6 +530,16 @@ def main(argv=None) -> int:
     save()
     print(report(summary))
     return 0 if summary["ok"] else 1
+
+
+def cuda_source_hashes() -> dict:
+    """{kernel: SHA-256 of its CUDA C} (numformer/kernels/cuda_sources.py): when gpu_tests passes (it runs
+    tests/device/test_cuda_kernels.py), these are the hashes numformer/kernels/cuda_proofs.json may record as
+    proven, with the date, the GPU (the env part) and the commit."""
+    import numformer.kernels.adam  # noqa: F401,PLC0415  (registers its source)
+    from numformer.kernels.cuda_sources import SOURCES, source_hash  # noqa: PLC0415
+
+    return {name: source_hash(name) for name in sorted(SOURCES)}
 
 
 def _commit() -> str | None:

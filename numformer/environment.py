@@ -11,6 +11,8 @@ A setting that comes from the shell is read here and nowhere else, so one page l
 ``NUMFORMER_MALLOC_TUNE``   ``0``: leave glibc's allocator alone (:mod:`numformer.kernels.host.allocator`)
 ``NUMFORMER_DEVICE``        the device when no ``--device`` is given (``cpu``, ``cuda``, ``cuda:N``)
 ``NUMFORMER_DEBUG``         ``1``: a user error or a bug shows its traceback instead of one line
+``NUMFORMER_CUDA_UNPROVEN`` ``1``: run the CUDA kernels no GPU run has proven at their current source yet
+                            (:mod:`numformer.kernels.cuda_sources`); default: the plain math for those
 ``NUMFORMER_CACHE``         where built corpora are cached (else ``$XDG_CACHE_HOME/numformer``, else ``~/.cache/numformer``)
 ``SWORD_PATH``              where the SWORD Bible modules are, before the system folders
 MPI launcher variables      ``OMPI_COMM_WORLD_SIZE``/``PMI_SIZE``, ``OMPI_COMM_WORLD_RANK``/``PMIX_RANK``/``PMI_RANK``
@@ -118,10 +120,15 @@ def debug() -> bool:
     return _yes_no("NUMFORMER_DEBUG", False)
 
 
+def cuda_unproven() -> bool:
+    """``NUMFORMER_CUDA_UNPROVEN``: run CUDA kernels whose source no GPU run has proven (default no)."""
+    return _yes_no("NUMFORMER_CUDA_UNPROVEN", False)
+
+
 def check_all() -> None:
     """Every numformer variable of the environment read once: the first one whose value cannot be used
     raises :class:`EnvironmentVariableError` (the front calls this when a command starts)."""
-    kernel_mode(), kernels_off(), num_threads(), device(), debug()
+    kernel_mode(), kernels_off(), num_threads(), device(), debug(), cuda_unproven()
     host_tuning_wanted("blas"), host_tuning_wanted("malloc")
 
 

@@ -43,7 +43,8 @@ def assert_one_line(code, err, needle, status=2):
 
 BAD_VARIABLES = [("NUMFORMER_KERNELS", "turbo"), ("NUMFORMER_KERNELS_OFF", "attention,nope"),
                  ("NUMFORMER_NUM_THREADS", "abc"), ("NUMFORMER_NUM_THREADS", "0"), ("NUMFORMER_BLAS_TUNE", "maybe"),
-                 ("NUMFORMER_MALLOC_TUNE", "2"), ("NUMFORMER_DEVICE", "gpu"), ("NUMFORMER_DEBUG", "yes?")]
+                 ("NUMFORMER_MALLOC_TUNE", "2"), ("NUMFORMER_DEVICE", "gpu"), ("NUMFORMER_DEBUG", "yes?"),
+                 ("NUMFORMER_CUDA_UNPROVEN", "maybe")]
 
 
 @pytest.mark.parametrize("name, value", BAD_VARIABLES, ids=[f"{n}={v}" for n, v in BAD_VARIABLES])
