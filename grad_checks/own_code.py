@@ -200,7 +200,12 @@ def watch(ex, file, answer=None, whose=None):
             seen.add(key)
             calls.append(OwnCall(callee, *where, how, detail))
 
+    live = [True]  # False once the watch ends: a thread started in it then drops this profiler at its next event
+
     def profile(frame, event, arg):
+        if not live[0]:
+            sys.setprofile(None)  # (only another thread gets here: the grading thread's profiler is put back)
+            return
         if event == "call":
             callee = codes.get(id(frame.f_code))
             if callee is not None:
@@ -222,6 +227,7 @@ def watch(ex, file, answer=None, whose=None):
         with wired(numformer_backward_functions(ex), record, theirs, profile):
             yield calls
     finally:
+        live[0] = False
         if previous is not None and not callable(previous) and hasattr(previous, "enable"):
             sys.setprofile(None)
             previous.enable()  # cProfile: sys.getprofile gives its object, which re-installs its C hook itself

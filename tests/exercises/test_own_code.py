@@ -319,3 +319,17 @@ def test_the_trip_wires_are_taken_off_after_the_grading(tmp_path):
     rng = np.random.default_rng(0)
     answer(rng.normal(size=(2, 4)), rng.normal(size=(2, 4)), rng.random((2, 1)), rng.normal(size=4))
     assert calls == []
+
+
+def test_a_thread_started_during_the_watch_drops_its_profiler_after_it(tmp_path):
+    """A pool started while the student's code ran keeps its threads: after the watch they run unprofiled."""
+    from concurrent.futures import ThreadPoolExecutor
+    ex = exercises.get("layernorm")
+    path, _ = _answer(ex, returns_numformers, tmp_path)
+    with watch(ex, path):
+        pool = ThreadPoolExecutor(1)
+        assert pool.submit(sys.getprofile).result() is not None  # watched while the watch is on
+    try:
+        assert pool.submit(sys.getprofile).result() is None
+    finally:
+        pool.shutdown()
