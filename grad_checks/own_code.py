@@ -62,12 +62,8 @@ class OwnCall:
         return f"{Path(self.file).name}:{self.line}" if self.file and self.line else f"thread {self.detail!r}"
 
     def __str__(self) -> str:
-        if self.how == "thread":
-            return f"numformer's {self.callee}, called from a thread ({self.where()})"
-        if self.how == "process":
-            return f"a process started ({self.detail}; {self.where()})"
-        if self.how == "exec":
-            return f"numformer's {self.callee} run from its source through exec ({self.where()})"
+        if self.how != "call":  # found by the trip wires: worded once, by describe
+            return describe([self])
         where = Path(self.file).name if self.file else "the answer"
         if self.line is None:
             return f"numformer's {self.callee} itself ({where} assigns it instead of writing it)"
