@@ -70,15 +70,14 @@ def _runs_here(params, grads, ms, vs, *args, **kwargs) -> bool:
 
 def adam_update_cuda(params, grads, ms, vs, step_size: float, b1: float, b2: float, bc2_sqrt: float, eps: float,
                      zero_grad: bool = False) -> None:
-    """:func:`numformer.optim.adam_update` on cupy arrays: one launch of :data:`ADAM_CUDA` per array."""
-    import cupy  # noqa: PLC0415
-
+    """:func:`numformer.optim.adam_update` on cupy arrays: one launch of :data:`ADAM_CUDA` per array (numpy scalars,
+    which cupy's RawKernel takes as it takes its own: numpy arrays run it under the host emulator's ``emulated()``)."""
     for p, g, m, v in zip(params, grads, ms, vs):
         dtype = p.dtype.type
         scalars = [dtype(x) for x in (step_size, b1, 1.0 - b1, b2, 1.0 - b2, bc2_sqrt, eps)]
         function = kernel_function("adam", f"adam_update_{p.dtype.name}")
         blocks = min(CUDA_BLOCKS, -(-p.size // CUDA_THREADS)) or 1
-        function((blocks,), (CUDA_THREADS,), (p, g, m, v, cupy.int64(p.size), *scalars, cupy.int32(bool(zero_grad))))
+        function((blocks,), (CUDA_THREADS,), (p, g, m, v, np.int64(p.size), *scalars, np.int32(bool(zero_grad))))
 
 
 @replaces("numformer.optim.adam_update", when=_runs_here)
