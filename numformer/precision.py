@@ -47,6 +47,15 @@ How the GEMM is computed:
   to float16 and back. Correct, not fast: it is there so the CPU tests check what the GPU
   computes (up to summation order), not to speed up CPU training.
 
+The weights' float16 copies, once a step (issue 60, item 4): the per-GEMM cast above rounds every weight to
+float16 at every GEMM that uses it (forward and dX, in every accumulated batch). Mixed precision as
+Micikevicius et al. (2018, Section 3) describe it keeps one float16 copy of the float32 master weights, made
+after each update. :func:`half_weights` does that for a training step: on entry it casts each float32 array
+of the parameter buffer to float16 once; inside, an operand of the fp16 GEMM that is a view of the master
+weights (``w``, ``w.T``: found by its address in the buffer) is taken as the same view of the copy. The
+values are those the per-GEMM cast gives (a cast is a cast), so the step's results are bit for bit the same;
+only the casts are fewer. Outside the context (validation, decoding, tests) each GEMM casts as before.
+
 TF32 in cupy: ``CUPY_TF32=1`` in the environment makes cupy pick the TF32 compute type
 the first time it runs a float32 GEMM (``cupy._core._routines_linalg.get_compute_type``
 reads it then). :func:`set_matmul_precision` sets the variable, and if cupy is already
@@ -86,13 +95,58 @@ def _matmul_fp16(a, b):
     if is_cupy_array(a) or is_cupy_array(b):
         # cuBLAS: float16 in, CUBLAS_COMPUTE_32F, float16 out; astype keeps a transposed
         # view's order, which cuBLAS takes as a transpose flag (no extra copy)
-        f16 = xp.float16
-        return xp.matmul(a.astype(f16), b.astype(f16)).astype(xp.float32)
-    f16, f32 = xp.float16, xp.float32
+        return xp.matmul(_half(a), _half(b)).astype(xp.float32)
+    f32 = xp.float32
     # casting to float16 warns on overflow (inf) and underflow (0): both are the point here
     with xp.errstate(over="ignore", under="ignore"):
-        c = a.astype(f16).astype(f32) @ b.astype(f16).astype(f32)
-        return c.astype(f16).astype(f32)
+        c = _half(a).astype(f32) @ _half(b).astype(f32)
+        return c.astype(xp.float16).astype(f32)
+
+
+# -- the weights' float16 copies, once a step ----------------------------------------------------
+_copies = []  # (address of a master float32 array, its size, its float16 copy) while half_weights is entered
+half_casts = 0  # float16 casts of GEMM operands made (copies included): what a test counts
+
+
+def _address(a) -> int:
+    return a.data.ptr if is_cupy_array(a) else a.__array_interface__["data"][0]
+
+
+def _half(a):
+    """``a`` in float16: the same view of the weights' copy when ``a`` views the master weights, else a cast."""
+    global half_casts
+    if _copies:
+        start = _address(a)
+        for base, size, copy in _copies:
+            offset = start - base
+            if 0 <= offset < size * 4 and type(copy) is type(a):
+                xp = get_array_module(copy)
+                view = xp.lib.stride_tricks.as_strided(copy[offset // 4:], shape=a.shape,
+                                                       strides=tuple(s // 2 for s in a.strides))
+                return view
+    half_casts += 1
+    return a.astype(get_array_module(a).float16)
+
+
+@contextlib.contextmanager
+def half_weights(buffer):
+    """Inside: fp16 GEMMs take the weights of ``buffer`` (a ParameterBuffer) from float16 copies made once, on
+    entry. A no-op unless the matmul precision is fp16. The weights must not change inside (a training step's
+    forward and backward: Adam runs after it)."""
+    global half_casts
+    if _mode != "fp16" or _copies:
+        yield
+        return
+    for data in buffer.data:
+        if data.dtype == _F32:
+            xp = get_array_module(data)
+            with xp.errstate(over="ignore", under="ignore") if xp is np else contextlib.nullcontext():
+                _copies.append((_address(data), data.size, data.astype(xp.float16)))
+            half_casts += 1
+    try:
+        yield
+    finally:
+        _copies.clear()
 
 
 def _matmul_tf32(a, b):

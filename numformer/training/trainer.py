@@ -50,7 +50,7 @@ from ..checkpoint import CheckpointError, vocab_fingerprint
 from ..errors import StopTraining, mark_collective
 from ..layers.registry import layer_class
 from ..optim import Adam, NoamSchedule, clip_grad_norm
-from ..precision import matmul_precision
+from ..precision import half_weights, matmul_precision
 from ..stop_signals import what_stopped
 from .config import TrainConfig
 from .data_parallel import GradientBucket, shard_batches
@@ -139,15 +139,16 @@ class Trainer:
         mine = self._my_share(batches)
         loss = nll = 0.0
         hooks.begin(self.optimizer.step_count + 1, keys)
-        for i in mine:
-            b = batches[i]
-            hooks.before_forward(i, last=i == mine[-1])
-            logits = model(xp.asarray(b.src), xp.asarray(b.tgt_in))                              # 1. forward
-            hooks.after_forward(last=i == mine[-1])
-            loss = loss + crit.forward(logits, xp.asarray(b.tgt_out), normalizer=n_tokens,     # 2. loss
-                                       overwrite_logits=True)
-            nll = nll + crit.nll_sum
-            model.backward(hooks.seed_backward(crit.backward()))                                 # 3. backward
+        with half_weights(self.optimizer.buffer):  # fp16: the weights' float16 copies made once for the step
+            for i in mine:
+                b = batches[i]
+                hooks.before_forward(i, last=i == mine[-1])
+                logits = model(xp.asarray(b.src), xp.asarray(b.tgt_in))                          # 1. forward
+                hooks.after_forward(last=i == mine[-1])
+                loss = loss + crit.forward(logits, xp.asarray(b.tgt_out), normalizer=n_tokens,  # 2. loss
+                                           overwrite_logits=True)
+                nll = nll + crit.nll_sum
+                model.backward(hooks.seed_backward(crit.backward()))                             # 3. backward
         loss, nll = hooks.after_backward(loss, nll)
         gnorm = clip_grad_norm(self.optimizer.buffer, self.cfg.clip_norm)                        # 4. clip
         loss, gnorm = read_scalars(xp, loss, gnorm)
