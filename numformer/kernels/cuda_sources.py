@@ -15,6 +15,15 @@ here by name (:func:`cuda_source`). Two things keep a GPU's rare minutes for wha
 Every kernel is compiled with ``--fmad=false``: the plain math runs one cupy kernel per array operation, each
 rounding its result, and a contracted multiply-add would round once where the plain math rounds twice; without
 contraction a fused kernel computes the plain math's floats, bit for bit.
+
+**The dialect: tested on the host before a GPU.** Every kernel is written so that
+``numformer/kernels/cuda_emulator.py`` can compile it as C++ (g++) and run its grid on the CPU, where CI tests it
+against its plain twin: ``extern "C" __global__ void`` functions; grid-stride loops; 1-3 dimensional grids and
+blocks; ``__shared__`` arrays of fixed size and ``__syncthreads``; templates, ``__device__`` helpers, macros; the
+IEEE operations + - * / and sqrt (bit for bit the plain math's) and expf/logf/exp/log (within a few ulps). Not in
+it, and refused by the emulator with one clear error: warp shuffles and votes (``__shfl*``), atomics,
+``extern __shared__`` (dynamic shared memory), cooperative groups, and approximate intrinsics (``__expf``,
+``__logf``, ``rsqrtf``, ``__fdividef``, which also break equality with the plain math on the GPU).
 """
 from __future__ import annotations
 
@@ -87,10 +96,15 @@ def compile_ptx(name: str, architecture: str = "compute_90", source: str | None 
 
 
 _MODULES: dict = {}
+# (name, function) -> a callable in its place; set by numformer.kernels.cuda_emulator.emulated() (tests only)
+KERNEL_FUNCTION_HOOK = None
 
 
 def kernel_function(name: str, function: str):
-    """The compiled ``function`` of kernel ``name`` on the current GPU (cupy.RawModule, compiled once)."""
+    """The compiled ``function`` of kernel ``name`` on the current GPU (cupy.RawModule, compiled once); under
+    ``cuda_emulator.emulated()``, its host emulation instead."""
+    if KERNEL_FUNCTION_HOOK is not None:
+        return KERNEL_FUNCTION_HOOK(name, function)
     module = _MODULES.get(name)
     if module is None:
         import cupy  # noqa: PLC0415
