@@ -90,7 +90,7 @@ def clip_grad_norm(params, max_norm: float):
     grads = gradient_arrays(params)
     if not grads:
         return 0.0
-    total = grad_norm(params)
+    total = kernel(grad_norm)(params)
     if max_norm <= 0:
         return total
     xp = get_array_module(grads[0])

@@ -46,3 +46,25 @@ def test_a_planted_bug_is_caught(monkeypatch):
     plain = _step(adam_update, _state(cp, 4096, np.float32, 1), False)
     fused = _step(adam.adam_update_cuda, _state(cp, 4096, np.float32, 1), False)
     assert not np.array_equal(plain[0], fused[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_norm_is_the_float64_norm_and_flags_overflow(dtype, monkeypatch):
+    """Base's buffer and two small arrays: the two-launch norm against the float64 norm; an inf sets the flag,
+    and the fused Adam given that flag leaves the weights and moments as they were."""
+    import cupy as cp
+    monkeypatch.setenv("NUMFORMER_CUDA_UNPROVEN", "1")
+    rng = np.random.default_rng(5)
+    host = [rng.standard_normal(n).astype(dtype) for n in (52_000_000, 17, 4096)]
+    grads = [cp.asarray(g) for g in host]
+    flag = cp.zeros(1, dtype=np.int32)
+    norm = float(adam.grad_norm_cuda(grads, nonfinite=flag))
+    exact = float(np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in host)))
+    assert abs(norm - exact) <= 1e-12 * exact and int(flag[0]) == 0
+    grads[1][3] = np.inf
+    assert not np.isfinite(float(adam.grad_norm_cuda(grads, nonfinite=flag))) and int(flag[0]) == 1
+    state = _state(cp, 4096, dtype, 6)
+    before = [to_host(a[0]) for a in state]
+    adam.adam_update_cuda(*state, *(1e-3, 0.9, 0.98, 0.5, 1e-9), True, skip=flag)
+    assert np.array_equal(to_host(state[0][0]), before[0]) and np.array_equal(to_host(state[2][0]), before[2])
+    assert not to_host(state[1][0]).any()
