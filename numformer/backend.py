@@ -12,11 +12,12 @@ blocked passes and allocator tuning live in :mod:`numformer.kernels`.
 """
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
 
-from . import environment
+from . import counter_rng, environment
 from .errors import NumformerError
 
 DEFAULT_DTYPE = np.float32
@@ -146,39 +147,97 @@ def scatter_add(target, index, values):
 class RandomState:
     """One seeded generator per model: dropout masks come from here.
 
-    On the CPU it wraps ``numpy.random.Generator`` (PCG64), whose state is a plain
-    dict that checkpoints store, so a resumed run draws the same masks.
-    On the GPU it wraps ``cupy.random.Generator`` seeded from the same seed.
-    How a mask is made from its bits: :func:`numformer.layers.dropout.dropout_mask`.
+    Two generators (``kind``):
+
+    * ``"pcg64"``, the CPU's by default: ``numpy.random.Generator`` (PCG64), whose state is a plain dict that
+      checkpoints store (``{"seed", "bit_generator"}``), so a resumed run draws the same masks.
+    * ``"philox"``, the GPU's always (and the CPU's on request, ``generator="philox"``: it then draws the GPU's
+      numbers exactly): the counter-based stream of :mod:`numformer.counter_rng` (Philox4x32-10). Its numbers
+      are a pure function of (seed, offset, index); the state ``[seed, offset]`` is a (2,) uint64 array on the
+      generator's device (:attr:`counter`) that each draw advances *on the device*, so a step captured once as
+      a CUDA graph and replayed draws new masks, and drawing never waits for the device. Checkpoints store
+      ``{"seed", "offset"}`` as host ints (portable: no device array in a checkpoint).
+
+    How a mask is made from the numbers: :func:`numformer.layers.dropout.dropout_mask`.
     """
 
-    def __init__(self, seed: int = 0, xp=np):
+    GENERATORS = ("pcg64", "philox")
+
+    def __init__(self, seed: int = 0, xp=np, generator: str = "pcg64"):
+        if generator not in self.GENERATORS:
+            raise BackendError(f"unknown generator {generator!r}: use {' or '.join(self.GENERATORS)}")
         self.seed = int(seed)
         self.xp = xp
-        self.generator = xp.random.default_rng(self.seed)
+        self.host_kind = generator  # the CPU's generator; the GPU's is always philox
+        self.generator = self.counter = None
+        self._restart(0)
+
+    @property
+    def kind(self) -> str:
+        """"philox" on the GPU; on the CPU the generator asked for ("pcg64" unless told)."""
+        return self.host_kind if self.xp is np else "philox"
+
+    def _restart(self, offset: int) -> None:
+        """Start the generator at the seed (and, for philox, at ``offset``)."""
+        if self.kind == "philox":
+            self.generator, self.counter = None, counter_rng.new_state(self.xp, self.seed, offset)
+        else:
+            self.generator, self.counter = np.random.default_rng(self.seed), None
 
     def to(self, xp) -> "RandomState":
-        """Re-home the generator on another array module (state restarts from the seed on a switch)."""
+        """Re-home the generator on another array module. A philox stream carries on where it was (one read of
+        its offset); a switch between pcg64 and philox restarts from the seed."""
         if xp is not self.xp:
+            offset = counter_rng.read_state(self.counter)[1] if self.counter is not None else 0
             self.xp = xp
-            self.generator = xp.random.default_rng(self.seed)
+            self._restart(offset if self.kind == "philox" else 0)
         return self
 
+    def stream16(self, shape):
+        """The next 16-bit numbers of the philox stream, as many as ``shape`` (an int or a tuple) holds, in C order
+        (a uint16 array of ``shape`` on this generator's device), the offset advanced past them on the device
+        (:func:`numformer.counter_rng.bits16`, ``advance``)."""
+        if self.counter is None:
+            raise BackendError("stream16 draws from the philox generator; this one is pcg64")
+        shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        n = math.prod(shape)
+        bits = counter_rng.bits16(self.xp, self.counter, n)
+        counter_rng.advance(self.counter, n)
+        return bits.reshape(shape)
+
     def uniform(self, shape, dtype):
-        """Uniform [0, 1) samples of ``shape`` on this generator's device."""
-        return self.generator.random(shape, dtype=dtype)
+        """Uniform [0, 1) samples of ``shape`` on this generator's device. Philox: each sample is one 32-bit
+        word ``w`` made of two 16-bit numbers of the stream (low half first): ``w / 2^32`` in float64,
+        ``(w >> 8) / 2^24`` in float32."""
+        if self.counter is None:
+            return self.generator.random(shape, dtype=dtype)
+        xp, n = self.xp, math.prod((shape,) if isinstance(shape, (int, np.integer)) else shape)
+        halves = self.stream16((n, 2)).astype(xp.uint64)
+        word = halves[:, 0] | (halves[:, 1] << np.uint64(16))
+        if np.dtype(dtype) == np.float32:
+            u = (word >> np.uint64(8)).astype(xp.float32) * np.float32(2.0 ** -24)
+        else:
+            u = word.astype(xp.float64) * 2.0 ** -32
+        return u.astype(dtype).reshape(shape)
 
     def get_state(self) -> dict:
-        if self.xp is np:
-            return {"seed": self.seed, "bit_generator": self.generator.bit_generator.state}
-        return {"seed": self.seed}
+        """{"seed", "bit_generator"} (pcg64) or {"seed", "offset"} (philox): host values only."""
+        if self.counter is not None:
+            seed, offset = counter_rng.read_state(self.counter)
+            return {"seed": self.seed, "offset": offset}
+        return {"seed": self.seed, "bit_generator": self.generator.bit_generator.state}
 
     def set_state(self, state: dict) -> None:
+        """Back to a state of :meth:`get_state` (or ``{"seed": s}``: the seed's start). Philox writes its device
+        state in place (a captured graph keeps reading the same memory); a state of the other generator
+        restarts from its seed."""
         self.seed = int(state["seed"])
-        if self.xp is np and "bit_generator" in state:
+        if self.counter is not None:
+            self.counter[...] = counter_rng.new_state(self.xp, self.seed, int(state.get("offset", 0)))
+        elif "bit_generator" in state:
             self.generator.bit_generator.state = state["bit_generator"]
         else:
-            self.generator = self.xp.random.default_rng(self.seed)
+            self.generator = np.random.default_rng(self.seed)
 
 
 def describe(xp) -> str:

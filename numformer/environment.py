@@ -43,7 +43,7 @@ LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 # The kernel modes and files NUMFORMER_KERNELS and NUMFORMER_KERNELS_OFF name: the one list, which
 # numformer/kernels/ (their code) reads too.
 KERNEL_MODES = ("fast", "plain")
-KERNEL_FILES = ("attention", "layernorm", "linear", "relu", "embedding", "loss", "adam", "decoding")
+KERNEL_FILES = ("attention", "layernorm", "linear", "relu", "embedding", "loss", "adam", "decoding", "dropout")
 # A yes/no variable: these words, any case; empty is the default.
 NO_WORDS, YES_WORDS = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
 DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")

@@ -15,7 +15,9 @@ function itself when they are off. The kernel files register their functions by 
 dotted name (:mod:`numformer.kernels.twins`): the math imports this switch, the switch imports the kernel
 files, and no kernel file imports the math, so the arrows run one way. The training kernels (attention,
 LayerNorm, the linear maps, ReLU, the embedding's scatter-add, the loss, Adam) take host (numpy) arrays;
-with cupy arrays the switch runs the plain math (the GPU runs its own kernels for every array operation).
+with cupy arrays the switch runs the plain math (the GPU runs its own kernels for every array operation),
+except where a file holds a CUDA kernel for them that may run (:mod:`numformer.kernels.cuda_sources`: Adam,
+dropout, the attention softmax).
 The two decoding kernels go through ``xp`` and run on both.
 
 The switch: ``NUMFORMER_KERNELS=plain`` in the environment, or ``numformer.kernels.use_kernels("plain")``
@@ -25,10 +27,12 @@ the environment says ``plain``. ``NUMFORMER_KERNELS_OFF=attention,loss`` leaves 
 files (to measure what each buys: ``bench/kernel_speed.py``, ``docs/speed.md``).
 
 Files, one per piece of math: ``attention``, ``layernorm``, ``linear`` (the bias added in place, its
-gradient as a GEMV), ``relu``, ``embedding``, ``loss``, ``adam`` and ``decoding`` (the per-step pieces of the
-searches); :mod:`numformer.kernels.twins` is their table. Dropout has no kernel (docs/speed.md has the
-measurements). The host thread pool the kernels split work over is
-:mod:`numformer.kernels.host.threads`.
+gradient as a GEMV), ``relu``, ``embedding``, ``loss``, ``adam``, ``decoding`` (the per-step pieces of the
+searches) and ``dropout``; :mod:`numformer.kernels.twins` is their table. Dropout has no host kernel
+(docs/speed.md has the measurements): its kernel is the GPU's, a CUDA kernel that makes the mask from the
+counter-based generator (:mod:`numformer.counter_rng`), scales and adds the residual in one launch; the
+attention file's twins also run CUDA kernels for cupy arrays (the softmax with its scale and mask, forward and
+backward). The host thread pool the kernels split work over is :mod:`numformer.kernels.host.threads`.
 """
 from __future__ import annotations
 
@@ -71,7 +75,7 @@ def _twin_of(plain):
 
 def _registry() -> dict:
     """:data:`numformer.kernels.twins.TWINS`, every kernel file imported."""
-    from . import adam, attention, decoding, embedding, layernorm, linear, loss, relu  # noqa: F401,PLC0415
+    from . import adam, attention, decoding, dropout, embedding, layernorm, linear, loss, relu  # noqa: F401,PLC0415
     from .twins import TWINS  # noqa: PLC0415  (imports numpy: not before tune_host, see host/)
 
     return TWINS

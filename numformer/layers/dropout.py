@@ -20,21 +20,29 @@ from .registry import registered
 def dropout_mask(rng, shape, p: float, dtype):
     """The mask ``m``: ``1/(1 - p')`` where kept, 0 where dropped.
 
-    On the CPU ``u_i`` is 16 random bits: an element is dropped when its bits are below
-    ``round(p * 2^16)``, so ``p' = round(p * 2^16) / 2^16`` (0.1 -> 0.100006) and the scale
-    uses ``p'``: the expectation is exact. The bits are those of one
-    ``random_raw(ceil(n / 4))`` call, four 16-bit elements per 64-bit word, low half first.
-    On the GPU: uniform floats compared with ``p``.
+    ``u_i`` is 16 random bits: an element is dropped when its bits are below ``t = round(p * 2^16)``,
+    so ``p' = t / 2^16`` (0.1 -> 0.100006) and the scale uses ``p'``: the expectation is exact.
+    ``m_i = [u_i >= t] * 2^16 / (2^16 - t)``, in ``dtype``. Where the bits come from (element ``i`` of
+    the ``n`` in C order):
+
+    * CPU (``rng.kind == "pcg64"``): those of one ``random_raw(ceil(n / 4))`` call, four 16-bit
+      elements per 64-bit word, low half first.
+    * GPU (``rng.kind == "philox"``; a CPU generator made with ``generator="philox"`` draws the same):
+      ``u_i`` is the 16-bit half ``i mod 8`` (low half first) of the four 32-bit words
+      ``Philox4x32-10(key = (seed mod 2^32, seed >> 32), counter = (c mod 2^32, c >> 32, 0, 0))``,
+      ``c = offset + i // 8`` (mod 2^64), with ``[seed, offset]`` the generator's state on the device
+      (``rng.counter``); the draw then moves ``offset`` by ``ceil(n / 8)`` on the device
+      (:mod:`numformer.counter_rng`). The fused kernel (numformer/kernels/dropout.py) makes these bits.
     """
-    if rng.xp is np:
+    if rng.kind == "pcg64":
         n = int(np.prod(shape, dtype=np.int64))
         threshold = int(round(p * 65536))
         bits = rng.generator.bit_generator.random_raw(-(-n // 4)).view(np.uint16)[:n]
         keep = bits >= threshold
         return (keep * np.asarray(65536.0 / (65536 - threshold), dtype=dtype)).reshape(shape)
-    xp = rng.xp
-    keep = rng.generator.random(shape, dtype=dtype) >= p
-    return keep.astype(dtype) * xp.asarray(1.0 / (1.0 - p), dtype=dtype)
+    threshold = int(round(p * 65536))
+    keep = rng.stream16(shape) >= threshold
+    return keep * rng.xp.asarray(65536.0 / (65536 - threshold), dtype=dtype)
 
 
 def dropout_forward(x, rng, p: float, add=None):
