@@ -29,8 +29,9 @@ launching thread (own stacks, a guard page each), in rounds: each round resumes 
 in threadIdx order, from its last ``__syncthreads`` to its next one or its end, so no thread passes a barrier
 before all have reached it; a thread that returned leaves the block's barriers (as on Volta and later). Fibers,
 not OS threads: 256 OS threads meeting at a condition-variable barrier took 79 s for adam.py's gradient norm of
-a 1M-element array on 2 cores, the fibers 0.4 s; and the order is fixed, not an OS scheduler's, so a missing ``__syncthreads``
-fails at every run, not now and then. ``__shared__`` memory is one static copy that serves each block in turn.
+a 1M-element array on 2 cores, the fibers 0.4 s; and the order is fixed, not an OS scheduler's, so a missing
+``__syncthreads`` fails at every run, not now and then. ``__shared__`` memory is one static copy that serves
+each block in turn (never cleared: like the GPU's, it holds what the last block left).
 
 The dialect (the rule ``cuda_sources.py`` states for every kernel): grid-stride loops; 1-3 dimensional grids and
 blocks; ``__shared__`` arrays of fixed size; ``__syncthreads``; templates and ``__device__`` helpers; macros;
@@ -61,7 +62,7 @@ import numpy as np
 from ..errors import NumformerError
 from . import cuda_sources
 
-VERSION = "2"  # part of the cache key: bump when the launcher code below changes
+VERSION = "3"  # part of the cache key: bump when the launcher code below changes
 FLAGS = ("-std=c++17", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 MAX_THREADS = 1024  # per block, as on every GPU numformer targets
 
@@ -191,11 +192,13 @@ static __nf_fibers* __nf_active = nullptr;
 
 static inline void __nf_yield() {
     __nf_fibers* f = __nf_active;
+    asm volatile("" ::: "memory");  // other threads write shared memory meanwhile: nothing cached across a barrier
 #if defined(__x86_64__) && !defined(__NF_UCONTEXT)
     __nf_switch(&f->sp[f->current], f->scheduler);
 #else
     swapcontext(&f->contexts[f->current], &f->scheduler);
 #endif
+    asm volatile("" ::: "memory");
 }
 
 static void __nf_fiber_main() {
@@ -521,14 +524,18 @@ def _build(source: str, label: str) -> _Module:
     folder = cache_dir()
     library = folder / f"{key}.so"
     if not library.exists():
-        (folder / f"{key}.cpp").write_text(code, encoding="utf-8")  # kept: what a crash's debugger shows
-        partial = folder / f"{key}.{os.getpid()}.{threading.get_ident()}.tmp"
-        result = subprocess.run([gxx, *FLAGS, "-o", str(partial), "-x", "c++", str(folder / f"{key}.cpp")],
+        # this process's own file names until done (two test workers may compile the same source at once)
+        mine = f"{key}.{os.getpid()}.{threading.get_ident()}"
+        cpp, partial = folder / f"{mine}.cpp", folder / f"{mine}.so.tmp"
+        cpp.write_text(code, encoding="utf-8")
+        result = subprocess.run([gxx, *FLAGS, "-o", str(partial), "-x", "c++", str(cpp)],
                                 capture_output=True, text=True, check=False)
         if result.returncode:
+            cpp.unlink(missing_ok=True)
             partial.unlink(missing_ok=True)
             raise CudaEmulatorError(f"kernel {label} does not compile as C++ for the host emulator (g++ "
                                     f"{' '.join(FLAGS)}): {result.stderr.strip()}")
+        os.replace(cpp, folder / f"{key}.cpp")  # kept beside the library: what a crash's debugger shows
         os.replace(partial, library)
     lib = ctypes.CDLL(str(library))
     for function, params in kernels.items():

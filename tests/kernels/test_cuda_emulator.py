@@ -219,5 +219,6 @@ def test_without_gpp_the_error_says_so(monkeypatch):
 
 
 def test_a_source_that_does_not_compile_shows_g_plus_plus_log():
-    with pytest.raises(CudaEmulatorError, match=r"(?s)kernel broken does not compile as C\+\+.*broken.cu:1:.*undeclared"):
+    log = r"(?s)kernel broken does not compile as C\+\+.*broken.cu:1:.*undeclared"
+    with pytest.raises(CudaEmulatorError, match=log):
         host_kernel("broken", "k", 'extern "C" __global__ void k(float* x) { x[0] = undeclared; }')
