@@ -140,15 +140,16 @@ def philox_stream_words_cuda(state, blocks: int):
     return out
 
 
-def dropout_forward_cuda(x, state, p: float, add=None):
+def dropout_forward_cuda(x, state, p: float, add=None, out=None):
     """:func:`numformer.layers.dropout.dropout_forward` with the counter stream at ``state`` (the generator's
     ``counter``): -> (y, m), the state advanced by ``ceil(n / 8)`` on the device. Arrays of one module (cupy, or
-    numpy under the host emulator), contiguous, float32 or float64."""
+    numpy under the host emulator), contiguous, float32 or float64; ``out``: (y, m) buffers of x's shape and dtype
+    to write (nothing allocated: what a captured CUDA graph needs), else new arrays."""
     xp = get_array_module(x)
     n = x.size
     threshold = int(round(p * 65536))
     scale = x.dtype.type(65536.0 / (65536 - threshold))
-    y, m = xp.empty_like(x), xp.empty_like(x)
+    y, m = (xp.empty_like(x), xp.empty_like(x)) if out is None else out
     suffix = x.dtype.name
     if n:
         grid = _grid(counter_rng.counters(n))

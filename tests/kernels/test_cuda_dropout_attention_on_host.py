@@ -95,7 +95,9 @@ def test_two_draws_differ_and_a_state_repeats():
         y2, m2 = kdrop.dropout_forward_cuda(x, state, 0.1)
         assert not np.array_equal(m1, m2)
         state[...] = counter_rng.new_state(np, 5, 0)
-        y3, m3 = kdrop.dropout_forward_cuda(x, state, 0.1)
+        buffers = (np.full_like(x, np.nan), np.full_like(x, np.nan))
+        y3, m3 = kdrop.dropout_forward_cuda(x, state, 0.1, out=buffers)  # into given buffers (a captured graph's)
+    assert y3 is buffers[0] and m3 is buffers[1]
     assert same_bits(m3, m1) and same_bits(y3, y1)
 
 
