@@ -151,6 +151,10 @@ def parse_args(argv=None, prog: str = "train.py"):
     t.add_argument("--precision", choices=list(PRECISIONS),
                    help="matmul arithmetic: fp32 (default), tf32 (GPU tensor cores) or fp16 (float32 master "
                         "weights, dynamic loss scaling; on a CPU emulated and slower); see docs/gpu.md")
+    t.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="GPU: capture each batch shape's step once as a CUDA graph and replay it, so the host no "
+                        "longer issues every operation (default off; batches padded to multiples of 8; steps "
+                        "that cannot be captured run as usual and say why once); see docs/gpu.md")
     t.add_argument("--seed", type=nonneg_int, help=f"seed of weights, dropout and data order (default {TRAIN_DEFAULTS.seed})")
     t.add_argument("--dropout-rng", choices=["stream", "batch"],
                    help="dropout masks from one generator per run (stream, the default with one process) or "
@@ -331,6 +335,8 @@ def check_runnable(train, device: str) -> None:
     """What this machine must have for these settings: the precision's device, the optional TensorBoard
     package; a one-line UsageError (exit 2) otherwise."""
     check_precision(train.precision, device)
+    if train.cuda_graphs and device == "cpu":
+        raise UsageError("--cuda-graphs needs --device cuda (a CUDA graph replays GPU work): on a CPU leave it out")
     if train.tensorboard:
         require_writer()  # a missing optional package: one line with the pip command
 

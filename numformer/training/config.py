@@ -46,6 +46,7 @@ class TrainConfig:
     tensorboard: bool = False      # also write TensorBoard event files (numformer/training/tensorboard_log.py)
     dropout_rng: str = "stream"    # "stream": one generator per run; "batch": reseeded per batch (trainer.py)
     precision: str = "fp32"        # matmuls: fp32, tf32 (GPU) or fp16 with loss scaling (numformer/precision.py)
+    cuda_graphs: bool = False      # GPU: each batch shape's step captured once, replayed (training/step_graphs.py)
     max_nonfinite_in_a_row: int = 10  # this many skipped (non-finite) steps in a row stop training
 
     def checked(self, positional_table: int | None = None, named: dict | None = None) -> "TrainConfig":

@@ -63,6 +63,7 @@ from .metrics import LogWindow, train_record
 from .progress_bar import BudgetBar
 from .replicas import StopRequests, sync_replicas
 from .run_folder import RunFolder
+from .step_graphs import StepGraphs
 from .step_hooks import (BatchDropoutKeys, GradientAllReduce, LossScaling, StepHooks, StepResult,
                          StepStatus, finite_status)
 from .tensorboard_log import TensorBoardLog
@@ -106,12 +107,13 @@ class Trainer:
         self.grad_stats = (GradientStatistics(model, self.folder.path / run_file_names.GRAD_STATS, cfg.log_grads,
                                               self.tensorboard) if cfg.log_grads and world.is_main else None)
         # several processes: masks must not depend on which rank computes a batch
-        self._batch_seeded = cfg.dropout_rng == "batch" or world.parallel
+        self.batch_seeded = cfg.dropout_rng == "batch" or world.parallel
         self.hooks = StepHooks(  # in this order: the sum over processes is unscaled, not the other way round
-            BatchDropoutKeys(model, cfg.seed) if self._batch_seeded else None,
+            BatchDropoutKeys(model, cfg.seed) if self.batch_seeded else None,
             GradientAllReduce(world, GradientBucket(self.optimizer.buffer, extra=2)) if world.parallel else None,
             LossScaling(self.scaler, self.optimizer.buffer) if self.scaler is not None else None,
             self.grad_stats)
+        self.step_graphs = StepGraphs(self) if cfg.cuda_graphs else None  # GPU: the step as CUDA graphs
 
     @property
     def epoch(self) -> int:
@@ -129,6 +131,18 @@ class Trainer:
         return self._interrupted
 
     # -- one step ------------------------------------------------------------------------------------
+    def step(self, batches, keys=None) -> StepResult:
+        """One optimizer step as training runs it: replayed as a CUDA graph where it can be (``cuda_graphs``:
+        :mod:`numformer.training.step_graphs`), else :meth:`train_step`; with fp16 GEMMs the weights' float16
+        copies are made once for it (:func:`numformer.precision.half_weights`: the update is its last act)."""
+        with half_weights(self.optimizer.buffer):
+            if self.step_graphs is not None:
+                n_tokens = sum(b.n_tgt_tokens for b in batches)
+                captured = self.step_graphs.step(batches, n_tokens)
+                if captured is not None:
+                    return self._captured_result(captured, n_tokens)
+            return self.train_step(batches, keys)
+
     def train_step(self, batches, keys=None) -> StepResult:
         """One optimizer step over ``batches`` (every process's: ``world.size * accum``; ``keys``: their
         (epoch, position), for dropout masks keyed by batch). The loss is per target token of all of
@@ -136,19 +150,18 @@ class Trainer:
         floats, read together: the step's one device sync."""
         xp, model, crit, hooks = self.xp, self.model, self.criterion, self.hooks
         n_tokens = sum(b.n_tgt_tokens for b in batches)  # every rank knows every batch: no message needed
-        mine = self._my_share(batches)
+        mine = self.my_share(batches)
         loss = nll = 0.0
         hooks.begin(self.optimizer.step_count + 1, keys)
-        with half_weights(self.optimizer.buffer):  # fp16: the weights' float16 copies made once for the step
-            for i in mine:
-                b = batches[i]
-                hooks.before_forward(i, last=i == mine[-1])
-                logits = model(xp.asarray(b.src), xp.asarray(b.tgt_in))                          # 1. forward
-                hooks.after_forward(last=i == mine[-1])
-                loss = loss + crit.forward(logits, xp.asarray(b.tgt_out), normalizer=n_tokens,  # 2. loss
-                                           overwrite_logits=True)
-                nll = nll + crit.nll_sum
-                model.backward(hooks.seed_backward(crit.backward()))                             # 3. backward
+        for i in mine:
+            b = batches[i]
+            hooks.before_forward(i, last=i == mine[-1])
+            logits = model(xp.asarray(b.src), xp.asarray(b.tgt_in))                              # 1. forward
+            hooks.after_forward(last=i == mine[-1])
+            loss = loss + crit.forward(logits, xp.asarray(b.tgt_out), normalizer=n_tokens,     # 2. loss
+                                       overwrite_logits=True)
+            nll = nll + crit.nll_sum
+            model.backward(hooks.seed_backward(crit.backward()))                                 # 3. backward
         loss, nll = hooks.after_backward(loss, nll)
         gnorm = clip_grad_norm(self.optimizer.buffer, self.cfg.clip_norm)                        # 4. clip
         loss, gnorm = read_scalars(xp, loss, gnorm)
@@ -161,7 +174,20 @@ class Trainer:
         hooks.after_update(self.optimizer.step_count)
         return StepResult(loss, nll, n_tokens, gnorm, status)
 
-    def _my_share(self, batches) -> list[int]:
+    def _captured_result(self, captured, n_tokens: int) -> StepResult:
+        """The host's half of a captured step: read loss and norm (the step's one sync), judge the step as the
+        uncaptured one does; the device already dropped the update of a non-finite step and zeroed the
+        gradients either way."""
+        loss, nll, gnorm = captured
+        loss, gnorm = read_scalars(self.xp, loss, gnorm)
+        status = self.hooks.verdict(loss, gnorm) or finite_status(loss, gnorm)
+        if status is StepStatus.OK:
+            self.hooks.before_update(self.optimizer.step_count + 1)
+            self.optimizer.step_count += 1  # the update ran on the device, with this step's scalars
+            self.hooks.after_update(self.optimizer.step_count)
+        return StepResult(loss, nll, n_tokens, gnorm, status)
+
+    def my_share(self, batches) -> list[int]:
         """The indices of the batches this process computes (all of them with one process)."""
         if self.world.size == 1:
             return list(range(len(batches)))
@@ -192,7 +218,7 @@ class Trainer:
             while not self.done() and not stop.requested:
                 t0 = time.perf_counter()
                 batches, keys = self.training_batches.next_batches(cfg.accum * world.size)
-                result = self.train_step(batches, keys)
+                result = self.step(batches, keys)
                 dt = time.perf_counter() - t0
                 self.elapsed = stop.agree(self.elapsed + dt)  # several ranks: rank 0's clock, anyone's stop
                 self.window.add_time(result.tokens, dt)

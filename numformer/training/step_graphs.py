@@ -1,0 +1,205 @@
+"""The training step as one CUDA graph per batch shape (issue 60, item 3): the host leaves the loop.
+
+On a GPU, numformer's step is a few thousand kernel launches, each issued by Python: the host needs 130-228 ms
+to issue a base step (docs/gpu.md), longer than the device needs to run it in TF32 or fp16. A CUDA graph
+records the launches of one step once (cupy's stream capture) and replays them with one call. What a replay
+may not do, and how this module keeps to it:
+
+* **Static shapes.** A graph replays the shapes it saw. Token batching makes many shapes, so a batch is padded
+  to a bucket (rows and time steps rounded up to :data:`BUCKET`): padding is exact in the gradient (a pad target
+  has loss weight 0, pad keys are masked), and at most :data:`MAX_GRAPHS` shapes are kept (least recently
+  used first out). The batch is copied into the bucket's own device arrays before each replay.
+* **No host values baked in.** What changes from step to step lives in device memory written before the replay:
+  the token count the loss divides by, Adam's ``step_size`` and ``bc2_sqrt``
+  (:func:`numformer.kernels.adam.step_scalars`). Dropout's masks come from a counter the device advances
+  (:class:`numformer.backend.RandomState` on the GPU), so a replay draws new masks. The fp16 loss scale is a
+  host number the graph bakes in: a graph is kept per (shape, scale), and the scale changes rarely.
+* **No host decision inside.** A non-finite loss or gradient norm drops the update on the device
+  (:func:`numformer.kernels.adam.grad_norm_cuda`'s flag, read by the fused Adam), and the host, reading the loss
+  and norm after the replay as it does after every step, counts the step or not exactly as the uncaptured
+  step does.
+* **No allocation outside the graph's own memory.** The capture allocates from a memory pool of its own, so
+  memory a graph reuses at each replay is never handed to other arrays between replays; a shape is captured on
+  its second sighting, after an uncaptured step has compiled every kernel it launches.
+
+When the step cannot be captured (not a GPU, hooks that run host code between the passes: several
+processes, per-batch dropout seeds, gradient statistics; the fused Adam and norm kernels not allowed to run; a
+capture that fails), the step runs uncaptured and the reason is said once. On the CPU the same body runs
+without a capture (``rehearse``): the tests check the padding, the device scalars and the device's verdict
+there, with the CUDA kernels on the host emulator; only the capture itself needs a GPU
+(tests/device/test_step_graphs.py).
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from ..backend import is_cupy_array
+from ..kernels import adam as adam_kernels
+from ..kernels.cuda_sources import may_run
+
+BUCKET = 8        # rows and time steps rounded up to a multiple of this: few shapes, little padding
+MAX_GRAPHS = 16   # shapes (and loss scales) kept captured; each holds its own scratch memory
+
+
+def bucketed(n: int) -> int:
+    return -(-int(n) // BUCKET) * BUCKET
+
+
+def padded(a, rows: int, cols: int, pad_id: int) -> np.ndarray:
+    """Host int array ``a`` (r, c) in the top-left corner of a (rows, cols) array of ``pad_id``."""
+    out = np.full((rows, cols), pad_id, dtype=np.asarray(a).dtype)
+    out[:a.shape[0], :a.shape[1]] = a
+    return out
+
+
+class CapturedStep:
+    """One bucket's device inputs, device scalars, captured graph (None: not yet, or rehearsed) and outputs."""
+
+    def __init__(self, trainer, shapes, scale):
+        xp, buffer = trainer.xp, trainer.optimizer.buffer
+        self.trainer, self.shapes, self.scale = trainer, shapes, scale
+        self.inputs = [tuple(xp.zeros(s, dtype=np.int64) for s in shape) for shape in shapes]
+        self.normalizer = xp.zeros((), dtype=np.float32)
+        self.scalars = {d.dtype.name: adam_kernels.step_scalars(xp, d.dtype.type, 0.0, 1.0) for d in buffer.data}
+        self.nonfinite = xp.zeros(1, dtype=np.int32)
+        self.graph = None
+        self.loss = self.nll = self.gnorm = None
+        self.sightings = 0
+
+    def load(self, batches, n_tokens: int, t: int) -> None:
+        """Write this step's batches (padded), token count and Adam scalars into the device arrays."""
+        tr = self.trainer
+        pad = tr.model.cfg.pad_id
+        for (src, tgt_in, tgt_out), b in zip(self.inputs, batches):
+            for target, a in ((src, b.src), (tgt_in, b.tgt_in), (tgt_out, b.tgt_out)):
+                target[...] = tr.xp.asarray(padded(a, *target.shape, pad))
+        self.normalizer[...] = n_tokens
+        opt = tr.optimizer
+        step_size = opt.schedule(t) / (1.0 - opt.beta1 ** t)
+        bc2_sqrt = math.sqrt(1.0 - opt.beta2 ** t)
+        for array in self.scalars.values():
+            array[...] = tr.xp.asarray(np.array([step_size, bc2_sqrt], dtype=array.dtype))
+
+    def body(self) -> None:
+        """Forward, loss, backward, norm and Adam, from the device arrays alone (what is captured)."""
+        tr = self.trainer
+        xp, model, crit, hooks, opt = tr.xp, tr.model, tr.criterion, tr.hooks, tr.optimizer
+        buffer = opt.buffer
+        loss = nll = xp.zeros((), dtype=np.float32)
+        for src, tgt_in, tgt_out in self.inputs:
+            logits = model(src, tgt_in)
+            loss = loss + crit.forward(logits, tgt_out, normalizer=self.normalizer, overwrite_logits=True)
+            nll = nll + crit.nll_sum
+            model.backward(hooks.seed_backward(crit.backward()))
+        loss, nll = hooks.after_backward(loss, nll)
+        gnorm = adam_kernels.grad_norm_cuda(buffer.grads, nonfinite=self.nonfinite)
+        self.nonfinite |= (~xp.isfinite(loss)).astype(np.int32)  # the host's finite check, made on the device
+        if tr.cfg.clip_norm > 0:
+            factor = xp.minimum(tr.cfg.clip_norm / (gnorm + 1e-6), 1.0)
+            for g in buffer.grads:
+                g *= factor.astype(g.dtype)
+        adam_kernels.adam_update_cuda(buffer.data, buffer.grads, opt.m_flat, opt.v_flat, 0.0, opt.beta1, opt.beta2,
+                                      1.0, opt.eps, zero_grad=True, scalars=self.scalars, skip=self.nonfinite)
+        self.loss, self.nll, self.gnorm = loss, nll, gnorm
+
+    def capture(self) -> None:
+        """Record :meth:`body` as a CUDA graph, with a memory pool of its own (raises what the capture raised)."""
+        import cupy  # noqa: PLC0415  (only reached with cupy arrays)
+
+        pool = self.trainer.step_graphs.pool
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with cupy.cuda.using_allocator(pool.malloc), stream:
+            stream.begin_capture()
+            try:
+                self.body()
+            finally:
+                graph = stream.end_capture()
+        self.graph, self.stream = graph, stream
+
+    def run(self) -> None:
+        """Replay the graph (its work waits for what the current stream queued: the inputs just written)."""
+        if self.graph is None:
+            self.body()
+            return
+        import cupy  # noqa: PLC0415
+
+        current = cupy.cuda.get_current_stream()
+        self.stream.wait_event(current.record())
+        self.graph.launch(stream=self.stream)
+        current.wait_event(self.stream.record())
+
+
+class StepGraphs:
+    """The captured steps of a :class:`~numformer.training.trainer.Trainer`, by batch shape and loss scale."""
+
+    def __init__(self, trainer, rehearse: bool = False):
+        self.trainer, self.rehearse = trainer, rehearse
+        self.steps = OrderedDict()
+        self.said = set()
+        self.pool = None
+        self.broken = None  # why a capture failed: every later step runs uncaptured
+        if not rehearse and is_cupy_array(trainer.optimizer.buffer.data[0]):
+            import cupy  # noqa: PLC0415
+
+            self.pool = cupy.cuda.MemoryPool()
+
+    def why_not(self) -> str | None:
+        """Why this trainer's step cannot be captured, or None."""
+        tr = self.trainer
+        if self.broken is not None:
+            return self.broken
+        if not self.rehearse and not is_cupy_array(tr.optimizer.buffer.data[0]):
+            return "CUDA graphs need --device cuda"
+        if tr.world.parallel or tr.grad_stats is not None or tr.batch_seeded:
+            return "several processes, per-batch dropout seeds and gradient statistics run host code inside the step"
+        if not self.rehearse and not may_run("adam"):
+            return ("the fused Adam and norm kernel has no GPU proof at its source yet "
+                    "(NUMFORMER_CUDA_UNPROVEN=1 opts in)")
+        if tr.model.cfg.dropout > 0 and tr.model.rng.counter is None:
+            return "dropout's generator advances on the host: a replay would repeat its masks"
+        return None
+
+    def say_once(self, why: str) -> None:
+        if why not in self.said:
+            self.said.add(why)
+            self.trainer.log(f"the step runs uncaptured: {why}")
+
+    def step(self, batches, n_tokens: int):
+        """Run one optimizer step captured (or rehearsed): (loss, nll, gnorm) as device 0-d arrays, or None
+        when it must run uncaptured (the reason said once)."""
+        why = self.why_not()
+        if why is not None:
+            self.say_once(why)
+            return None
+        tr = self.trainer
+        mine = [batches[i] for i in tr.my_share(batches)]
+        shapes = tuple(((bucketed(b.src.shape[0]), bucketed(b.src.shape[1])),
+                        (bucketed(b.tgt_in.shape[0]), bucketed(b.tgt_in.shape[1])),
+                        (bucketed(b.tgt_out.shape[0]), bucketed(b.tgt_out.shape[1]))) for b in mine)
+        scale = None if tr.scaler is None else tr.scaler.scale
+        key = (shapes, scale)
+        step = self.steps.get(key)
+        if step is None:
+            step = self.steps[key] = CapturedStep(tr, shapes, scale)
+            while len(self.steps) > MAX_GRAPHS:
+                self.steps.popitem(last=False)
+        self.steps.move_to_end(key)
+        step.sightings += 1
+        step.load(mine, n_tokens, tr.optimizer.step_count + 1)
+        if self.rehearse or step.graph is not None:
+            step.run()
+        elif step.sightings == 1:
+            step.body()  # first sighting: uncaptured, compiling every kernel the capture will record
+        else:
+            try:
+                step.capture()
+            except Exception as exc:  # noqa: BLE001  (any capture failure: the step runs uncaptured)
+                self.broken = f"the capture failed ({type(exc).__name__}: {(str(exc) or '-').splitlines()[0][:200]})"
+                self.say_once(self.broken)
+                self.steps.clear()
+                return None
+            step.run()
+        return step.loss, step.nll, step.gnorm

@@ -1,0 +1,134 @@
+"""The step as CUDA graphs (numformer/training/step_graphs.py), rehearsed on the CPU: the body a graph captures
+(batches padded to buckets, the token count and Adam's scalars in device memory, the norm and the fused Adam
+on the host emulator, the non-finite verdict made on the device) trains as the uncaptured step does; a step
+that cannot be captured runs uncaptured and says why once. The capture itself: tests/device/test_step_graphs.py."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpi_worker import TinyVocab, pairs
+from numformer.data.prepared_dataset import PreparedData
+from numformer.kernels.cuda_emulator import emulated
+from numformer.model import Transformer
+from numformer.presets import get_preset
+from numformer.training import step_graphs
+from numformer.training.config import TrainConfig
+from numformer.training.step_graphs import StepGraphs, bucketed
+from numformer.training.step_hooks import StepStatus
+from numformer.training.trainer import Trainer
+from support import no_exact_gradient
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import train  # noqa: E402
+
+
+def make_trainer(tmp_path, rehearse: bool, logged=None, dropout=0.0, **settings):
+    model = Transformer(get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=1, dropout=dropout),
+                        seed=5)
+    data = PreparedData(TinyVocab(), {}, {"train": pairs(60)}, "task:graphs")
+    cfg = TrainConfig(max_tokens=300, accum=2, warmup=4, max_steps=3, eval_every=0, log_every=1, save_every=0,
+                      **settings)
+    trainer = Trainer(model, data, cfg, tmp_path, progress=False,
+                      log=(logged.append if logged is not None else lambda *a: None))
+    if rehearse:
+        trainer.step_graphs = StepGraphs(trainer, rehearse=True)
+    return trainer
+
+
+def run_steps(trainer, steps=3):
+    results = []
+    with emulated():
+        for _ in range(steps):
+            batches, keys = trainer.training_batches.next_batches(trainer.cfg.accum)
+            results.append(trainer.step(batches, keys))
+    return results
+
+
+def weights(trainer):
+    return np.concatenate([d.astype(np.float64) for d in trainer.optimizer.buffer.data])
+
+
+@pytest.mark.parametrize("settings", [{}, {"clip_norm": 0.5}])
+def test_the_rehearsed_body_trains_as_the_uncaptured_step(tmp_path, settings):
+    plain, graphed = make_trainer(tmp_path / "a", False, **settings), make_trainer(tmp_path / "b", True, **settings)
+    a, b = run_steps(plain), run_steps(graphed)
+    assert [r.status for r in b] == [StepStatus.OK] * 3
+    assert graphed.optimizer.step_count == plain.optimizer.step_count == 3
+    for x, y in zip(a, b):  # padding moves sums by rounding only
+        assert y.loss == pytest.approx(x.loss, rel=1e-5) and y.grad_norm == pytest.approx(x.grad_norm, rel=1e-5)
+        assert y.tokens == x.tokens and float(y.nll_sum) == pytest.approx(float(x.nll_sum), rel=1e-5)
+    # the weights: Adam turns a rounding difference in a near-zero gradient into a step of up to lr, so per
+    # tensor (measured <= 5e-5 of its norm after 3 steps); the key biases hold rounding noise alone (support.py)
+    for (name, p), q in zip(plain.model.named_parameters(), graphed.model.parameters()):
+        if not no_exact_gradient(name):
+            assert np.linalg.norm(p.data - q.data) <= 2e-4 * np.linalg.norm(p.data), name
+    assert not any(g.any() for g in graphed.optimizer.buffer.grads)  # zeroed by the fused Adam
+    shapes = [s for key in graphed.step_graphs.steps for batch in key[0] for s in batch]
+    assert shapes and all(r % 8 == 0 and c % 8 == 0 for r, c in shapes)
+
+
+def test_a_planted_baked_token_count_is_caught(tmp_path, monkeypatch):
+    """The check can fail: a token count written once (as a capture would bake a host number) trains otherwise."""
+    plain, graphed = make_trainer(tmp_path / "a", False), make_trainer(tmp_path / "b", True)
+    real_load = step_graphs.CapturedStep.load
+
+    def load_once(self, batches, n_tokens, t):
+        real_load(self, batches, 1000 if self.sightings > 1 else n_tokens, t)
+    monkeypatch.setattr(step_graphs.CapturedStep, "load", load_once)
+    a, b = run_steps(plain, 6), run_steps(graphed, 6)
+    assert any(y.loss != pytest.approx(x.loss, rel=1e-3) for x, y in zip(a, b))
+
+
+def test_a_non_finite_step_is_dropped_on_the_device(tmp_path):
+    trainer = make_trainer(tmp_path, True)
+    run_steps(trainer, 1)
+    trainer.optimizer.buffer.data[0][3] = np.nan  # every loss from here on is nan
+    before, moments = weights(trainer), trainer.optimizer.m_flat[0].copy()
+    result = run_steps(trainer, 1)[0]
+    assert result.status is StepStatus.NONFINITE and trainer.optimizer.step_count == 1
+    np.testing.assert_array_equal(weights(trainer), before)
+    np.testing.assert_array_equal(trainer.optimizer.m_flat[0], moments)
+    assert not any(g.any() for g in trainer.optimizer.buffer.grads)
+
+
+def test_at_most_max_graphs_shapes_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(step_graphs, "MAX_GRAPHS", 1)
+    trainer = make_trainer(tmp_path, True)
+    run_steps(trainer, 3)
+    assert len(trainer.step_graphs.steps) == 1
+    assert [bucketed(n) for n in (1, 8, 9, 16, 17)] == [8, 8, 16, 16, 24]
+
+
+@pytest.mark.parametrize("settings, why", [
+    ({}, "CUDA graphs need --device cuda"),
+    ({"log_grads": 1}, "gradient statistics"),
+    ({"dropout_rng": "batch"}, "per-batch dropout seeds"),
+])
+def test_a_step_that_cannot_be_captured_runs_uncaptured_and_says_why_once(tmp_path, settings, why):
+    logged = []
+    trainer = make_trainer(tmp_path, False, logged, **settings)
+    trainer.step_graphs = StepGraphs(trainer, rehearse=not settings == {})
+    results = run_steps(trainer, 2)
+    assert [r.status for r in results] == [StepStatus.OK] * 2
+    said = [line for line in logged if "the step runs uncaptured" in str(line)]
+    assert len(said) == 1 and why in said[0]
+
+
+def test_dropout_from_a_host_generator_is_not_captured(tmp_path):
+    logged = []
+    trainer = make_trainer(tmp_path, True, logged, dropout=0.1)
+    assert trainer.model.rng.counter is None  # numpy's PCG64 on the host: its state moves on the host
+    run_steps(trainer, 1)
+    assert any("advances on the host" in str(line) for line in logged)
+
+
+def test_cuda_graphs_on_a_cpu_is_one_line(tmp_path, capsys):
+    code = train.main(["--task", "copy", "--preset", "tiny", "--max-steps", "1", "--out", str(tmp_path / "r"),
+                       "--no-progress", "--cuda-graphs"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--cuda-graphs needs --device cuda" in err[0]
+    assert not (tmp_path / "r").exists()
