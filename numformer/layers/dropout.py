@@ -42,7 +42,8 @@ def dropout_mask(rng, shape, p: float, dtype):
         return (keep * np.asarray(65536.0 / (65536 - threshold), dtype=dtype)).reshape(shape)
     threshold = int(round(p * 65536))
     keep = rng.stream16(shape) >= threshold
-    return keep * rng.xp.asarray(65536.0 / (65536 - threshold), dtype=dtype)
+    scale = np.dtype(dtype).type(65536.0 / (65536 - threshold))  # a scalar of the dtype: no copy to the device
+    return keep.astype(dtype) * scale
 
 
 def dropout_forward(x, rng, p: float, add=None):
