@@ -11,7 +11,7 @@ out of time is recorded as such and the others still run):
 
     env           nvidia-smi, driver/CUDA/cupy/torch versions, the device's name
     gpu_tests     python -m pytest -m gpu tests/ (tests/device/test_gpu_parity.py apart, see torch_parity);
-                  its tests/device/test_cuda_kernels.py proves the CUDA kernels at the hashes summary.json's
+                  its tests/device/test_cuda_*.py prove the CUDA kernels at the hashes summary.json's
                   cuda_sources lists (what numformer/kernels/cuda_proofs.json then records)
     grad_checks   every grad_checks case on the device in float64 (bench/gpu_grad_checks.py)
     torch_parity  python -m pytest -m gpu tests/device/test_gpu_parity.py (whole model on cupy vs the torch mirror)
@@ -271,7 +271,7 @@ def _pytest_part(name, targets, box, extra=(), env=None) -> Part:
     return Part(name, cmd, box, parse, env)
 
 
-def _json_part(name, cmd, box, ok=lambda res: True) -> Part:
+def _json_part(name, cmd, box, ok=lambda res: True, env=None) -> Part:
     """A part whose child prints one JSON line last: the result, ok when the child exits 0 and ``ok(result)``."""
     def parse(rc, output, secs):
         res = _last_json(output)
@@ -279,11 +279,18 @@ def _json_part(name, cmd, box, ok=lambda res: True) -> Part:
             return {"status": _status(rc, False), "seconds": secs, "tail": _tail(output)}
         return {"status": _status(rc, ok(res)), "seconds": secs, **res}
 
-    return Part(name, cmd, box, parse)
+    return Part(name, cmd, box, parse, env)
 
 
 def gpu_tests_part(args):
-    return _pytest_part("gpu_tests", ["tests/"], 120, ["-m", "gpu", "--ignore=tests/device/test_gpu_parity.py"])
+    # 180 s: the fused kernels' tests (numformer/kernels/cuda_sources.py) compile each source once and run it at
+    # base's sizes beside the layer, model and decoding tests
+    return _pytest_part("gpu_tests", ["tests/"], 180, ["-m", "gpu", "--ignore=tests/device/test_gpu_parity.py"])
+
+
+# The timing parts run the fused CUDA kernels whether or not cuda_proofs.json proves them yet: this same run's
+# gpu_tests part is their proof (summary.json says whether it passed), and the goals are about the step with them
+KERNELS_ON = {"NUMFORMER_CUDA_UNPROVEN": "1"}
 
 
 def torch_parity_part(args):
@@ -309,13 +316,14 @@ def grad_checks_part(args):
 
 
 def train_step_part(args):
-    cmd = [sys.executable, "bench/gpu_train_step.py", "--device", args.device, "--json"]
+    cmd = [sys.executable, "bench/gpu_train_step.py", "--device", args.device, "--json", "--graphs"]
     # 2 warm-up and 5 counted steps a side: the medians of base steps of a few hundred ms settle after the first
-    # two (cupy compiles its kernels and the pools fill); six child processes of about 15 s each
+    # two (cupy compiles its kernels and the pools fill); six child processes of about 15 s each, numformer's
+    # then also the step as CUDA graphs (a capture and 5 replays: about 5 s more)
     cmd += ["--quick", "--steps", "1", "--warmup", "1"] if args.quick else ["--steps", "5", "--warmup", "2",
-                                                                             "--timeout", "45"]
-    return _json_part("train_step", cmd, 100 if args.quick else 130, ok=lambda res: all(
-        r["numformer"].get("status") in ("ok", "not on cpu") for r in res["rows"]))
+                                                                             "--timeout", "60"]
+    return _json_part("train_step", cmd, 100 if args.quick else 170, ok=lambda res: all(
+        r["numformer"].get("status") in ("ok", "not on cpu") for r in res["rows"]), env=KERNELS_ON)
 
 
 def breakdown_part(args):
@@ -323,7 +331,7 @@ def breakdown_part(args):
     parameter buffer, issue 58, was for; docs/gpu.md holds the first run's table to compare with)."""
     cmd = [sys.executable, "bench/step_breakdown.py", "--device", args.device, "--json"]
     cmd += ["--quick", "--steps", "1", "--warmup", "1"] if args.quick else ["--steps", "3", "--warmup", "2"]
-    return _json_part("breakdown", cmd, 40 if args.quick else 60, ok=lambda res: bool(res.get("rows")))
+    return _json_part("breakdown", cmd, 40 if args.quick else 60, ok=lambda res: bool(res.get("rows")), env=KERNELS_ON)
 
 
 def decode_part(args, vocab: Path, run_dir: Path, corpus: Path):
@@ -534,10 +542,12 @@ def main(argv=None) -> int:
 
 def cuda_source_hashes() -> dict:
     """{kernel: SHA-256 of its CUDA C} (numformer/kernels/cuda_sources.py): when gpu_tests passes (it runs
-    tests/device/test_cuda_kernels.py), these are the hashes numformer/kernels/cuda_proofs.json may record as
+    tests/device/test_cuda_*.py), these are the hashes numformer/kernels/cuda_proofs.json may record as
     proven, with the date, the GPU (the env part) and the commit."""
-    import numformer.kernels.adam  # noqa: F401,PLC0415  (registers its source)
+    from numformer.kernels import registered  # noqa: PLC0415
     from numformer.kernels.cuda_sources import SOURCES, source_hash  # noqa: PLC0415
+
+    registered()  # every kernel file imported: each registers its CUDA C
 
     return {name: source_hash(name) for name in sorted(SOURCES)}
 

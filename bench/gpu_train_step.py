@@ -11,9 +11,13 @@ count against the other). Precisions (``--precision fp32,tf32,fp16``):
 * fp16: numformer ``--precision fp16`` (fp16 GEMM operands, float32 master weights, dynamic
   loss scaling); PyTorch ``torch.autocast(dtype=float16)`` with ``GradScaler``.
 
-numformer's step is the trainer's (``numformer.training.trainer.Trainer.train_step`` without the data
-loader): forward, loss with ``overwrite_logits``, backward (scaled in fp16), unscale, the
-global gradient norm read back with the loss in one transfer, ``Adam.step(zero_grad=True)``.
+numformer's step is the trainer's (``numformer.training.trainer.Trainer.step`` without the data
+loader): forward, loss with ``overwrite_logits``, backward (scaled in fp16, the weights' float16 copies made
+once), unscale, the global gradient norm read back with the loss in one transfer, ``Adam.step(zero_grad=True)``.
+With ``--graphs`` the same process then times the step as ``train.py --cuda-graphs`` runs it
+(:mod:`numformer.training.step_graphs`: captured once, replayed), reported as the row's ``numformer_graphs``.
+The fused CUDA kernels run where ``numformer/kernels/cuda_proofs.json`` proves them or
+``NUMFORMER_CUDA_UNPROVEN=1`` is set (the acceptance run sets it once its kernel tests passed).
 Reported per side: median ms/step of the counted steps (device synchronised before each
 clock read), target tokens/s, peak device memory (numformer: cupy's memory pool total,
 which only grows; PyTorch: ``max_memory_reserved``; on the CPU: peak RSS).
@@ -26,6 +30,7 @@ Imports ``tests/reference/torch_reference.py`` for the PyTorch model.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -57,6 +62,7 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=positive_int, default=None, help="counted steps (default 10; --quick 2)")
     ap.add_argument("--warmup", type=nonneg_int, default=None, help="uncounted steps first (default 3; --quick 1)")
     ap.add_argument("--no-torch", dest="torch", action="store_false", help="skip the PyTorch side")
+    ap.add_argument("--graphs", action="store_true", help="numformer also as CUDA graphs (train.py --cuda-graphs)")
     ap.add_argument("--timeout", type=positive_float, default=240, help="seconds per child process")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", choices=["numformer", "torch"], help=argparse.SUPPRESS)
@@ -85,8 +91,7 @@ def worker_numformer(args, s):
     import numpy as np  # noqa: PLC0415
 
     from numformer.backend import describe, to_xp, xp_for  # noqa: PLC0415
-    from numformer.optim import grad_norm  # noqa: PLC0415
-    from numformer.precision import set_matmul_precision  # noqa: PLC0415
+    from numformer.precision import half_weights, set_matmul_precision  # noqa: PLC0415
     from numformer.training.loss_scaling import DynamicLossScaler  # noqa: PLC0415
     from numformer.backend import read_scalars  # noqa: PLC0415
     from train_step import benched_model  # noqa: PLC0415  (bench/ is on the path: this script's folder)
@@ -100,21 +105,16 @@ def worker_numformer(args, s):
                                                                                         s["tgt_len"]))
                for _ in range(2)]
     on_gpu = xp is not np
-    sync = (lambda: xp.cuda.Stream.null.synchronize()) if on_gpu else (lambda: None)
+    sync = (lambda: xp.cuda.get_current_stream().synchronize()) if on_gpu else (lambda: None)
     times, host, loss_host = [], [], float("nan")
     for i in range(args.warmup + args.steps):
         src, tgt_in, tgt_out = batches[i % len(batches)]
         sync()
         t0 = time.perf_counter()
-        logits = model(src, tgt_in)
-        loss = crit.forward(logits, tgt_out, overwrite_logits=True)
-        del logits
-        dlogits = crit.backward()
-        model.backward(dlogits if scaler is None else scaler.scale_grad_(dlogits))
-        if scaler is not None:
-            scaler.unscale_(opt.buffer)
+        with half_weights(opt.buffer):
+            loss, gnorm_device = _eager_passes(model, crit, opt, scaler, src, tgt_in, tgt_out)
         enqueued = time.perf_counter()  # the host has issued forward and backward; the GPU may still be at work
-        loss_host, gnorm = read_scalars(xp, loss, grad_norm(opt.buffer))  # the trainer's one sync per step
+        loss_host, gnorm = read_scalars(xp, loss, gnorm_device)  # the trainer's one sync per step
         if scaler is not None and scaler.update(found_nonfinite=not np.isfinite(gnorm)):
             opt.zero_grad()
         else:
@@ -126,7 +126,99 @@ def worker_numformer(args, s):
     peak = xp.get_default_memory_pool().total_bytes() / 2 ** 20 if on_gpu else _peak_rss_mb()
     # host time to issue forward and backward: near the step's whole time, the step waits on Python and kernel
     # launches, not on the GPU's arithmetic
-    return {**_result(times, s, peak, loss_host, describe(xp) + f", precision {args.mode}"),
+    result = {**_result(times, s, peak, loss_host, describe(xp) + f", precision {args.mode}"),
+              "host_issue_ms": round(statistics.median(host) * 1e3, 2)}
+    if args.graphs:
+        result["graphs"] = graph_steps(args, s, xp, model, opt, crit, scaler, [_host_batch(b) for b in batches],
+                                       sync)
+    return result
+
+
+def _eager_passes(model, crit, opt, scaler, src, tgt_in, tgt_out):
+    """Forward, loss, backward (scaled in fp16) and unscale: (loss, gradient norm), on the device."""
+    from numformer.kernels import kernel  # noqa: PLC0415
+    from numformer.optim import grad_norm  # noqa: PLC0415
+
+    logits = model(src, tgt_in)
+    loss = crit.forward(logits, tgt_out, overwrite_logits=True)
+    del logits
+    dlogits = crit.backward()
+    model.backward(dlogits if scaler is None else scaler.scale_grad_(dlogits))
+    if scaler is not None:
+        scaler.unscale_(opt.buffer)
+    return loss, kernel(grad_norm)(opt.buffer)
+
+
+class _HostBatch:
+    """A bench batch as the trainer's batches are: host arrays, and its target token count."""
+
+    def __init__(self, src, tgt_in, tgt_out):
+        self.src, self.tgt_in, self.tgt_out = src, tgt_in, tgt_out
+        self.n_tgt_tokens = int((tgt_out != 0).sum())
+
+
+def _host_batch(batch):
+    from numformer.backend import to_host  # noqa: PLC0415
+
+    return _HostBatch(*(to_host(a) for a in batch))
+
+
+def graph_steps(args, s, xp, model, opt, crit, scaler, batches, sync) -> dict:
+    """The step as ``train.py --cuda-graphs`` runs it, timed like the eager one: the shape's first step runs
+    uncaptured, the second is captured, the counted ones replay. ``host_issue_ms``: until the replay is issued."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    from numformer.training.config import TrainConfig  # noqa: PLC0415
+    from numformer.training.distributed import SINGLE  # noqa: PLC0415
+    from numformer.training.step_graphs import StepGraphs  # noqa: PLC0415
+    from numformer.training.step_hooks import LossScaling, StepHooks  # noqa: PLC0415
+
+    said = []
+    trainer = SimpleNamespace(  # what StepGraphs reads of a Trainer
+        xp=xp, model=model, criterion=crit, optimizer=opt, cfg=TrainConfig(), scaler=scaler, world=SINGLE,
+        hooks=StepHooks(LossScaling(scaler, opt.buffer) if scaler is not None else None), grad_stats=None,
+        batch_seeded=False, my_share=lambda batches: list(range(len(batches))), log=said.append)
+    on_gpu = xp is not np
+    # the CPU dry run rehearses the captured body (no capture) with the CUDA kernels on the host emulator
+    trainer.step_graphs = graphs = StepGraphs(trainer, rehearse=not on_gpu)
+    with contextlib.nullcontext() if on_gpu else _emulated():
+        return _timed_graph_steps(args, s, xp, opt, scaler, batches, sync, graphs, said)
+
+
+def _emulated():
+    from numformer.kernels.cuda_emulator import emulated  # noqa: PLC0415  (a test tool: the CPU dry run only)
+
+    return emulated()
+
+
+def _timed_graph_steps(args, s, xp, opt, scaler, batches, sync, graphs, said) -> dict:
+    import numpy as np  # noqa: PLC0415
+
+    from numformer.backend import read_scalars  # noqa: PLC0415
+
+    times, host, loss_host = [], [], float("nan")
+    warmup = max(args.warmup, 2)  # the uncaptured first sighting and the capture are not counted
+    for i in range(warmup + args.steps):
+        b = batches[i % len(batches)]
+        sync()
+        t0 = time.perf_counter()
+        out = graphs.step([b], b.n_tgt_tokens)
+        if out is None:
+            return {"status": "uncaptured", "why": [str(line) for line in said]}
+        enqueued = time.perf_counter()
+        loss_host, gnorm = read_scalars(xp, out[0], out[2])
+        overflow = scaler is not None and scaler.update(found_nonfinite=not np.isfinite(gnorm))
+        if not overflow and np.isfinite(loss_host) and np.isfinite(gnorm):
+            opt.step_count += 1  # the update ran on the device
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+            host.append(enqueued - t0)
+    on_gpu = xp is not np
+    peak = xp.get_default_memory_pool().total_bytes() / 2 ** 20 if on_gpu else _peak_rss_mb()
+    return {"status": "ok", **_result(times, s, peak, loss_host, "CUDA graphs" if on_gpu else "rehearsed (CPU)"),
             "host_issue_ms": round(statistics.median(host) * 1e3, 2)}
 
 
@@ -172,7 +264,8 @@ def worker_torch(args, s):
 
 def run_child(args, kind, mode):
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--mode", mode, "--device", args.device,
-           "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--quick"] if args.quick else [])
+           "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--quick"] if args.quick else []) + \
+        (["--graphs"] if args.graphs and kind == "numformer" else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -205,6 +298,14 @@ def main(argv=None) -> int:
         if nf.get("status") == "ok" and pt.get("status") == "ok":
             row["ratio_step_time"] = round(nf["median_step_ms"] / pt["median_step_ms"], 3)
             row["ratio_peak_memory"] = round(nf["peak_memory_mb"] / pt["peak_memory_mb"], 3)
+        graphs = nf.get("graphs") or {}
+        if graphs.get("status") == "ok":
+            row["numformer_graphs"] = graphs
+            row["graphs_host_issue_share"] = round(graphs["host_issue_ms"] / graphs["median_step_ms"], 3)
+            if pt.get("status") == "ok":
+                row["ratio_step_time_graphs"] = round(graphs["median_step_ms"] / pt["median_step_ms"], 3)
+        elif graphs:
+            row["numformer_graphs"] = graphs
         rows.append(row)
         if not args.json:
             for side in ("numformer", "torch"):
@@ -214,6 +315,12 @@ def main(argv=None) -> int:
                           f"tgt tok/s  peak {r['peak_memory_mb']:8.0f} MB  {r['backend']}")
                 else:
                     print(f"{mode:5s} {side:9s} {r.get('status')}: {r.get('error', '')}")
+            g = row.get("numformer_graphs")
+            if g and g.get("status") == "ok":
+                print(f"{mode:5s} {'graphs':9s} {g['median_step_ms']:9.1f} ms/step  "
+                      f"host issue {g['host_issue_ms']:.1f} ms")
+            elif g:
+                print(f"{mode:5s} {'graphs':9s} {g.get('status')}: {g.get('why')}")
             if "ratio_step_time" in row:
                 print(f"{mode:5s} ratio numformer/PyTorch: step time {row['ratio_step_time']:.2f}x, "
                       f"peak memory {row['ratio_peak_memory']:.2f}x")

@@ -136,8 +136,17 @@ def _runs_here(params, grads, ms, vs, *args, **kwargs) -> bool:
 
 def step_scalars(xp, dtype, step_size: float, bc2_sqrt: float):
     """The device array :data:`ADAM_CUDA` reads the step's ``step_size`` and ``bc2_sqrt`` from (a captured step
-    writes the next step's values into its own copy of it before each replay)."""
-    return xp.asarray([step_size, bc2_sqrt], dtype=dtype)
+    writes the next step's values into its own copy of it before each replay). Written element by element:
+    on a GPU each is a fill kernel queued behind the step's work, where a copy of a host array would wait for it."""
+    scalars = xp.empty(2, dtype=dtype)
+    write_step_scalars(scalars, step_size, bc2_sqrt)
+    return scalars
+
+
+def write_step_scalars(scalars, step_size: float, bc2_sqrt: float) -> None:
+    """Put ``step_size`` and ``bc2_sqrt`` into a :func:`step_scalars` array, without a host sync."""
+    scalars[0] = step_size
+    scalars[1] = bc2_sqrt
 
 
 def adam_update_cuda(params, grads, ms, vs, step_size: float, b1: float, b2: float, bc2_sqrt: float, eps: float,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels import kernel
 from ..module import Module
 from .registry import registered
 
@@ -93,7 +94,7 @@ class Dropout(Module):
             return x if add is None else x + add
         if self.rng is None:
             raise ValueError("Dropout with p > 0 needs a RandomState (rng=...)")
-        y, mask = dropout_forward(x, self.rng, self.p, add)
+        y, mask = kernel(dropout_forward)(x, self.rng, self.p, add)
         self.save_for_backward(mask=mask)
         return y
 

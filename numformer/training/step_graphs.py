@@ -13,7 +13,9 @@ may not do, and how this module keeps to it:
   the token count the loss divides by, Adam's ``step_size`` and ``bc2_sqrt``
   (:func:`numformer.kernels.adam.step_scalars`). Dropout's masks come from a counter the device advances
   (:class:`numformer.backend.RandomState` on the GPU), so a replay draws new masks. The fp16 loss scale is a
-  host number the graph bakes in: a graph is kept per (shape, scale), and the scale changes rarely.
+  host number the graph bakes in: a graph is kept per (shape, scale), and the scale changes rarely. With fp16
+  GEMMs the weights' float16 copies (:func:`numformer.precision.half_weights`) are made inside the graph, so
+  each replay copies the weights Adam just updated.
 * **No host decision inside.** A non-finite loss or gradient norm drops the update on the device
   (:func:`numformer.kernels.adam.grad_norm_cuda`'s flag, read by the fused Adam), and the host, reading the loss
   and norm after the replay as it does after every step, counts the step or not exactly as the uncaptured
@@ -27,7 +29,7 @@ processes, per-batch dropout seeds, gradient statistics; the fused Adam and norm
 capture that fails), the step runs uncaptured and the reason is said once. On the CPU the same body runs
 without a capture (``rehearse``): the tests check the padding, the device scalars and the device's verdict
 there, with the CUDA kernels on the host emulator; only the capture itself needs a GPU
-(tests/device/test_step_graphs.py).
+(tests/device/test_step_graphs_on_gpu.py).
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ import numpy as np
 from ..backend import is_cupy_array
 from ..kernels import adam as adam_kernels
 from ..kernels.cuda_sources import may_run
+from ..precision import half_weights
 
 BUCKET = 8        # rows and time steps rounded up to a multiple of this: few shapes, little padding
 MAX_GRAPHS = 16   # shapes (and loss scales) kept captured; each holds its own scratch memory
@@ -81,7 +84,7 @@ class CapturedStep:
         step_size = opt.schedule(t) / (1.0 - opt.beta1 ** t)
         bc2_sqrt = math.sqrt(1.0 - opt.beta2 ** t)
         for array in self.scalars.values():
-            array[...] = tr.xp.asarray(np.array([step_size, bc2_sqrt], dtype=array.dtype))
+            adam_kernels.write_step_scalars(array, step_size, bc2_sqrt)
 
     def body(self) -> None:
         """Forward, loss, backward, norm and Adam, from the device arrays alone (what is captured)."""
@@ -89,11 +92,12 @@ class CapturedStep:
         xp, model, crit, hooks, opt = tr.xp, tr.model, tr.criterion, tr.hooks, tr.optimizer
         buffer = opt.buffer
         loss = nll = xp.zeros((), dtype=np.float32)
-        for src, tgt_in, tgt_out in self.inputs:
-            logits = model(src, tgt_in)
-            loss = loss + crit.forward(logits, tgt_out, normalizer=self.normalizer, overwrite_logits=True)
-            nll = nll + crit.nll_sum
-            model.backward(hooks.seed_backward(crit.backward()))
+        with half_weights(buffer):  # fp16: the weights' float16 copies made in the graph, once a replay
+            for src, tgt_in, tgt_out in self.inputs:
+                logits = model(src, tgt_in)
+                loss = loss + crit.forward(logits, tgt_out, normalizer=self.normalizer, overwrite_logits=True)
+                nll = nll + crit.nll_sum
+                model.backward(hooks.seed_backward(crit.backward()))
         loss, nll = hooks.after_backward(loss, nll)
         gnorm = adam_kernels.grad_norm_cuda(buffer.grads, nonfinite=self.nonfinite)
         self.nonfinite |= (~xp.isfinite(loss)).astype(np.int32)  # the host's finite check, made on the device
@@ -158,7 +162,7 @@ class StepGraphs:
         if not self.rehearse and not may_run("adam"):
             return ("the fused Adam and norm kernel has no GPU proof at its source yet "
                     "(NUMFORMER_CUDA_UNPROVEN=1 opts in)")
-        if tr.model.cfg.dropout > 0 and tr.model.rng.counter is None:
+        if not self.rehearse and tr.model.cfg.dropout > 0 and tr.model.rng.counter is None:
             return "dropout's generator advances on the host: a replay would repeat its masks"
         return None
 

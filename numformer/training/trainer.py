@@ -135,12 +135,12 @@ class Trainer:
         """One optimizer step as training runs it: replayed as a CUDA graph where it can be (``cuda_graphs``:
         :mod:`numformer.training.step_graphs`), else :meth:`train_step`; with fp16 GEMMs the weights' float16
         copies are made once for it (:func:`numformer.precision.half_weights`: the update is its last act)."""
+        if self.step_graphs is not None:  # (a captured step makes its float16 copies inside the graph)
+            n_tokens = sum(b.n_tgt_tokens for b in batches)
+            captured = self.step_graphs.step(batches, n_tokens)
+            if captured is not None:
+                return self._captured_result(captured, n_tokens)
         with half_weights(self.optimizer.buffer):
-            if self.step_graphs is not None:
-                n_tokens = sum(b.n_tgt_tokens for b in batches)
-                captured = self.step_graphs.step(batches, n_tokens)
-                if captured is not None:
-                    return self._captured_result(captured, n_tokens)
             return self.train_step(batches, keys)
 
     def train_step(self, batches, keys=None) -> StepResult:

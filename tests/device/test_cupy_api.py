@@ -102,8 +102,10 @@ def test_device_dropout_uses_the_device_generator(monkeypatch):
 
     xp = cs.install(monkeypatch)
     model = Transformer(_tiny(dropout=0.3), seed=0).to(xp)
+    assert type(model.rng.counter) is xp.ndarray  # the counter generator's [seed, offset], on the device
     losses, state = _train(model)
-    assert "cupy.random.default_rng" in cs.USED
+    from numformer.counter_rng import read_state  # noqa: PLC0415
+    assert read_state(model.rng.counter)[1] > 0  # the masks' draws moved its offset (on the device)
     assert all(np.isfinite(x) for x in losses)
     assert all(np.isfinite(v).all() for v in state.values())
 

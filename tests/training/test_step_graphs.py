@@ -1,7 +1,8 @@
 """The step as CUDA graphs (numformer/training/step_graphs.py), rehearsed on the CPU: the body a graph captures
 (batches padded to buckets, the token count and Adam's scalars in device memory, the norm and the fused Adam
 on the host emulator, the non-finite verdict made on the device) trains as the uncaptured step does; a step
-that cannot be captured runs uncaptured and says why once. The capture itself: tests/device/test_step_graphs.py."""
+that cannot be captured runs uncaptured and says why once. The capture itself:
+tests/device/test_step_graphs_on_gpu.py."""
 import sys
 from pathlib import Path
 
@@ -118,12 +119,18 @@ def test_a_step_that_cannot_be_captured_runs_uncaptured_and_says_why_once(tmp_pa
     assert len(said) == 1 and why in said[0]
 
 
-def test_dropout_from_a_host_generator_is_not_captured(tmp_path):
+def test_dropout_from_a_host_generator_is_not_captured(tmp_path, monkeypatch):
+    """A generator whose state moves on the host would give every replay the captured masks: refused (the GPU's
+    counter generator moves on the device). Pretended device arrays and kernels opted in reach that check."""
     logged = []
-    trainer = make_trainer(tmp_path, True, logged, dropout=0.1)
-    assert trainer.model.rng.counter is None  # numpy's PCG64 on the host: its state moves on the host
-    run_steps(trainer, 1)
-    assert any("advances on the host" in str(line) for line in logged)
+    trainer = make_trainer(tmp_path, False, logged, dropout=0.1)
+    trainer.step_graphs = StepGraphs(trainer)
+    monkeypatch.setattr(step_graphs, "is_cupy_array", lambda a: True)
+    monkeypatch.setenv("NUMFORMER_CUDA_UNPROVEN", "1")
+    assert trainer.model.rng.counter is None  # numpy's PCG64 on the host
+    assert "advances on the host" in trainer.step_graphs.why_not()
+    trainer.model.rng.counter = object()  # a counter on the device: no objection left
+    assert trainer.step_graphs.why_not() is None
 
 
 def test_cuda_graphs_on_a_cpu_is_one_line(tmp_path, capsys):
@@ -132,3 +139,21 @@ def test_cuda_graphs_on_a_cpu_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--cuda-graphs needs --device cuda" in err[0]
     assert not (tmp_path / "r").exists()
+
+
+def test_fp16_rehearsed_body_makes_its_weight_copies_inside_and_trains_as_the_uncaptured_step(tmp_path):
+    """With fp16 GEMMs the float16 copies are made by the body (a graph then copies the updated weights at every
+    replay); the loss scale is part of the graph's key."""
+    from numformer import precision  # noqa: PLC0415
+
+    with precision.matmul_precision("fp16"):
+        plain, graphed = make_trainer(tmp_path / "a", False, precision="fp16"), \
+            make_trainer(tmp_path / "b", True, precision="fp16")
+        a = run_steps(plain)
+        casts = precision.half_casts
+        b = run_steps(graphed)
+    assert [r.status for r in b] == [StepStatus.OK] * 3
+    for x, y in zip(a, b):
+        assert y.loss == pytest.approx(x.loss, rel=1e-4)
+    assert precision.half_casts > casts
+    assert all(key[1] == graphed.scaler.scale for key in graphed.step_graphs.steps)
