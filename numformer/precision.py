@@ -109,7 +109,8 @@ half_casts = 0  # float16 casts of GEMM operands made (copies included): what a 
 
 
 def _address(a) -> int:
-    return a.data.ptr if is_cupy_array(a) else a.__array_interface__["data"][0]
+    pointer = getattr(a.data, "ptr", None)  # cupy: the device pointer (numpy's .data is a memoryview)
+    return pointer if pointer is not None else a.__array_interface__["data"][0]
 
 
 def _half(a):

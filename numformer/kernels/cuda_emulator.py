@@ -608,7 +608,7 @@ class HostKernel:
                                                 f"{value.dtype}")
             if not p.const and not value.flags.writeable:
                 raise CudaEmulatorArgumentError(f"{said}: the kernel may write it and the array is read-only")
-            return value.ctypes.data
+            return np.ndarray.view(value, np.ndarray).ctypes.data  # a numpy subclass (the tests' cupy stand-in) too
         if isinstance(value, np.ndarray):
             raise CudaEmulatorArgumentError(f"{said} takes a scalar (np.{np.dtype(p.dtype).name}), got an array "
                                             f"(cupy would pass its pointer)")

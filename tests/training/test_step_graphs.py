@@ -27,9 +27,11 @@ sys.path.insert(0, str(ROOT))
 import train  # noqa: E402
 
 
-def make_trainer(tmp_path, rehearse: bool, logged=None, dropout=0.0, **settings):
+def make_trainer(tmp_path, rehearse: bool, logged=None, dropout=0.0, xp=None, **settings):
     model = Transformer(get_preset("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, layers=1, dropout=dropout),
                         seed=5)
+    if xp is not None:
+        model.to(xp)
     data = PreparedData(TinyVocab(), {}, {"train": pairs(60)}, "task:graphs")
     cfg = TrainConfig(max_tokens=300, accum=2, warmup=4, max_steps=3, eval_every=0, log_every=1, save_every=0,
                       **settings)
@@ -157,3 +159,52 @@ def test_fp16_rehearsed_body_makes_its_weight_copies_inside_and_trains_as_the_un
         assert y.loss == pytest.approx(x.loss, rel=1e-4)
     assert precision.half_casts > casts
     assert all(key[1] == graphed.scaler.scale for key in graphed.step_graphs.steps)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_the_captured_body_reads_nothing_back_and_uploads_nothing(tmp_path, monkeypatch, precision):
+    """A host value read or uploaded inside the body would be baked into a graph (or refused by the capture):
+    on the cupy stand-in, with every fused kernel's wrapper on the host emulator (dropout on, fp16's copies
+    made inside), the body reads back and uploads nothing; loading the step's batches is all the uploading."""
+    import cupy_standin as cs  # noqa: PLC0415
+    from numformer import precision as precisions  # noqa: PLC0415
+
+    xp = cs.install(monkeypatch)
+    monkeypatch.setenv("NUMFORMER_CUDA_UNPROVEN", "1")
+    counted = {}
+    real_body = step_graphs.CapturedStep.body
+
+    def counted_body(self):
+        cs.reset_counts()
+        real_body(self)
+        counted.setdefault("reads", []).append(sum(cs.READS.values()))
+        counted.setdefault("uploads", []).append(dict(cs.UPLOADS))
+    monkeypatch.setattr(step_graphs.CapturedStep, "body", counted_body)
+    with precisions.matmul_precision(precision):
+        trainer = make_trainer(tmp_path, True, dropout=0.1, xp=xp, precision=precision)
+        results = run_steps(trainer, 2)
+    assert [r.status for r in results] == [StepStatus.OK] * 2
+    assert counted["reads"] == [0, 0] and counted["uploads"] == [{}, {}], counted
+    assert type(trainer.model.rng.counter) is xp.ndarray
+
+
+def test_a_planted_read_in_the_body_is_counted(tmp_path, monkeypatch):
+    """The check can fail: a loss that reads its token count back to the host (as a float) is seen."""
+    import cupy_standin as cs  # noqa: PLC0415
+    from numformer.loss import LabelSmoothedCrossEntropy  # noqa: PLC0415
+
+    xp = cs.install(monkeypatch)
+    real_forward = LabelSmoothedCrossEntropy.forward
+    monkeypatch.setattr(LabelSmoothedCrossEntropy, "forward", lambda self, logits, target, normalizer=None, **kw:
+                        real_forward(self, logits, target, normalizer=float(normalizer), **kw))
+    trainer = make_trainer(tmp_path, True, xp=xp)
+    real_body = step_graphs.CapturedStep.body
+    reads = []
+
+    def counted_body(self):
+        cs.reset_counts()
+        real_body(self)
+        reads.append(sum(cs.READS.values()))
+    monkeypatch.setattr(step_graphs.CapturedStep, "body", counted_body)
+    run_steps(trainer, 1)
+    assert reads and reads[0] > 0
