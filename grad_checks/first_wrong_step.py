@@ -29,24 +29,48 @@ No blame without proof (issue 61): the data flow only points at steps; one is sa
 every one, each step needed; or the student's code given numformer's value at the student's line (the operand it
 used in numformer's place first: the line recomputing a sigmoid, not the line using it) gets right whatever the
 change touches. Else the student's lines are searched for one whose value, swapped both ways with one of
-numformer's, proves it (:func:`_search`); else no step is named, and the wrong returned values are said with the
-student's lines that feed them (``WrongStep.proven`` False, ``lines``): a route of the student's own is never told
-that a step it does not take is wrong.
+numformer's, proves it (:func:`_search`); else for a line of the student's own route one edit of which makes every
+gradient right, no edit of another line doing so (grad_checks/own_route.py; its lines' values numformer's code, backward
+or forward, does not compute: ``WrongStep.own``); else no step is named, and the wrong returned values are said with
+the student's lines that feed them (``WrongStep.proven`` False, ``lines``): a route of the student's own is never told
+that a step it does not take is wrong. The replays of one answer stop after :data:`SEARCH_BUDGET` seconds, and the
+diagnosis then says so, with the wrong returned values and the lines feeding them.
+
+The student's run and numformer's are recorded once (:class:`Recordings`) for this and grad_checks/raised_line.py;
+each function is rewritten for recording once, and every replay reuses it.
 """
 from __future__ import annotations
 
+import inspect
+import sys
+import time
 import warnings
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
+from numformer.swap import using
+from numformer.user_code_clock import StudentCodeTimeout
+
 from .candidates import APPROX, floor, relative_errors, run_class
-from .counterparts import _returned_as, _student_map, compare_call, computed, counterpart, views
+from .counterparts import _returned_as, _student_map, compare_call, computed, counterpart, same, views
 from .entry_patterns import entry_pattern
 from .factor_names import name_factor
+from .own_route import repair
 from .recorded_run import Recorder, recorded
 
 MOST = 3        # first wrong steps said at most
+
+# Seconds of replays (numformer's backward and the student's code run again, with a value or a line changed) one
+# wrong answer's diagnosis may take before it stops and says what it has: the wrong entries and the lines feeding
+# them, never a guess. Measured on the project's sets (the 38 of tests/exercises/student_mistakes*.py and the 8 of
+# tests/exercises/test_no_blame_without_proof.py, on the 2-core Zen 3 with other jobs running): the median diagnosis
+# took 0.07-0.09 s, the slowest 0.6-0.9 s (LayerNorm through the variance: 48 replays of the swap search, then
+# about 70 edits of its own route). 3 s leaves the slowest a margin of 3x on a loaded machine (a CI run's two
+# workers), and a student waits a few seconds for a slow backward's proof, not the clock's 10 s a case.
+SEARCH_BUDGET = 3.0
 
 
 @dataclass
@@ -64,17 +88,79 @@ class WrongStep:
     note: str = ""      # the operand the student used in place of numformer's, when that is the difference
     proven: bool = True     # False: no step proven; the wrong returned value and the student's lines feeding it
     lines: tuple = ()       # those lines (an unproven sentence), in the student's file
+    own: bool = False       # a line of the student's own route, proven by an edit of it (grad_checks/own_route.py)
 
 
 # -- running both, recorded -------------------------------------------------------------------------------
 
-def _recorded_class(ex, answer, recorder):
-    """The layer class running ``answer`` recorded into ``recorder``, or None when its code cannot be rewritten."""
-    if isinstance(answer, type):  # a whole class: its own method, recorded, in a subclass of it
-        fn = recorded(vars(answer).get(ex.target.__name__), recorder)
-        return type(answer.__name__, (answer,), {ex.target.__name__: fn}) if fn else None
-    fn = recorded(answer, recorder)
-    return ex.layer_class(fn, guard=answer is not ex.target) if fn else None
+# answer -> {exercise name: (Recorder, the layer class running the answer recorded into it (None: its code cannot be
+# rewritten), the same unguarded)}: the code is rewritten and compiled once (30 ms, most of a replay's time), and
+# each replay only empties the recorder
+_RECORDED = weakref.WeakKeyDictionary()
+
+
+def _recorded_class(ex, answer, overrides=None, guard: bool = True) -> tuple:
+    """(a Recorder with ``overrides`` and no calls yet, the layer class running ``answer`` recorded into it, or None
+    when its code cannot be rewritten). ``guard`` False: a function's outputs unchecked (grad_checks/exercise.py's
+    guard runs numformer's backward beside it, 70% of a replay, and the first run has checked them already)."""
+    per_exercise = _RECORDED.setdefault(answer, {})
+    if ex.name not in per_exercise:
+        recorder = Recorder()
+        if isinstance(answer, type):  # a whole class: its own method, recorded, in a subclass of it
+            fn = recorded(vars(answer).get(ex.target.__name__), recorder)
+            cls = type(answer.__name__, (answer,), {ex.target.__name__: fn}) if fn else None
+            classes = (cls, cls)
+        else:
+            fn = recorded(answer, recorder)
+            classes = (ex.layer_class(fn, guard=answer is not ex.target), ex.layer_class(fn, guard=False)) if fn \
+                else (None, None)
+        per_exercise[ex.name] = (recorder, *classes)
+    recorder, guarded, unguarded = per_exercise[ex.name]
+    recorder.calls, recorder.overrides = [], overrides or {}
+    return recorder, guarded if guard else unguarded
+
+
+class Recordings:
+    """The student's run and numformer's, each recorded once (:func:`recorded_run`) for every part of a diagnosis
+    that reads them: :func:`first_wrong_steps` and grad_checks/raised_line.py."""
+
+    def __init__(self, ex, answer, seed: int = 0, file=None, time_limit=None):
+        self.ex, self.answer, self.seed, self.file, self.time_limit = ex, answer, seed, file, time_limit
+
+    @cached_property
+    def student(self) -> tuple:
+        return recorded_run(self.ex, self.answer, self.seed, self.file, self.time_limit)
+
+    @cached_property
+    def reference(self) -> tuple:
+        return recorded_run(self.ex, self.ex.target, self.seed)
+
+    @cached_property
+    def forward(self) -> list:
+        """The :class:`~grad_checks.recorded_run.Call` of numformer's forward function on every case (x - mu, var,
+        var + eps: the values a route through the forward's intermediates takes), or [] (see :func:`forward_twin`)."""
+        twin = forward_twin(self.ex)
+        recorder = Recorder()
+        fn = recorded(twin, recorder) if twin is not None else None
+        if fn is None:
+            return []
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            run_class(self.ex, using(self.ex.layer, **{self.ex.target.__name__: self.ex.target, twin.__name__: fn}),
+                      self.seed)
+        return recorder.calls
+
+
+def forward_twin(ex):
+    """numformer's forward function beside the exercise's backward (``layernorm_forward`` for
+    ``layernorm_backward``) that its layer calls, or None (a method's exercise: the layer's forward is code of its
+    children)."""
+    name = ex.target.__name__.replace("backward", "forward")
+    fn = getattr(sys.modules[ex.target.__module__], name, None)
+    forward = inspect.unwrap(ex.layer.forward)
+    if ex.is_method or name == ex.target.__name__ or not callable(fn) or name not in forward.__code__.co_names:
+        return None
+    return fn
 
 
 def recorded_calls(ex, answer, seed: int = 0, file=None, time_limit=None, overrides=None):
@@ -83,11 +169,10 @@ def recorded_calls(ex, answer, seed: int = 0, file=None, time_limit=None, overri
     return recorded_run(ex, answer, seed, file, time_limit, overrides)[0]
 
 
-def recorded_run(ex, answer, seed: int = 0, file=None, time_limit=None, overrides=None) -> tuple:
+def recorded_run(ex, answer, seed: int = 0, file=None, time_limit=None, overrides=None, guard: bool = True) -> tuple:
     """(calls, outcomes): :func:`recorded_calls` and the gradients every case graded (parameters' included), or
-    (None, None)."""
-    recorder = Recorder(overrides)
-    cls = _recorded_class(ex, answer, recorder)
+    (None, None). ``guard`` False: a replay's (see :func:`_recorded_class`)."""
+    recorder, cls = _recorded_class(ex, answer, overrides, guard)
     if cls is None:
         return None, None
     _, outcomes = run_class(ex, cls, seed, file, time_limit)
@@ -131,15 +216,19 @@ def _wrong_outputs(steps) -> list:
     return [s for k, s in steps.items() if s.record.returned is not None and not _right(steps, k)]
 
 
-def _ancestors(steps, keys) -> set:
-    found, todo = set(), list(keys)
+def _closure(start, operands) -> set:
+    """``start`` and everything it is computed from, at any depth (``operands(x)``: what ``x`` is computed from)."""
+    found, todo = set(), list(start)
     while todo:
-        k = todo.pop()
-        if k in found:
-            continue
-        found.add(k)
-        todo += [o for o in steps[k].operands if o in steps]
+        x = todo.pop()
+        if x not in found:
+            found.add(x)
+            todo += operands(x)
     return found
+
+
+def _ancestors(steps, keys) -> set:
+    return _closure(keys, lambda k: [o for o in steps[k].operands if o in steps])
 
 
 _VIEWS = ("swapaxes", "T", "transpose", "reshape")  # a view of an array: right when what it views is
@@ -178,28 +267,48 @@ def _label(ex, record) -> str:
 
 # -- the diagnosis ----------------------------------------------------------------------------------------------
 
-def first_wrong_steps(ex, answer, seed: int = 0, file=None, time_limit=None) -> list:
+def first_wrong_steps(ex, answer, seed: int = 0, file=None, time_limit=None, recordings=None,
+                      budget: float = None) -> list:
     """The :class:`WrongStep` s of ``answer`` (a function or a layer class), in numformer's data-flow order, at
     most :data:`MOST`; [] when its code or numformer's cannot be recorded, or the calls do not line up.
+    ``recordings``: the two runs already recorded (:class:`Recordings`); ``budget``: the replays' seconds
+    (:data:`SEARCH_BUDGET` when None).
 
     No blame without proof (issue 61): a step found is said only when a replay proves it (:func:`_prove`); when
     none is, the student's lines are searched for one whose value, replaced by one of numformer's, makes every
-    gradient right (:func:`_search`); else the wrong returned values are said with the student's lines that feed
-    them (``proven`` False), and no step is named."""
-    my_calls, mine = recorded_run(ex, answer, seed, file, time_limit)
+    gradient right (:func:`_search`), then for one whose edit does (a route of the student's own:
+    grad_checks/own_route.py); else the wrong returned values are said with the student's lines that feed them
+    (``proven`` False), and no step is named. Past the budget the search stops and says that, with those."""
+    recordings = recordings or Recordings(ex, answer, seed, file, time_limit)
+    my_calls, mine = recordings.student
     if not my_calls:
         return []
-    ref_calls, reference = recorded_run(ex, ex.target, seed)
+    ref_calls, reference = recordings.reference
     if not ref_calls or len(ref_calls) != len(my_calls):
         return []
-    proof = _Proof(ex, answer, seed, file, time_limit, my_calls, mine, reference)
-    found, _ = _tentative(ex, seed, my_calls)
-    out = _prove(proof, found)
+    proof = _Proof(ex, answer, seed, file, time_limit, my_calls, mine, reference,
+                   SEARCH_BUDGET if budget is None else budget, recordings)
     flow = _flow(ref_calls, my_calls)
+    try:
+        return _diagnosis(proof, ref_calls, flow)
+    except _Stopped:
+        stopped = (f"; the search for the step stopped at its budget ({proof.budget:.3g} s of replays): this is "
+                   "what it had")
+        return [replace(s, said=s.said + stopped) for s in _outputs(ex, flow, ref_calls, my_calls, set())][:MOST]
+
+
+def _diagnosis(proof, ref_calls, flow) -> list:
+    """:func:`first_wrong_steps` within the budget (each replay raises _Stopped past it)."""
+    ex, my_calls = proof.ex, proof.my_calls
+    found = _tentative(proof)
+    out = _prove(proof, found)
     if not out:
         searched = _search(proof, ref_calls, flow, [f.said.line for f in found if f.said.line is not None])
         if searched is not None:
             return [searched]  # every gradient right with numformer's value there: nothing else to say
+        own = _own_route(proof, ref_calls, flow)
+        if own is not None:
+            return [own]
     if len(out) < len([f for f in found if not f.repeated]) or not out:
         # a step left unproven: the wrong returned values no proven step accounts for, with the lines feeding them
         named = {s.code for s in out}
@@ -221,14 +330,15 @@ class _Found:
     returned: bool = False  # the step is a returned value: numformer's given the student's returns the student's  # the same wrong operand as a step before: one mistake, said once
 
 
-def _tentative(ex, seed, my_calls) -> tuple:
-    """([_Found], the last data flow): the first wrong steps as numformer's data flow finds them, each replayed
-    into numformer's backward to find the next (two independent mistakes: two steps), nothing proven yet."""
-    overrides, out, said_keys, steps = {}, [], set(), None
+def _tentative(proof) -> list:
+    """[_Found]: the first wrong steps as numformer's data flow finds them, each replayed into numformer's backward to
+    find the next (two independent mistakes: two steps), nothing proven yet."""
+    ex, my_calls = proof.ex, proof.my_calls
+    overrides, out, said_keys = {}, [], set()
     for _ in range(MOST + 1):
-        ref_calls = recorded_calls(ex, ex.target, seed, overrides=overrides)
+        ref_calls = proof.numformer_calls(overrides)
         if not ref_calls or len(ref_calls) != len(my_calls):
-            return out, steps
+            return out
         steps = _flow(ref_calls, my_calls)
         firsts = [s for s in _first_steps(steps) if s.key not in said_keys]
         if not firsts:
@@ -237,7 +347,7 @@ def _tentative(ex, seed, my_calls) -> tuple:
 
         def verify(n, value, step=step, base=dict(overrides)):
             """The step's consumers right in call n once numformer's is replayed with ``value`` there."""
-            calls = recorded_calls(ex, ex.target, seed, overrides={**base, (n, step.key): value})
+            calls = proof.numformer_calls({**base, (n, step.key): value})
             if not calls or len(calls) != len(my_calls):
                 return False
             status = compare_call(calls[n], my_calls[n])
@@ -252,7 +362,7 @@ def _tentative(ex, seed, my_calls) -> tuple:
         if replacements is None:  # never computed: nothing to replay numformer's with
             break
         overrides.update({(n, step.key): v for n, v in replacements.items()})
-    return out, steps
+    return out
 
 
 def _operand(step, ref_calls, my_calls, said):
@@ -286,16 +396,62 @@ class _Proof:
     my_calls: list
     mine: list          # the student's outcomes (every graded gradient, per case)
     reference: list     # numformer's
+    budget: float       # seconds of replays (SEARCH_BUDGET)
+    recordings: object = None   # the Recordings (numformer's forward, read by a route of the student's own)
 
-    def numformers(self, overrides):
-        with warnings.catch_warnings(), np.errstate(all="ignore"):  # a replayed value may overflow: no proof, no noise
-            warnings.simplefilter("ignore")
-            return recorded_run(self.ex, self.ex.target, self.seed, overrides=overrides)[1]
+    def __post_init__(self):
+        self.until = time.monotonic() + self.budget
 
-    def students(self, overrides):
+    def _replay(self, run, student: bool, stopped=None):
+        """``run(limit)`` quietly (a replayed value may overflow: no proof, no noise), within the budget: _Stopped
+        past it. The student's code runs under the clock's limit cut to what is left of the budget; stopped by the
+        clock with budget left (an edit that loops), ``stopped`` comes back, or _Stopped when that is None."""
+        left = self.until - time.monotonic()
+        if left <= 0:
+            raise _Stopped
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            return recorded_run(self.ex, self.answer, self.seed, self.file, self.time_limit, overrides)[1]
+            try:
+                return run(min(self.time_limit or left, left) if student else None)
+            except StudentCodeTimeout:
+                if stopped is None or time.monotonic() >= self.until:
+                    raise _Stopped from None
+                return stopped
+
+    def numformer_calls(self, overrides):
+        return self._replay(lambda _: recorded_calls(self.ex, self.ex.target, self.seed, overrides=overrides), False)
+
+    def numformers(self, overrides):
+        return self._replay(lambda _: recorded_run(self.ex, self.ex.target, self.seed, overrides=overrides)[1], False)
+
+    def students(self, overrides):
+        return self._replay(lambda limit: recorded_run(self.ex, self.answer, self.seed, self.file, limit,
+                                                        overrides, guard=False)[1], True)
+
+    def run(self, fn, cases):
+        """The outcomes of the student's code edited (``fn``) on ``cases`` (from 0; None: every case), None in the
+        place of a case not run."""
+        cls = self.ex.layer_class(fn, guard=False)  # a wrong shape is an error as good as the guard's here
+        return self._replay(lambda limit: run_class(self.ex, cls, self.seed, self.file, limit, order=cases)[1], True,
+                            stopped=[None] * len(self.reference))
+
+    def right(self, fn, cases) -> bool:
+        """Every gradient of ``fn`` (the student's code edited) right on ``cases`` (None: every case)."""
+        outcomes = self.run(fn, cases)
+        for k, (new, ref) in enumerate(zip(outcomes, self.reference)):
+            if cases is not None and k not in cases:
+                continue
+            if new is None or new.grads is None or ref.grads is None:
+                return False
+            tiny = floor(ref.grads)
+            if any(name not in new.grads or np.shape(new.grads[name]) != np.shape(g)
+                   or not _agree(new.grads[name], g, tiny).all() for name, g in ref.grads.items()):
+                return False
+        return True
+
+
+class _Stopped(Exception):
+    """The diagnosis' budget is spent: no replay starts."""
 
 
 def _entries(a, b, reference):
@@ -509,14 +665,7 @@ def _numformer_overrides(proof, ref_calls, record, ref_record) -> dict:
 
 def _slice(call, indices) -> set:
     """The records the given ones are computed from, at any depth, themselves included."""
-    found, todo = set(), list(indices)
-    while todo:
-        i = todo.pop()
-        if i in found:
-            continue
-        found.add(i)
-        todo += list(call.records[i].operands)
-    return found
+    return _closure(indices, lambda i: list(call.records[i].operands))
 
 
 def _replay(step, my_calls, mine) -> dict:
@@ -564,27 +713,36 @@ def _say(ex, step, ref_calls, my_calls, verify=None) -> tuple:
     return WrongStep(label, rec.code, rec.variable, mine.line, None, pattern, said, note), _replay(step, my_calls, mine)
 
 
-def _outputs(ex, steps, ref_calls, my_calls, said_keys) -> list:
-    """The wrong returned values, each with where it differs and the student's lines that feed it, when no step
-    can be proven wrong: what the student returns is still worth a pattern (padding rows that got gradient), and the
-    mistake is on one of those lines (a slice of the student's data flow: the lines whose values numformer's code
-    also computes are right, and left out)."""
+def _wrong_returned(ex, steps, ref_calls, my_calls) -> list:
+    """(step, call number, numformer's record, the student's returned record, its view as numformer's shape, the
+    student's lines feeding it whose values numformer's code never computes) for each wrong returned value."""
     out = []
     for step in _wrong_outputs(steps):
-        if step.key in said_keys:
-            continue
         n = min(k for k, s in step.status.items() if s[0] != "right")
         r = step.records[n]
         mine = next((s for s in my_calls[n].records if s.returned == r.returned), None)
         view = next(iter(views(mine.value, r.value.shape)), None) if mine is not None else None
         if view is None:
             continue
-        pattern, words = entry_pattern(ex, ref_calls[n].args, view, r.value)
-        label = ex.outputs[r.returned] if r.returned < len(ex.outputs) else _label(ex, r)
         mapped = _student_map(ref_calls[n], my_calls[n])
         call = my_calls[n]
         lines = sorted({call.records[i].line for i in _slice(call, [computed(call, mine).index])
                         if not call.records[i].given and not mapped[i] and call.records[i].line is not None})
+        out.append((step, n, r, mine, view, lines))
+    return out
+
+
+def _outputs(ex, steps, ref_calls, my_calls, said_keys) -> list:
+    """The wrong returned values, each with where it differs and the student's lines that feed it, when no step
+    can be proven wrong: what the student returns is still worth a pattern (padding rows that got gradient), and the
+    mistake is on one of those lines (a slice of the student's data flow: the lines whose values numformer's code
+    also computes are right, and left out)."""
+    out = []
+    for step, n, r, mine, view, lines in _wrong_returned(ex, steps, ref_calls, my_calls):
+        if step.key in said_keys:
+            continue
+        pattern, words = entry_pattern(ex, ref_calls[n].args, view, r.value)
+        label = ex.outputs[r.returned] if r.returned < len(ex.outputs) else _label(ex, r)
         feed = ""
         if lines:
             feed = (f"; no step of it is proven wrong: the mistake is on {'line' if len(lines) == 1 else 'lines'} "
@@ -593,6 +751,36 @@ def _outputs(ex, steps, ref_calls, my_calls, said_keys) -> list:
                              f"the returned {label}: your line {mine.line} (`{mine.code}`): {words}{feed}",
                              proven=False, lines=tuple(lines)))
     return out
+
+
+def _computes_right(call, line, pool) -> bool:
+    """The last array ``line`` computes in ``call`` (the statement's value) equals one of ``pool``, up to a view."""
+    mine = [r for r in call.records if r.line == line and not r.given]
+    return bool(mine) and any(same(v, value) for value in pool for v in views(mine[-1].value, value.shape))
+
+
+def _own_route(proof, ref_calls, steps):
+    """The line of the student's own route whose one edit makes every gradient right (grad_checks/own_route.py), as
+    a WrongStep, or None: the lines tried are those feeding a wrong returned value whose values numformer's code
+    never computes, in the order the student's code computes them."""
+    wrong = _wrong_returned(proof.ex, steps, ref_calls, proof.my_calls)
+    lines = sorted({line for *_, feeding in wrong for line in feeding})
+    cases = sorted({k for step, *_ in wrong for k, st in step.status.items() if st[0] != "right"})
+    forward = proof.recordings.forward if proof.recordings is not None else []
+    n = cases[0] if cases else 0
+    pool = [r.value for r in ref_calls[n].records] + \
+        ([r.value for r in forward[n].records] if len(forward) == len(ref_calls) else [])
+    # a line whose value is one numformer's backward or forward computes (x - mu, var + eps) is right: an edit there
+    # could only compensate a mistake elsewhere (xmu = xhat for xhat / r puts the variance route's wrong power right)
+    lines = [line for line in lines if not _computes_right(proof.my_calls[n], line, pool)]
+    fixed = repair(proof, lines, cases)
+    if fixed is None:
+        return None
+    name = fixed.variable or fixed.statement
+    said = (f"first wrong step: your line {fixed.line} (`{fixed.statement}`), a step of your own route: with "
+            f"`{fixed.after}` for `{fixed.before}` there, every gradient is right, and no single edit of another line "
+            "of your route does that" + (f"; {fixed.differs}" if fixed.differs else ""))
+    return WrongStep(name, fixed.statement, fixed.variable, fixed.line, None, None, said, own=True)
 
 
 def _numbers(lines) -> str:

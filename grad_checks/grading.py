@@ -40,7 +40,7 @@ from .candidates import (APPROX, EXACT, Outcome, closest, compare, constant_fact
                          run_class, run_function, verdict)
 from numformer.user_code_clock import DEFAULT_TIME_LIMIT, deadline
 from .exercise import Exercise
-from .first_wrong_step import first_wrong_steps
+from .first_wrong_step import Recordings, first_wrong_steps
 from .kept_state import kept_state, snapshot
 from .own_code import describe, watch
 from .raised_line import raised_line
@@ -265,17 +265,18 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
             # a backward that keeps state computes another function at every call: matching one pass of it to a
             # catalogued mistake or a single edit would blame a step it may have right; its steps are still shown
             found = None if result.keeps_state else closest_mistake(ex, mine, reference, seed)
+            recordings = Recordings(ex, answer, seed, file, time_limit)  # each run recorded once, for both readers
             result.mistake = found[0] if found is not None else None
             if found is None:
                 if not result.keeps_state:
                     _locate(result, ex, mine, reference, seed)
                 if any(o.output for o in mine):  # numformer's intermediates against the student's, step by step
-                    result.steps = first_wrong_steps(ex, answer, seed, file, time_limit)
+                    result.steps = first_wrong_steps(ex, answer, seed, file, time_limit, recordings)
             raised = next(((k, c) for k, c in enumerate(result.cases, 1) if (c.error or "").startswith("raised ")),
                           None)
             if raised is not None:  # the raising line in the exercise's terms (grad_checks/raised_line.py)
                 result.raised_at = raised_line(ex, answer, seed, file, time_limit, raised[0], raised[1].name,
-                                               raised[1].error)
+                                               raised[1].error, recordings)
         # after the diagnosis: code that hands numformer's own result on is not the student's, right or wrong
         result.not_yours = describe(own) if own else None
     return result

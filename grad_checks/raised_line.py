@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .counterparts import same
-from .first_wrong_step import recorded_calls
+from .first_wrong_step import Recordings
 
 
 ORDINALS = ("first", "second", "third", "fourth", "fifth", "next")
@@ -82,9 +82,12 @@ def _same_args(a, b) -> bool:
     return True
 
 
-def raised_line(ex, answer, seed: int, file, time_limit, case_number: int, case_name: str, error: str) -> str | None:
+def raised_line(ex, answer, seed: int, file, time_limit, case_number: int, case_name: str, error: str,
+                recordings=None) -> str | None:
     """The sentence for case ``case_number`` (from 1), which raised ``error`` (the outcome's line, which names
-    ``FILE:LINE``) inside the student's ``file``; None when the line is not in that file or nothing is known."""
+    ``FILE:LINE``) inside the student's ``file``; None when the line is not in that file or nothing is known.
+    ``recordings``: the student's run and numformer's as the first wrong steps recorded them (grad_checks/
+    first_wrong_step.py's Recordings), else recorded here."""
     if file is None:
         return None
     found = re.search(rf"at {re.escape(Path(file).name)}:(\d+) in ", error)
@@ -92,7 +95,8 @@ def raised_line(ex, answer, seed: int, file, time_limit, case_number: int, case_
         return None
     line = int(found[1])
     source, names = _line_and_names(file, line)
-    mine, ours = recorded_calls(ex, answer, seed, file, time_limit), recorded_calls(ex, ex.target, seed)
+    recordings = recordings or Recordings(ex, answer, seed, file, time_limit)
+    mine, ours = recordings.student[0], recordings.reference[0]
     if not mine or not ours or case_number > len(ours):
         return None
     ref_call = ours[case_number - 1]

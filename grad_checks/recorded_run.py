@@ -377,39 +377,32 @@ def _direct(node) -> tuple:
     return tuple(dict.fromkeys(children)), tuple(dict.fromkeys(names))
 
 
-def recorded(fn, recorder: Recorder):
-    """``fn`` rewritten to record into ``recorder`` (see the module's docstring), or None when its source
-    cannot be read or rewritten."""
+def _parsed(fn, source=None):
+    """(the function unwrapped, its source dedented, its first line, its file, its ``def``) or None when its source
+    cannot be read or parsed. ``source``: its text edited (grad_checks/own_route.py), its lines where they were."""
     fn = inspect.unwrap(getattr(fn, "__func__", fn))  # a layer's method comes wrapped by its taps (module.py)
     try:
-        source = textwrap.dedent(inspect.getsource(fn))
+        source = textwrap.dedent(source if source is not None else inspect.getsource(fn))
         first = fn.__code__.co_firstlineno
         filename = fn.__code__.co_filename
         tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError, AttributeError):
+    except (OSError, TypeError, SyntaxError, AttributeError, ValueError):
         return None
     fdef = tree.body[0]
     if not isinstance(fdef, ast.FunctionDef):
         return None
     fdef.decorator_list = []
-    params = [a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs if a.arg != "self"]
-    rewriter = _Rewriter(recorder, source, first)
-    fdef.body = [rewriter.visit(stmt) for stmt in fdef.body]
-    # a statement may come back as a list (it and its ``changed`` calls); NodeTransformer flattens the nested
-    # bodies (if, for, with) itself, the function's own body is flattened here
-    fdef.body = [s for stmt in fdef.body for s in (stmt if isinstance(stmt, list) else [stmt])]
-    enter = ast.parse(f"{CALL} = {RECORDER}.enter({{{', '.join(f'{p!r}: {p}' for p in params)}}})").body[0]
-    # the arguments as enter() hands them back: an override replaces one (see Recorder.overrides)
-    rebind = [ast.parse(f"{p} = {CALL}.args.get({p!r}, {p})").body[0] for p in params]
-    fdef.body = [enter] + rebind + fdef.body
+    return fn, source, first, filename, fdef
+
+
+def _made(fn, fdef, first: int, filename: str, namespace: dict):
+    """``fdef`` compiled as ``fn`` was (its file and lines, its closure's values, its defaults, its names), or None."""
     freevars = fn.__code__.co_freevars
     maker = ast.FunctionDef("__nf_make__", ast.arguments([], [ast.arg(v) for v in freevars], None, [], [], None, []),
                             [fdef, ast.Return(ast.Name(fdef.name, ast.Load()))], [], None)
     module = ast.Module([maker], [])
     ast.fix_missing_locations(module)
     ast.increment_lineno(module, first - 1)
-    namespace = dict(fn.__globals__)
-    namespace[RECORDER] = recorder
     try:
         exec(compile(module, filename, "exec"), namespace)  # noqa: S102  (the candidate's own code, rewritten)
         cells = [c.cell_contents for c in (fn.__closure__ or ())]
@@ -420,3 +413,34 @@ def recorded(fn, recorder: Recorder):
     new.__qualname__, new.__module__ = fn.__qualname__, fn.__module__
     return new
 
+
+def recorded(fn, recorder: Recorder, source: str | None = None):
+    """``fn`` rewritten to record into ``recorder`` (see the module's docstring), or None when its source
+    cannot be read or rewritten; ``source``: its text edited, to run in its place (see :func:`_parsed`)."""
+    parsed = _parsed(fn, source)
+    if parsed is None:
+        return None
+    fn, source, first, filename, fdef = parsed
+    params = [a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs if a.arg != "self"]
+    rewriter = _Rewriter(recorder, source, first)
+    fdef.body = [rewriter.visit(stmt) for stmt in fdef.body]
+    # a statement may come back as a list (it and its ``changed`` calls); NodeTransformer flattens the nested
+    # bodies (if, for, with) itself, the function's own body is flattened here
+    fdef.body = [s for stmt in fdef.body for s in (stmt if isinstance(stmt, list) else [stmt])]
+    enter = ast.parse(f"{CALL} = {RECORDER}.enter({{{', '.join(f'{p!r}: {p}' for p in params)}}})").body[0]
+    # the arguments as enter() hands them back: an override replaces one (see Recorder.overrides)
+    rebind = [ast.parse(f"{p} = {CALL}.args.get({p!r}, {p})").body[0] for p in params]
+    fdef.body = [enter] + rebind + fdef.body
+    namespace = dict(fn.__globals__)
+    namespace[RECORDER] = recorder
+    return _made(fn, fdef, first, filename, namespace)
+
+
+def rewritten(fn, source: str):
+    """``fn`` compiled from ``source`` (its own text, edited, each line where it was), unrecorded, in its globals
+    and with its closure's values; None when that text does not compile."""
+    parsed = _parsed(fn, source)
+    if parsed is None:
+        return None
+    fn, _, first, filename, fdef = parsed
+    return _made(fn, fdef, first, filename, dict(fn.__globals__))

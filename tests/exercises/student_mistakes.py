@@ -25,6 +25,8 @@ Each expectation is derived from the mistake, not copied from what a grader prin
 * ``line``: a snippet of the student's line (as ``ast.unparse`` writes it: tests/lab_files.py unparses) that
   computes the student's counterpart of that step, the value in the step's place in their code; None when
   their code has nothing in that place (a route that never forms it).
+* ``own``: a snippet of the student's line a route of their own is located at (grad_checks/own_route.py: one edit
+  of that line makes every gradient right, none of another line does), when it is not ``line``'s;
 * ``second``: the other step, for two independent mistakes; ``factor``: the symbol (per exercise, from the
   function's arguments: the test's vocabulary) or the constant the student's counterpart is numformer's times;
   ``pattern``: where the wrong entries are, in the exercise's terms; ``note``: the mistake as a teacher says it.
@@ -51,14 +53,20 @@ class Expect:
     factor: str | None = None
     pattern: str | None = None
     note: str = ""
+    own: str | None = None
+
+    @property
+    def own_line(self) -> str | None:
+        """The snippet of the line a diagnosis of the student's own route must name."""
+        return self.own or self.line
 
 
 SOLUTIONS: list = []
 
 
-def expect(fn, exercise, *, step, line, second=None, factor=None, pattern=None, note=""):
+def expect(fn, exercise, *, step, line, second=None, factor=None, pattern=None, note="", own=None):
     """Register ``fn`` with its expected diagnosis; ``line`` is required (None: nothing in that place in their code)."""
-    SOLUTIONS.append(Expect(fn, exercise, step, line, second, factor, pattern, note))
+    SOLUTIONS.append(Expect(fn, exercise, step, line, second, factor, pattern, note, own))
     return fn
 
 
@@ -107,7 +115,7 @@ expect(softmax_recomputed_from_output, "softmax", step="y", line="probs = e / e.
             "is the line recomputing it, not the line using it (issue 61: numformer's y there, and all is right)")
 expect(softmax_row_sum_scaled_by_dy, "softmax", step="dy - (dy * y).sum(axis=-1, keepdims=True)",
        line="dy * (y - s)", note="the row-sum term is multiplied by dy instead of y: dx = y * (dy - s)")
-expect(softmax_jacobian_diagonal_twice, "softmax", step="dy * y", line=None,
+expect(softmax_jacobian_diagonal_twice, "softmax", step="dy * y", line=None, own="diagonal = y * (1.0 - y)",
        note="the Jacobian diag(y) - y y^T already has y_i (1 - y_i) on its diagonal: y_i^2 is taken off twice")
 expect(softmax_rows_reshaped_wrong_way, "softmax", step="(dy * y).sum(axis=-1, keepdims=True)",
        line="(rows_dy * rows_y).sum(axis=1, keepdims=True)",
