@@ -258,6 +258,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         (NO_GPU, "python3 train.py --corpus bible-en-es --device cuda --precision tf32"),
     "python3 train.py --corpus bible-en-es --device cuda --precision fp16":
         (NO_GPU, "python3 train.py --corpus bible-en-es --device cuda --precision fp16"),
+    "python3 train.py --corpus bible-en-es --device cuda --cuda-graphs":
+        (NO_GPU, "python3 train.py --corpus bible-en-es --device cuda --cuda-graphs"),
     "python3 train.py --data wmt14-en-de/ --out runs/ende --device cuda":
         (NO_GPU, "python3 train.py --data wmt14-en-de/ --out runs/ende --device cuda"),
     # -- the paper's experiment (docs/paper.md): WMT 2014 is not here and neither is a GPU ----------------------------
