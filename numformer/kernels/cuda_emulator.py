@@ -395,10 +395,9 @@ def _compiler() -> str:
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels are kept, by SHA-256 of what g++ compiles (NUMFORMER_CUDA_EMULATOR_CACHE, else a
-    folder of the temp directory)."""
-    configured = os.environ.get("NUMFORMER_CUDA_EMULATOR_CACHE")
-    path = Path(configured) if configured else Path(tempfile.gettempdir()) / f"numformer-cuda-emulator-{os.getuid()}"
+    """Where compiled kernels are kept, by SHA-256 of what g++ compiles: a folder of the temp directory (a test
+    tool's scratch; numformer's own variables are environment.py's, and this needs none)."""
+    path = Path(tempfile.gettempdir()) / f"numformer-cuda-emulator-{os.getuid()}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
