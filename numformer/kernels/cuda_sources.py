@@ -52,7 +52,15 @@ def cuda_source(name: str, source: str) -> str:
 
 
 def source_hash(name: str) -> str:
-    return hashlib.sha256(SOURCES[name].encode("utf-8")).hexdigest()
+    """The SHA-256 of kernel ``name``'s current source (what a proof records)."""
+    return _sha256(SOURCES[name])
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(source: str) -> str:
+    # The switch asks whether a kernel is proven at every call on a GPU (dozens a step): a source is hashed once,
+    # keyed by its text (a test's planted source is another text, hashed anew)
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 
 def proofs() -> dict:
