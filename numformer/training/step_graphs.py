@@ -38,10 +38,11 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..backend import is_cupy_array
+from ..backend import is_cupy_array, read_scalars
 from ..kernels import adam as adam_kernels
 from ..kernels.cuda_sources import may_run
 from ..precision import half_weights
+from .step_hooks import StepResult, StepStatus, finite_status
 
 BUCKET = 8        # rows and time steps rounded up to a multiple of this: few shapes, little padding
 MAX_GRAPHS = 16   # shapes (and loss scales) kept captured; each holds its own scratch memory
@@ -207,3 +208,17 @@ class StepGraphs:
                 return None
             step.run()
         return step.loss, step.nll, step.gnorm
+
+    def judge(self, captured, n_tokens: int) -> StepResult:
+        """The host's half of a captured step: read loss and norm (the step's one sync) and judge the step as the
+        uncaptured one does (the hooks' verdict, else the finite check); the device already dropped the update
+        of a non-finite step and zeroed the gradients either way, so an OK step only counts."""
+        tr = self.trainer
+        loss, nll, gnorm = captured
+        loss, gnorm = read_scalars(tr.xp, loss, gnorm)
+        status = tr.hooks.verdict(loss, gnorm) or finite_status(loss, gnorm)
+        if status is StepStatus.OK:
+            tr.hooks.before_update(tr.optimizer.step_count + 1)
+            tr.optimizer.step_count += 1  # the update ran on the device, with this step's scalars
+            tr.hooks.after_update(tr.optimizer.step_count)
+        return StepResult(loss, nll, n_tokens, gnorm, status)

@@ -139,7 +139,7 @@ class Trainer:
             n_tokens = sum(b.n_tgt_tokens for b in batches)
             captured = self.step_graphs.step(batches, n_tokens)
             if captured is not None:
-                return self._captured_result(captured, n_tokens)
+                return self.step_graphs.judge(captured, n_tokens)
         with half_weights(self.optimizer.buffer):
             return self.train_step(batches, keys)
 
@@ -172,19 +172,6 @@ class Trainer:
         hooks.before_update(self.optimizer.step_count + 1)
         self.optimizer.step(zero_grad=True)                                                      # 5. Adam step
         hooks.after_update(self.optimizer.step_count)
-        return StepResult(loss, nll, n_tokens, gnorm, status)
-
-    def _captured_result(self, captured, n_tokens: int) -> StepResult:
-        """The host's half of a captured step: read loss and norm (the step's one sync), judge the step as the
-        uncaptured one does; the device already dropped the update of a non-finite step and zeroed the
-        gradients either way."""
-        loss, nll, gnorm = captured
-        loss, gnorm = read_scalars(self.xp, loss, gnorm)
-        status = self.hooks.verdict(loss, gnorm) or finite_status(loss, gnorm)
-        if status is StepStatus.OK:
-            self.hooks.before_update(self.optimizer.step_count + 1)
-            self.optimizer.step_count += 1  # the update ran on the device, with this step's scalars
-            self.hooks.after_update(self.optimizer.step_count)
         return StepResult(loss, nll, n_tokens, gnorm, status)
 
     def my_share(self, batches) -> list[int]:
