@@ -91,13 +91,18 @@ def clip_grad_norm(params, max_norm: float):
     if not grads:
         return 0.0
     total = kernel(grad_norm)(params)
-    if max_norm <= 0:
-        return total
+    if max_norm > 0:
+        scale_to_norm(grads, total, max_norm)
+    return total
+
+
+def scale_to_norm(grads, total, max_norm: float) -> None:
+    """The clipping of :func:`clip_grad_norm` given the norm ``total`` (a 0-d array): every gradient array times
+    ``min(max_norm / (total + 1e-6), 1)``, in place, on the device."""
     xp = get_array_module(grads[0])
     scale = xp.minimum(max_norm / (total + 1e-6), 1.0).astype(grads[0].dtype)
     for g in grads:
         g *= scale
-    return total
 
 
 class Adam:

@@ -41,6 +41,7 @@ import numpy as np
 from ..backend import is_cupy_array, read_scalars
 from ..kernels import adam as adam_kernels
 from ..kernels.cuda_sources import may_run
+from ..optim import scale_to_norm
 from ..precision import half_weights
 from .step_hooks import StepResult, StepStatus, finite_status
 
@@ -103,9 +104,7 @@ class CapturedStep:
         gnorm = adam_kernels.grad_norm_cuda(buffer.grads, nonfinite=self.nonfinite)
         self.nonfinite |= (~xp.isfinite(loss)).astype(np.int32)  # the host's finite check, made on the device
         if tr.cfg.clip_norm > 0:
-            factor = xp.minimum(tr.cfg.clip_norm / (gnorm + 1e-6), 1.0)
-            for g in buffer.grads:
-                g *= factor.astype(g.dtype)
+            scale_to_norm(buffer.grads, gnorm, tr.cfg.clip_norm)
         adam_kernels.adam_update_cuda(buffer.data, buffer.grads, opt.m_flat, opt.v_flat, 0.0, opt.beta1, opt.beta2,
                                       1.0, opt.eps, zero_grad=True, scalars=self.scalars, skip=self.nonfinite)
         self.loss, self.nll, self.gnorm = loss, nll, gnorm
