@@ -1,12 +1,10 @@
 """Exercise: SiLU's backward (Marian's feed-forward activation, "swish": Eq. 2 with x * sigmoid(x) for max(0, x))."""
 from __future__ import annotations
 
-import numpy as np
-
-from numformer.finite_differences import GradCase
 from numformer.layers.silu import SiLU, sigmoid, silu_backward, silu_forward
 
 from ..exercise import Exercise
+from .activation import cases  # every gated activation's cases: SiLU's gate saturated at both ends, x = 0
 
 
 def sigmoid_only(dy, x, s):
@@ -32,18 +30,6 @@ def second_term_subtracted(dy, x, s):
 def relu_derivative(dy, x, s):
     """ReLU's derivative [x > 0] kept from the paper's network: SiLU is smooth, its derivative is not 0 or 1."""
     return dy * (x > 0)
-
-
-def cases(cls, seed):
-    rng = np.random.default_rng(seed)
-    x = 3.0 * rng.standard_normal((3, 6, 8))
-    rows = rng.standard_normal((4, 5))
-    rows[0] = [-30.0, -8.0, 0.0, 8.0, 30.0]  # the sigmoid saturated at both ends, and x = 0 exactly
-    rows[1] = -np.abs(rows[1]) - 1.0          # a row all negative (where ReLU would pass nothing)
-    return [GradCase("SiLU", f"x {x.shape}", cls(), {"x": x},
-                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}),
-            GradCase("SiLU", "|x| up to 30, x = 0, a row all negative", cls(), {"x": rows},
-                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
 
 
 EXERCISE = Exercise(
