@@ -161,6 +161,21 @@ def test_fp16_rehearsed_body_makes_its_weight_copies_inside_and_trains_as_the_un
     assert all(key[1] == graphed.scaler.scale for key in graphed.step_graphs.steps)
 
 
+def count_in_the_body(monkeypatch, cs) -> dict:
+    """{"reads": [...], "uploads": [...]}: the stand-in's host reads and uploads made inside each run of the
+    captured body (not while its inputs are loaded)."""
+    counted = {"reads": [], "uploads": []}
+    real_body = step_graphs.CapturedStep.body
+
+    def counted_body(self):
+        cs.reset_counts()
+        real_body(self)
+        counted["reads"].append(sum(cs.READS.values()))
+        counted["uploads"].append(dict(cs.UPLOADS))
+    monkeypatch.setattr(step_graphs.CapturedStep, "body", counted_body)
+    return counted
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_the_captured_body_reads_nothing_back_and_uploads_nothing(tmp_path, monkeypatch, precision):
     """A host value read or uploaded inside the body would be baked into a graph (or refused by the capture):
@@ -171,15 +186,7 @@ def test_the_captured_body_reads_nothing_back_and_uploads_nothing(tmp_path, monk
 
     xp = cs.install(monkeypatch)
     monkeypatch.setenv("NUMFORMER_CUDA_UNPROVEN", "1")
-    counted = {}
-    real_body = step_graphs.CapturedStep.body
-
-    def counted_body(self):
-        cs.reset_counts()
-        real_body(self)
-        counted.setdefault("reads", []).append(sum(cs.READS.values()))
-        counted.setdefault("uploads", []).append(dict(cs.UPLOADS))
-    monkeypatch.setattr(step_graphs.CapturedStep, "body", counted_body)
+    counted = count_in_the_body(monkeypatch, cs)
     with precisions.matmul_precision(precision):
         trainer = make_trainer(tmp_path, True, dropout=0.1, xp=xp, precision=precision)
         results = run_steps(trainer, 2)
@@ -198,13 +205,6 @@ def test_a_planted_read_in_the_body_is_counted(tmp_path, monkeypatch):
     monkeypatch.setattr(LabelSmoothedCrossEntropy, "forward", lambda self, logits, target, normalizer=None, **kw:
                         real_forward(self, logits, target, normalizer=float(normalizer), **kw))
     trainer = make_trainer(tmp_path, True, xp=xp)
-    real_body = step_graphs.CapturedStep.body
-    reads = []
-
-    def counted_body(self):
-        cs.reset_counts()
-        real_body(self)
-        reads.append(sum(cs.READS.values()))
-    monkeypatch.setattr(step_graphs.CapturedStep, "body", counted_body)
+    counted = count_in_the_body(monkeypatch, cs)
     run_steps(trainer, 1)
-    assert reads and reads[0] > 0
+    assert counted["reads"] and counted["reads"][0] > 0
