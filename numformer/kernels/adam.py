@@ -76,6 +76,20 @@ extern "C" __global__ void NAME(T* p, T* g, T* m, T* v, long long n, const T* sc
 ADAM_KERNEL(adam_update_float32, float)
 ADAM_KERNEL(adam_update_float64, double)
 
+// The block's NORM_THREADS values s added as a tree in shared memory, in a fixed order; every thread returns
+// the sum.
+__device__ double norm_block_sum(double s, double* sums) {
+    sums[threadIdx.x] = s;
+    __syncthreads();
+    for (int half = NORM_THREADS / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+        __syncthreads();
+    }
+    double total = sums[0];
+    __syncthreads();
+    return total;
+}
+
 template <typename T>
 __device__ void squares_partials(const T* g, long long n, double* partials) {
     __shared__ double sums[NORM_THREADS];
@@ -85,13 +99,8 @@ __device__ void squares_partials(const T* g, long long n, double* partials) {
         double gi = (double)g[i];
         s += gi * gi;
     }
-    sums[threadIdx.x] = s;
-    __syncthreads();
-    for (int half = NORM_THREADS / 2; half > 0; half /= 2) {
-        if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) partials[blockIdx.x] = sums[0];
+    double total = norm_block_sum(s, sums);
+    if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
 extern "C" __global__ void squares_partials_float32(const float* g, long long n, double* partials) {
@@ -105,14 +114,8 @@ extern "C" __global__ void norm_finish(const double* partials, int count, double
     __shared__ double sums[NORM_THREADS];
     double s = 0.0;
     for (int i = threadIdx.x; i < count; i += NORM_THREADS) s += partials[i];
-    sums[threadIdx.x] = s;
-    __syncthreads();
-    for (int half = NORM_THREADS / 2; half > 0; half /= 2) {
-        if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
-        __syncthreads();
-    }
+    double total = norm_block_sum(s, sums);
     if (threadIdx.x == 0) {
-        double total = sums[0];
         norm[0] = sqrt(total);
         nonfinite[0] = !(total - total == 0.0);
     }
