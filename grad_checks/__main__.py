@@ -3,6 +3,12 @@
 Prints a table (layer, case, tensor, probes, worst relative error, pass/fail) and
 exits 1 if any tensor fails; ``--json`` prints one JSON object instead.
 
+Both modes of differentiation are checked (``--mode``): reverse mode, every backward against central
+differences of the forward (the tensors by name); forward mode, every layer's JVP against central differences
+of its forward (rows ``jvp along ...``) and the tangent of its backward, Pearlmutter's R-operator, against
+central differences of its backward (rows ``R-op of ...``; numformer/finite_differences/tangent_checks.py, whose
+own step and tolerance, 1e-3 with Romberg's extrapolation and 1e-7, the summary names).
+
 The exercises (grad_checks/lab.py): ``python -m grad_checks exercise --list``,
 ``exercise NAME [--out DIR] [--level derive|implement]``, ``hint FILE``, ``check FILE``,
 ``exercise --status DIR``, ``mutants``.
@@ -12,6 +18,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import zlib
 
 import numpy as np
 
@@ -19,6 +26,9 @@ from numformer.cli.arguments import OneLineParser
 from numformer.cli.front import command_line
 from numformer.errors import UsageError
 from numformer.finite_differences import run_case
+from numformer.finite_differences.tangent_checks import STEP as TANGENT_STEP
+from numformer.finite_differences.tangent_checks import TOLERANCE as TANGENT_TOLERANCE
+from numformer.finite_differences.tangent_checks import run_tangent_case
 from numformer.kernels import MODES, get_kernels, use_kernels
 
 from .cases import BUILDERS, build_cases, checkpoint_cases
@@ -49,6 +59,9 @@ def _table(argv) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the random weights, inputs and probes")
     ap.add_argument("--step", type=float, default=1e-5, help="finite-difference step h (default 1e-5)")
     ap.add_argument("--tolerance", type=float, default=1e-6, help="largest relative error that passes")
+    ap.add_argument("--mode", choices=("both", "reverse", "forward"), default="both",
+                    help="check the backward passes (reverse), the JVPs and the backward's tangents (forward), or "
+                         "both (default)")
     ap.add_argument("--list", action="store_true", help="list the layer names and exit")
     ap.add_argument("--kernels", choices=MODES, default=None,
                     help="check the fast kernels (default, unless NUMFORMER_KERNELS says otherwise) or the plain math")
@@ -74,7 +87,12 @@ def _table(argv) -> int:
     rng = np.random.default_rng(args.seed)
     results = []
     for case in cases:
-        results += run_case(case, rng, h=args.step, tolerance=args.tolerance, keep_samples=4 if args.verbose else 0)
+        if args.mode != "forward":
+            results += run_case(case, rng, h=args.step, tolerance=args.tolerance,
+                                keep_samples=4 if args.verbose else 0)
+        if args.mode != "reverse" and case.jvp is not None:  # its own stream: the probes above do not move it
+            results += run_tangent_case(case, np.random.default_rng([args.seed, zlib.crc32(
+                f"{case.layer}/{case.case}".encode())]))
     elapsed = time.perf_counter() - start
     failed = [r for r in results if not r.passed]
     worst = max((r.max_rel_error for r in results), default=0.0)
@@ -88,6 +106,8 @@ def _table(argv) -> int:
             "step": args.step,
             "layers": sorted({r.layer for r in results}),
             "kernels": get_kernels(),
+            "mode": args.mode,
+            "forward_mode_checks": sum(r.tensor.startswith(("jvp along ", "R-op of ")) for r in results),
             "kinks_skipped": sum(r.kinks for r in results),
             "refined": sum(r.refined for r in results),
             "seconds": round(elapsed, 2),
@@ -111,7 +131,8 @@ def _table(argv) -> int:
           f"worst relative error {worst:.2e} (tolerance {args.tolerance:.0e}, step {args.step:.0e}); "
           f"{sum(r.kinks for r in results)} probes dropped at declared kinks (replaced where the tensor was sampled), "
           f"{sum(r.refined for r in results)} refined (failing at the step, judged by Richardson's extrapolation from "
-          "half of it)")
+          "half of it)" + (f"; forward mode (jvp, R-op rows): step {TANGENT_STEP:.0e} with Romberg's extrapolation, "
+                           f"tolerance {TANGENT_TOLERANCE:.0e}" if args.mode != "reverse" else ""))
     return 1 if failed else 0
 
 

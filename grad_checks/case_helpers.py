@@ -64,6 +64,47 @@ def _replay(rs: RandomState):
     return lambda: rs.set_state(state)
 
 
+def _by_name(names, pair) -> tuple:
+    """A ``backward_jvp``'s (gradients, their tangents), each one array or a tuple in ``names``' order ->
+    ({name: gradient}, {name: tangent})."""
+    grads, dots = pair
+    grads, dots = (grads, dots) if isinstance(grads, tuple) else ((grads,), (dots,))
+    return dict(zip(names, grads)), dict(zip(names, dots))
+
+
+def _merged(*pairs) -> tuple:
+    """Several (gradients, tangents) dict pairs of :func:`_by_name` as one pair."""
+    return {k: v for a, _ in pairs for k, v in a.items()}, {k: v for _, b in pairs for k, v in b.items()}
+
+
+def forward_mode(*names, call=None, backward_call=None) -> dict:
+    """The ``jvp`` and ``backward_jvp`` of a GradCase (numformer.finite_differences.tangent_checks) whose layer
+    takes the float inputs ``names``, in that order: ``m.jvp(t[name], ...)`` and ``m.backward_jvp(g[0], g_dot[0])``,
+    its results by name. ``call(m)`` / ``backward_call(m)``: the methods to call instead (a holder's child, with
+    the sub-layer a Residual takes)."""
+    call = call or (lambda m: m.jvp)
+    backward_call = backward_call or (lambda m: m.backward_jvp)
+    return dict(jvp=lambda m, t: call(m)(*(t[n] for n in names)),
+                backward_jvp=lambda m, g, g_dot: _by_name(names, backward_call(m)(g[0], g_dot[0])))
+
+
+def loss_forward_mode(crit, model=None) -> dict:
+    """The ``jvp`` and ``backward_jvp`` of a case whose output is ``crit``'s loss (times 1.0, a float), of the
+    logits input (``model`` None) or of ``model``'s logits (no input: a whole model + loss). The loss's upstream
+    gradient g is a scalar, so the logits' gradient is ``dz * g`` and its tangent ``dz_dot * g + dz * g_dot``."""
+    def jvp(m, t):
+        return crit.jvp(t["logits"] if model is None else model.jvp()) * 1.0
+
+    def backward_jvp(m, g, g_dot):
+        dz, dz_dot = crit.backward_jvp()
+        dz, dz_dot = dz * g[0], dz_dot * g[0] + dz * g_dot[0]
+        if model is None:
+            return {"logits": dz}, {"logits": dz_dot}
+        model.backward_jvp(dz, dz_dot)
+        return {}, {}
+    return dict(jvp=jvp, backward_jvp=backward_jvp)
+
+
 class HeldPadEmbedding(Embedding):
     """An Embedding whose lookups of ``padding_idx`` read that row as it was held (when built, or at
     :meth:`hold_pad_row`), whatever a probe does to the weight; its backward is the Embedding's, unchanged.

@@ -36,7 +36,7 @@ from numformer.model import Transformer, causal_mask, padding_mask
 from numformer.presets import ModelConfig
 
 from .case_helpers import (B, D, DFF, F64, HEADS, MARIAN_PAD, PAD, S, T, V, HeldPadEmbedding, Holder, _replay,
-                           as_marian_ids, padded_batch, padded_ids, small_config)
+                           as_marian_ids, forward_mode, loss_forward_mode, padded_batch, padded_ids, small_config)
 from .layer_cases import (SoftmaxFunction, activation_cases, dropout, embedding, feedforward, layernorm,
                           learned_positions, linear, loss, multi_head, positional, projection, relu, residual,
                           scaled_dot_product, softmax)
@@ -124,30 +124,32 @@ def checkpoint_cases(layers, checkpoint, seed: int = 0) -> list[GradCase]:
     enc, dec = model.encoder.layers[0], model.decoder.layers[0]
     x = lambda n=s: rng.standard_normal((b, n, d))  # noqa: E731
 
-    def one(layer, case, module, inputs, forward, backward):
-        return GradCase(layer, f"trained {case}", module, inputs, forward, backward)
+    def one(layer, case, module, inputs, forward, backward, modes):
+        return GradCase(layer, f"trained {case}", module, inputs, forward, backward, **modes)
 
     build = {
         "Linear": lambda: [one("Linear", "encoder.layers.0.ffn.w_1", enc.ffn.w_1, {"x": x()},
-                               lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})],
+                               lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, forward_mode("x"))],
         "LayerNorm": lambda: [one("LayerNorm", "encoder.layers.0.self_attn_residual.norm",
                                   enc.self_attn_residual.norm, {"x": x()},
-                                  lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})],
+                                  lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, forward_mode("x"))],
         "FeedForward": lambda: [one("FeedForward", "encoder.layers.0.ffn", enc.ffn, {"x": x()},
-                                    lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})],
+                                    lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, forward_mode("x"))],
         "MultiHeadAttention": lambda: [
             one("MultiHeadAttention", "encoder.layers.0.self_attn", enc.self_attn, {"x": x()},
-                lambda m, i: m(i["x"], mask=src_mask), lambda m, g: {"x": m.backward(g[0])}),
+                lambda m, i: m(i["x"], mask=src_mask), lambda m, g: {"x": m.backward(g[0])}, forward_mode("x")),
             one("MultiHeadAttention", "decoder.layers.0.cross_attn", dec.cross_attn, {"y": x(t), "memory": x()},
                 lambda m, i: m(i["y"], i["memory"], mask=src_mask),
-                lambda m, g: dict(zip(("y", "memory"), m.backward(g[0]))))],
+                lambda m, g: dict(zip(("y", "memory"), m.backward(g[0]))), forward_mode("y", "memory"))],
         "EncoderLayer": lambda: [one("EncoderLayer", "encoder.layers.0", enc, {"x": x()},
-                                     lambda m, i: m(i["x"], src_mask), lambda m, g: {"x": m.backward(g[0])})],
+                                     lambda m, i: m(i["x"], src_mask), lambda m, g: {"x": m.backward(g[0])},
+                                     forward_mode("x"))],
         "DecoderLayer": lambda: [one("DecoderLayer", "decoder.layers.0", dec, {"y": x(t), "memory": x()},
                                      lambda m, i: m(i["y"], i["memory"], tgt_mask, src_mask),
-                                     lambda m, g: dict(zip(("y", "memory"), m.backward(g[0]))))],
+                                     lambda m, g: dict(zip(("y", "memory"), m.backward(g[0]))),
+                                     forward_mode("y", "memory"))],
         "Embedding": lambda: [one("Embedding", "src_embed (tied)", model.src_embed, {},
-                                  lambda m, i: m(src), lambda m, g: (m.backward(g[0]), {})[1])],
+                                  lambda m, i: m(src), lambda m, g: (m.backward(g[0]), {})[1], forward_mode())],
     }
 
     def whole():
@@ -160,7 +162,7 @@ def checkpoint_cases(layers, checkpoint, seed: int = 0) -> list[GradCase]:
             m.backward(crit.backward() * g[0])
             return {}
 
-        return [one("Transformer+loss", "whole model", model, {}, fwd, bwd)]
+        return [one("Transformer+loss", "whole model", model, {}, fwd, bwd, loss_forward_mode(crit, model))]
 
     build["Transformer"] = whole
     cases = []

@@ -17,11 +17,12 @@ from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, Learne
                               MultiHeadAttention, OutputProjection, PositionalEncoding, ReLU, Residual,
                               ScaledDotProductAttention)
 from numformer.layers.registry import layer_class
-from numformer.layers.softmax import softmax as softmax_fn, softmax_backward
+from numformer.layers.softmax import softmax as softmax_fn, softmax_backward, softmax_backward_jvp, softmax_jvp
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.module import Module
 
-from .case_helpers import B, D, DFF, F64, HEADS, PAD, S, T, V, Holder, _replay, padded_batch, padded_ids
+from .case_helpers import (B, D, DFF, F64, HEADS, PAD, S, T, V, Holder, _by_name, _merged, _replay, forward_mode,
+                           loss_forward_mode, padded_batch, padded_ids)
 
 
 def linear(rng):
@@ -29,7 +30,7 @@ def linear(rng):
     m.bias.data[:] = rng.standard_normal(5)
     x = rng.standard_normal((B, 4, 7))
     return [GradCase("Linear", "3-d input", m, {"x": x},
-                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))]
 
 
 def embedding(rng):
@@ -37,21 +38,21 @@ def embedding(rng):
     ids = padded_ids(rng, B, S, [S, 4, 2])
     ids[0, :3] = 5  # a repeated id: the scatter-add must sum its rows
     return [GradCase("Embedding", "repeated ids + padding", m, {},
-                     lambda m, i: m(ids), lambda m, g: (m.backward(g[0]), {})[1])]
+                     lambda m, i: m(ids), lambda m, g: (m.backward(g[0]), {})[1], **forward_mode())]
 
 
 def projection(rng):
     m = OutputProjection(D, V, rng=rng, dtype=F64)
     h = rng.standard_normal((B, T, D))
     return [GradCase("OutputProjection", "logits", m, {"h": h},
-                     lambda m, i: m(i["h"]), lambda m, g: {"h": m.backward(g[0])})]
+                     lambda m, i: m(i["h"]), lambda m, g: {"h": m.backward(g[0])}, **forward_mode("h"))]
 
 
 def positional(rng):
     m = PositionalEncoding(D, 32, dtype=F64)
     x = rng.standard_normal((B, S, D))
     return [GradCase("PositionalEncoding", "offset 3", m, {"x": x},
-                     lambda m, i: m(i["x"], offset=3), lambda m, g: {"x": m.backward(g[0])})]
+                     lambda m, i: m(i["x"], offset=3), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))]
 
 
 def learned_positions(rng):
@@ -59,13 +60,16 @@ def learned_positions(rng):
     different lengths (its gradient must collect both uses: added, never assigned)."""
     m = LearnedPositionalEmbedding(D, 32, dtype=F64, rng=rng)
     one = GradCase("LearnedPositionalEmbedding", "offset 3", m, {"x": rng.standard_normal((B, S, D))},
-                   lambda m, i: m(i["x"], offset=3), lambda m, g: {"x": m.backward(g[0])})
+                   lambda m, i: m(i["x"], offset=3), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))
     src = LearnedPositionalEmbedding(D, 32, dtype=F64, rng=rng)
     tied = Holder(src=src, tgt=LearnedPositionalEmbedding(D, 32, dtype=F64, weight=src.weight))
     ins = {"x": rng.standard_normal((B, S, D)), "y": rng.standard_normal((B, T, D))}
     two = GradCase("LearnedPositionalEmbedding", "one table, two uses (S 6, T 5 at offset 1)", tied, ins,
                    lambda m, i: (m.src(i["x"]), m.tgt(i["y"], offset=1)),
-                   lambda m, g: {"y": m.tgt.backward(g[1]), "x": m.src.backward(g[0])})
+                   lambda m, g: {"y": m.tgt.backward(g[1]), "x": m.src.backward(g[0])},
+                   jvp=lambda m, t: (m.src.jvp(t["x"]), m.tgt.jvp(t["y"])),
+                   backward_jvp=lambda m, g, gd: _merged(_by_name(("y",), m.tgt.backward_jvp(g[1], gd[1])),
+                                                         _by_name(("x",), m.src.backward_jvp(g[0], gd[0]))))
     return [one, two]
 
 
@@ -74,7 +78,8 @@ def dropout(rng):
     m = Dropout(0.3, rs)
     x = rng.standard_normal((B, S, D))
     return [GradCase("Dropout", "p=0.3 fixed mask", m, {"x": x},
-                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, before_forward=_replay(rs))]
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, before_forward=_replay(rs),
+                     **forward_mode("x"))]
 
 
 def relu(rng):
@@ -82,7 +87,7 @@ def relu(rng):
     x = rng.standard_normal((B, S, D))
     x[np.abs(x) < 1e-3] = 0.5  # keep entries away from the kink, where the derivative is undefined
     return [GradCase("ReLU", "random", m, {"x": x},
-                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))]
 
 
 def layernorm(rng):
@@ -91,7 +96,7 @@ def layernorm(rng):
     m.bias.data[:] = rng.standard_normal(D)
     x = 3.0 * rng.standard_normal((B, S, D)) + 1.0
     return [GradCase("LayerNorm", "random gain/bias", m, {"x": x},
-                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))]
 
 
 class SoftmaxFunction(Module):
@@ -105,12 +110,21 @@ class SoftmaxFunction(Module):
     def backward(self, dy):
         return softmax_backward(dy, self.pop_saved("y"))
 
+    def jvp(self, x_dot):
+        y_dot = softmax_jvp(x_dot, self.peek_saved("y"))
+        self.save_tangents(y=y_dot)
+        return y_dot
+
+    def backward_jvp(self, dy, dy_dot):
+        y, y_dot = self.peek_saved("y"), self.pop_tangents("y")
+        return self.backward(dy), softmax_backward_jvp(dy, dy_dot, y, y_dot)
+
 
 def softmax(rng):
     m = SoftmaxFunction()
     x = 2.0 * rng.standard_normal((B, HEADS, T, S))
     return [GradCase("Softmax", "last axis", m, {"x": x},
-                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))]
 
 
 def scaled_dot_product(rng):
@@ -122,14 +136,15 @@ def scaled_dot_product(rng):
                "v": rng.standard_normal((B, HEADS, tk, 3))}
         out.append(GradCase("ScaledDotProductAttention", name, m, ins,
                             lambda m, i, mask=mask: m(i["q"], i["k"], i["v"], mask),
-                            lambda m, g: dict(zip("qkv", m.backward(g[0])))))
+                            lambda m, g: dict(zip("qkv", m.backward(g[0]))), **forward_mode("q", "k", "v")))
     rs = RandomState(3)
     m = ScaledDotProductAttention(dropout=0.2, rng=rs)
     ins = {"q": rng.standard_normal((B, HEADS, T, 4)), "k": rng.standard_normal((B, HEADS, S, 4)),
            "v": rng.standard_normal((B, HEADS, S, 4))}
     out.append(GradCase("ScaledDotProductAttention", "attention dropout 0.2 fixed mask", m, ins,
                         lambda m, i: m(i["q"], i["k"], i["v"], src_mask),
-                        lambda m, g: dict(zip("qkv", m.backward(g[0]))), before_forward=_replay(rs)))
+                        lambda m, g: dict(zip("qkv", m.backward(g[0]))), before_forward=_replay(rs),
+                        **forward_mode("q", "k", "v")))
     return out
 
 
@@ -139,16 +154,18 @@ def multi_head(rng):
     m = MultiHeadAttention(D, HEADS, rng=rng, dtype=F64)
     x = rng.standard_normal((B, S, D))
     out.append(GradCase("MultiHeadAttention", "self, padding mask", m, {"x": x},
-                        lambda m, i: m(i["x"], mask=src_mask), lambda m, g: {"x": m.backward(g[0])}))
+                        lambda m, i: m(i["x"], mask=src_mask), lambda m, g: {"x": m.backward(g[0])},
+                        **forward_mode("x")))
     m = MultiHeadAttention(D, HEADS, rng=rng, dtype=F64)
     y = rng.standard_normal((B, T, D))
     out.append(GradCase("MultiHeadAttention", "self, causal + padding", m, {"y": y},
-                        lambda m, i: m(i["y"], mask=tgt_mask), lambda m, g: {"y": m.backward(g[0])}))
+                        lambda m, i: m(i["y"], mask=tgt_mask), lambda m, g: {"y": m.backward(g[0])},
+                        **forward_mode("y")))
     m = MultiHeadAttention(D, HEADS, d_k=3, d_v=5, rng=rng, dtype=F64)
     ins = {"y": rng.standard_normal((B, T, D)), "memory": rng.standard_normal((B, S, D))}
     out.append(GradCase("MultiHeadAttention", "encoder-decoder, d_k 3 d_v 5", m, ins,
                         lambda m, i: m(i["y"], i["memory"], mask=src_mask),
-                        lambda m, g: dict(zip(("y", "memory"), m.backward(g[0])))))
+                        lambda m, g: dict(zip(("y", "memory"), m.backward(g[0]))), **forward_mode("y", "memory")))
     return out
 
 
@@ -158,7 +175,7 @@ def feedforward(rng):
         lin.bias.data[:] = 0.1 * rng.standard_normal(lin.bias.shape)
     x = rng.standard_normal((B, S, D))
     return [GradCase("FeedForward", "d_ff 16", m, {"x": x},
-                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))]
 
 
 def residual(rng):
@@ -170,7 +187,10 @@ def residual(rng):
         x = rng.standard_normal((B, S, D))
         out.append(GradCase("Residual", ("pre-LN" if pre else "post-LN") + " around FFN, dropout 0.1 fixed mask",
                             hold, {"x": x}, lambda m, i: m.res(i["x"], m.ffn),
-                            lambda m, g: {"x": m.res.backward(g[0], m.ffn)}, before_forward=_replay(rs)))
+                            lambda m, g: {"x": m.res.backward(g[0], m.ffn)}, before_forward=_replay(rs),
+                            **forward_mode("x", call=lambda m: lambda x_dot: m.res.jvp(x_dot, m.ffn),
+                                           backward_call=lambda m: lambda dy, dy_dot: m.res.backward_jvp(dy, dy_dot,
+                                                                                                         m.ffn))))
     return out
 
 class _LossModule(Module):
@@ -187,7 +207,7 @@ def loss(rng):
     logits = 2.0 * rng.standard_normal((B, T, V))
     return [GradCase("LabelSmoothedCrossEntropy", "eps 0.1, padding", m, {"logits": logits},
                      lambda m, i: m.loss.forward(i["logits"], tgt) * 1.0,
-                     lambda m, g: {"logits": m.loss.backward() * g[0]})]
+                     lambda m, g: {"logits": m.loss.backward() * g[0]}, **loss_forward_mode(m.loss))]
 
 def activation_cases(name: str):
     """The builder of the activation ``name``'s cases (a row of numformer.activations.ACTIVATIONS, smooth: no
@@ -203,9 +223,9 @@ def activation_cases(name: str):
         for lin in (f.w_1, f.w_2):
             lin.bias.data[:] = 0.1 * rng.standard_normal(lin.bias.shape)
         return [GradCase(row.layer, "random, |x| up to 30", m, {"x": x},
-                         lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}),
+                         lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x")),
                 GradCase("FeedForward", f"d_ff 16, {row.layer}", f, {"x": rng.standard_normal((B, S, D))},
-                         lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+                         lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))]
 
     build.__name__ = build.__qualname__ = name
     return build

@@ -21,8 +21,8 @@ from numformer.layers.registry import replaced
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer
 
-from .case_helpers import (B, D, F64, MARIAN_PAD, PAD, S, T, V, HeldPadEmbedding, Holder, _replay, as_marian_ids,
-                           padded_batch, padded_ids, small_config)
+from .case_helpers import (B, D, F64, MARIAN_PAD, PAD, S, T, V, HeldPadEmbedding, Holder, _by_name, _replay,
+                           as_marian_ids, forward_mode, loss_forward_mode, padded_batch, padded_ids, small_config)
 
 
 def encoder_decoder_layers(rng):
@@ -35,14 +35,14 @@ def encoder_decoder_layers(rng):
         m = EncoderLayer(cfg, rng, rs, F64)
         out.append(GradCase("EncoderLayer", f"{tag}, dropout fixed mask", m, {"x": rng.standard_normal((B, S, D))},
                             lambda m, i: m(i["x"], src_mask), lambda m, g: {"x": m.backward(g[0])},
-                            before_forward=_replay(rs)))
+                            before_forward=_replay(rs), **forward_mode("x")))
         rs = RandomState(12)
         m = DecoderLayer(cfg, rng, rs, F64)
         ins = {"y": rng.standard_normal((B, T, D)), "memory": rng.standard_normal((B, S, D))}
         out.append(GradCase("DecoderLayer", f"{tag}, dropout fixed mask", m, ins,
                             lambda m, i: m(i["y"], i["memory"], tgt_mask, src_mask),
                             lambda m, g: dict(zip(("y", "memory"), m.backward(g[0]))),
-                            before_forward=_replay(rs)))
+                            before_forward=_replay(rs), **forward_mode("y", "memory")))
     return out
 
 
@@ -54,11 +54,12 @@ def stacks(rng):
         tag = "2 layers " + ("pre-LN" if pre else "post-LN")
         m = Encoder(cfg, rng, None, F64)
         out.append(GradCase("Encoder", tag, m, {"x": rng.standard_normal((B, S, D))},
-                            lambda m, i: m(i["x"], src_mask), lambda m, g: {"x": m.backward(g[0])}))
+                            lambda m, i: m(i["x"], src_mask), lambda m, g: {"x": m.backward(g[0])},
+                            **forward_mode("x")))
         m = Decoder(cfg, rng, None, F64)
         ins = {"y": rng.standard_normal((B, T, D)), "memory": rng.standard_normal((B, S, D))}
         out.append(GradCase("Decoder", tag, m, ins, lambda m, i: m(i["y"], i["memory"], tgt_mask, src_mask),
-                            lambda m, g: dict(zip(("y", "memory"), m.backward(g[0])))))
+                            lambda m, g: dict(zip(("y", "memory"), m.backward(g[0]))), **forward_mode("y", "memory")))
     return out
 
 def transformer(rng):
@@ -80,7 +81,8 @@ def transformer(rng):
             m.backward(crit.backward() * g[0])
             return {}
 
-        out.append(GradCase("Transformer+loss", name, model, {}, fwd, bwd, before_forward=_replay(model.rng)))
+        out.append(GradCase("Transformer+loss", name, model, {}, fwd, bwd, before_forward=_replay(model.rng),
+                            **loss_forward_mode(crit, model)))
     return out
 
 def marian(rng):
@@ -94,7 +96,7 @@ def marian(rng):
     ids[0, 1:4] = 5
     m = HeldPadEmbedding(V, D, rng=rng, dtype=F64, padding_idx=MARIAN_PAD)
     out.append(GradCase("Embedding (Marian pad row)", "padding_idx V-1, repeated ids", m, {},
-                        lambda m, i: m(ids), lambda m, g: (m.backward(g[0]), {})[1]))
+                        lambda m, i: m(ids), lambda m, g: (m.backward(g[0]), {})[1], **forward_mode()))
     src = HeldPadEmbedding(V, D, rng=rng, dtype=F64, padding_idx=MARIAN_PAD)
     tied = Holder(src=src, tgt=HeldPadEmbedding(V, D, weight=src.weight, dtype=F64, padding_idx=MARIAN_PAD),
                   proj=OutputProjection(D, V, weight=src.weight, dtype=F64))
@@ -102,7 +104,10 @@ def marian(rng):
     ins = {"h": rng.standard_normal((B, T, D))}
     out.append(GradCase("Embedding (Marian pad row)", "tied with the projection: the pad row's gradient from the "
                         "logits alone", tied, ins, lambda m, i: (m.src(ids), m.tgt(tgt_ids), m.proj(i["h"])),
-                        lambda m, g: (m.tgt.backward(g[1]), m.src.backward(g[0]), {"h": m.proj.backward(g[2])})[2]))
+                        lambda m, g: (m.tgt.backward(g[1]), m.src.backward(g[0]), {"h": m.proj.backward(g[2])})[2],
+                        jvp=lambda m, t: (m.src.jvp(), m.tgt.jvp(), m.proj.jvp(t["h"])),
+                        backward_jvp=lambda m, g, gd: (m.tgt.backward_jvp(g[1], gd[1]), m.src.backward_jvp(g[0], gd[0]),
+                                                       _by_name(("h",), m.proj.backward_jvp(g[2], gd[2])))[2]))
 
     src_ids, tgt, _, _ = padded_batch(rng)
     src_ids, tgt = as_marian_ids(src_ids), as_marian_ids(tgt)
@@ -122,5 +127,6 @@ def marian(rng):
         return {}
 
     out.append(GradCase("Transformer+loss (Marian)", "SiLU, logits bias, pad row rule, pad V-1, start from pad, "
-                        "dropout 0.1 fixed mask", model, {}, fwd, bwd, before_forward=_replay(model.rng)))
+                        "dropout 0.1 fixed mask", model, {}, fwd, bwd, before_forward=_replay(model.rng),
+                        **loss_forward_mode(crit, model)))
     return out

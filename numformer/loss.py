@@ -10,6 +10,11 @@ No (tokens, V) smoothed one-hot is built. The loss is the mean over non-padding
 target tokens (or a sum divided by a given ``normalizer``, for gradient accumulation
 over several batches); backward seeds 1/normalizer.
 
+Forward mode (numformer/forward_mode.py), with the logits' tangent ``z_dot`` and the token weights ``w``
+(``[not pad] / normalizer``): ``loss_dot = sum_t w_t <softmax(z_t) - q_t, z_dot_t>``, the gradient against
+the tangent. The backward's tangent (Pearlmutter's R-operator: q is constant, p = softmax(z) moves):
+``dz_dot = p * (z_dot - <p, z_dot>) * w``, the softmax's Jacobian on the tangent.
+
 Shapes: logits (B, T, V) or (N, V); target (B, T) or (N,) ids.
 """
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 from .backend import get_array_module
 from .kernels import kernel
 from .layers.registry import registered
+from .layers.softmax import softmax_jvp
 
 
 def smoothed_cross_entropy(z, y, eps: float, keep_probs: bool = True, overwrite: bool = False):
@@ -46,6 +52,16 @@ def smoothed_cross_entropy_backward(p, y, eps: float, weight):
     return dz * weight[:, None]
 
 
+def smoothed_cross_entropy_jvp(p, y, eps: float, weight, z_dot):
+    """loss_dot = sum over tokens of weight * <p - q, z_dot> (0-d), z_dot (N, V)."""
+    return (smoothed_cross_entropy_backward(p, y, eps, weight) * z_dot).sum()
+
+
+def smoothed_cross_entropy_backward_jvp(p, weight, z_dot):
+    """The tangent of smoothed_cross_entropy_backward: dz_dot = p * (z_dot - <p, z_dot>) * weight (N, V)."""
+    return softmax_jvp(z_dot, p) * weight[:, None]
+
+
 @registered  # the class the trainer builds: numformer.layers.registry
 class LabelSmoothedCrossEntropy:
     """Forward returns the smoothed loss (a 0-d array, on the logits' device); backward its gradient."""
@@ -60,6 +76,7 @@ class LabelSmoothedCrossEntropy:
         self.nll_sum = None      # sum of -log p(y) over non-pad tokens (for perplexity)
         self.n_tokens = None     # number of non-pad target tokens (0-d array)
         self._cache = None
+        self._z_dot = None       # the logits' tangent, kept by jvp for backward_jvp
 
     def forward(self, logits, target, normalizer=None, keep_for_backward: bool = True,
                 overwrite_logits: bool = False):
@@ -78,6 +95,7 @@ class LabelSmoothedCrossEntropy:
         norm = xp.maximum(xp.asarray(n_tokens if normalizer is None else normalizer, dtype=z.dtype), 1)
         self.nll_sum = (nll * keep).sum()
         self.n_tokens = n_tokens
+        self._z_dot = None  # a new forward has had no jvp
         if keep_for_backward:
             self._cache = (p, y, keep / norm, logits.shape)
         return (loss * keep).sum() / norm
@@ -87,5 +105,24 @@ class LabelSmoothedCrossEntropy:
         p, y, weight, shape = self._cache
         self._cache = None
         return kernel(smoothed_cross_entropy_backward)(p, y, self.eps, weight).reshape(shape)
+
+    def jvp(self, logits_dot):
+        """The logits' tangent (..., V) -> the loss's (0-d): the directional derivative of the loss. Needs a
+        forward with ``keep_for_backward`` (and not ``overwrite_logits``) before it."""
+        if self._cache is None:
+            raise RuntimeError("LabelSmoothedCrossEntropy.jvp without a forward that kept its softmax before it")
+        p, y, weight, shape = self._cache
+        z_dot = logits_dot.reshape(-1, shape[-1])
+        self._z_dot = z_dot
+        return smoothed_cross_entropy_jvp(p, y, self.eps, weight, z_dot)
+
+    def backward_jvp(self):
+        """-> (dL/dlogits, its tangent), both with the logits' shape."""
+        z_dot, self._z_dot = self._z_dot, None
+        if z_dot is None or self._cache is None:
+            raise RuntimeError("LabelSmoothedCrossEntropy.backward_jvp without a jvp after the forward before it")
+        p, _, weight, shape = self._cache
+        dz_dot = smoothed_cross_entropy_backward_jvp(p, weight, z_dot).reshape(shape)  # before the backward: its
+        return self.backward(), dz_dot                                                  # fast twin reuses p's buffer
 
 

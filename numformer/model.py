@@ -69,6 +69,15 @@ class EncoderLayer(Module):
         dx = self.ffn_residual.backward(dy, self.ffn)
         return self.self_attn_residual.backward(dx, self.self_attn)
 
+    def jvp(self, x_dot):
+        """Forward mode: x_dot (B, S, d_model) -> the output's tangent."""
+        return self.ffn_residual.jvp(self.self_attn_residual.jvp(x_dot, self.self_attn), self.ffn)
+
+    def backward_jvp(self, dy, dy_dot):
+        """-> (dx, dx_dot)."""
+        dx, dx_dot = self.ffn_residual.backward_jvp(dy, dy_dot, self.ffn)
+        return self.self_attn_residual.backward_jvp(dx, dx_dot, self.self_attn)
+
 
 @registered
 class DecoderLayer(Module):
@@ -119,6 +128,20 @@ class DecoderLayer(Module):
         dy = self.self_attn_residual.backward(dy, self.self_attn)
         return dy, dmemory
 
+    def jvp(self, y_dot, memory_dot):
+        """Forward mode (training: no cache): y_dot (B, T, d_model), memory_dot (B, S, d_model) -> the output's
+        tangent."""
+        y_dot = self.self_attn_residual.jvp(y_dot, self.self_attn)
+        y_dot = self.cross_attn_residual.jvp(y_dot, self.cross_attn, memory_dot)
+        return self.ffn_residual.jvp(y_dot, self.ffn)
+
+    def backward_jvp(self, dy, dy_dot):
+        """-> ((dy_in, dmemory), (dy_in_dot, dmemory_dot))."""
+        dy, dy_dot = self.ffn_residual.backward_jvp(dy, dy_dot, self.ffn)
+        (dy, dmemory), (dy_dot, dmemory_dot) = self.cross_attn_residual.backward_jvp(dy, dy_dot, self.cross_attn)
+        dy, dy_dot = self.self_attn_residual.backward_jvp(dy, dy_dot, self.self_attn)
+        return (dy, dmemory), (dy_dot, dmemory_dot)
+
 
 @registered
 class Encoder(Module):
@@ -143,6 +166,20 @@ class Encoder(Module):
         for layer in reversed(self.layers):
             dy = layer.backward(dy)
         return dy
+
+    def jvp(self, x_dot):
+        """Forward mode: x_dot (B, S, d_model) -> memory_dot (B, S, d_model)."""
+        for layer in self.layers:
+            x_dot = layer.jvp(x_dot)
+        return self.final_norm.jvp(x_dot) if self.final_norm is not None else x_dot
+
+    def backward_jvp(self, dy, dy_dot):
+        """-> (dx, dx_dot)."""
+        if self.final_norm is not None:
+            dy, dy_dot = self.final_norm.backward_jvp(dy, dy_dot)
+        for layer in reversed(self.layers):
+            dy, dy_dot = layer.backward_jvp(dy, dy_dot)
+        return dy, dy_dot
 
 
 @registered
@@ -175,6 +212,23 @@ class Decoder(Module):
             else:
                 dmemory += dm  # dm is a fresh array per layer: sum in place
         return dy, dmemory
+
+    def jvp(self, y_dot, memory_dot):
+        """Forward mode: y_dot (B, T, d_model), memory_dot (B, S, d_model) -> the output's tangent."""
+        for layer in self.layers:
+            y_dot = layer.jvp(y_dot, memory_dot)
+        return self.final_norm.jvp(y_dot) if self.final_norm is not None else y_dot
+
+    def backward_jvp(self, dy, dy_dot):
+        """-> ((dy_in, dmemory), (dy_in_dot, dmemory_dot)): the memory's gradient and its tangent sum over
+        layers."""
+        if self.final_norm is not None:
+            dy, dy_dot = self.final_norm.backward_jvp(dy, dy_dot)
+        dmemory = dmemory_dot = 0
+        for layer in reversed(self.layers):
+            (dy, dm), (dy_dot, dm_dot) = layer.backward_jvp(dy, dy_dot)
+            dmemory, dmemory_dot = dmemory + dm, dmemory_dot + dm_dot
+        return (dy, dmemory), (dy_dot, dmemory_dot)
 
 
 # the stacks are layers a user's class may stand in for (numformer.swap): the model reads them from the registry
@@ -284,6 +338,23 @@ class Transformer(Module):
         self.tgt_embed.backward(self.tgt_pos.backward(self.tgt_dropout.backward(dy)))
         dx = self.encoder.backward(dmemory)
         self.src_embed.backward(self.src_pos.backward(self.src_dropout.backward(dx)))
+
+    def jvp(self):
+        """Forward mode after a training forward: -> logits_dot (B, T, vocab), the logits' tangent along the
+        parameters' (``Parameter.tangent``; numformer/forward_mode.py). Ids have no tangent, nor has the frozen
+        logits bias."""
+        memory_dot = self.encoder.jvp(self.src_dropout.jvp(self.src_pos.jvp(self.src_embed.jvp())))
+        y_dot = self.tgt_dropout.jvp(self.tgt_pos.jvp(self.tgt_embed.jvp()))
+        return self.generator.jvp(self.decoder.jvp(y_dot, memory_dot))
+
+    def backward_jvp(self, dlogits, dlogits_dot) -> None:
+        """dlogits and its tangent (B, T, vocab) -> None; fills every Parameter.grad, as :meth:`backward`, and
+        every Parameter.grad_tangent, the gradient's tangent (for the loss's dlogits: ``H theta_dot``)."""
+        dh, dh_dot = self.generator.backward_jvp(dlogits, dlogits_dot)
+        (dy, dmemory), (dy_dot, dmemory_dot) = self.decoder.backward_jvp(dh, dh_dot)
+        self.tgt_embed.backward_jvp(*self.tgt_pos.backward_jvp(*self.tgt_dropout.backward_jvp(dy, dy_dot)))
+        dx, dx_dot = self.encoder.backward_jvp(dmemory, dmemory_dot)
+        self.src_embed.backward_jvp(*self.src_pos.backward_jvp(*self.src_dropout.backward_jvp(dx, dx_dot)))
 
     # -- incremental decoding (eval mode) ---------------------------------------
     def new_decoder_caches(self, beam: int = 1) -> DecoderCache:

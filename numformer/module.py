@@ -33,13 +33,14 @@ class Parameter:
     Parameter (``copy.deepcopy``, pickle) owns its arrays and is outside any buffer.
     """
 
-    __slots__ = ("data", "grad", "packed_in")
+    __slots__ = ("data", "grad", "packed_in", "_tangent", "_grad_tangent")
 
     def __init__(self, data):
         self.data = data
         xp = get_array_module(data)
         self.grad = xp.zeros_like(data)
         self.packed_in = None
+        self._tangent = self._grad_tangent = None
 
     def __reduce__(self):
         # a copy owns its arrays (deepcopy copies a view into a fresh array) and is in no buffer
@@ -56,6 +57,36 @@ class Parameter:
     def zero_grad(self) -> None:
         self.grad.fill(0)
 
+    # -- forward mode (numformer/forward_mode.py sets both for the length of a block) ----------------
+    @property
+    def tangent(self):
+        """The direction this parameter moves along in forward mode (``theta_dot``, data's shape): what a
+        layer's ``jvp`` reads, as ``backward`` adds into ``grad``. Set by :func:`numformer.forward_mode.tangents`
+        (zeros for the parameters it is not given); outside such a block a ``jvp`` has nothing to read, said in
+        one line."""
+        if self._tangent is None:
+            raise NoTangent("a jvp read a parameter's tangent outside forward mode: give the parameters their "
+                            "tangents first, `with numformer.forward_mode.tangents(model, {name: direction}):`")
+        return self._tangent
+
+    @property
+    def grad_tangent(self):
+        """The tangent of ``grad`` along the parameters' and inputs' tangents (Pearlmutter's R{grad}): a layer's
+        ``backward_jvp`` *adds* into it as its backward adds into ``grad``; for the loss's parameters it is the
+        Hessian-vector product ``H v``. Zero at the start of a :func:`numformer.forward_mode.tangents` block."""
+        if self._grad_tangent is None:
+            raise NoTangent("a backward_jvp added into a parameter's grad_tangent outside forward mode: give the "
+                            "parameters their tangents first, `with numformer.forward_mode.tangents(model, ...)`")
+        return self._grad_tangent
+
+    @grad_tangent.setter
+    def grad_tangent(self, value) -> None:  # what ``p.grad_tangent += g`` writes back (the same array)
+        self._grad_tangent = value
+
+    def set_tangents(self, tangent, grad_tangent) -> None:
+        """Give this parameter its tangent and a grad_tangent to add into (both None: forward mode off)."""
+        self._tangent, self._grad_tangent = tangent, grad_tangent
+
     def to(self, xp, dtype=None) -> None:
         """New arrays on ``xp`` (cast to ``dtype``), outside any buffer (:meth:`Module.to` packs them again)."""
         self.data = to_xp(self.data, xp, dtype)
@@ -64,6 +95,16 @@ class Parameter:
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+class NoTangent(NumformerError, RuntimeError):
+    """Forward mode asked of a parameter that was given no tangent (a ``jvp`` run outside
+    :func:`numformer.forward_mode.tangents`): one line saying how to give it one."""
+
+
+class NoForwardMode(NumformerError, NotImplementedError):
+    """A tool that needs forward mode (a JVP, an exact Hessian-vector product) was given a layer without
+    ``jvp`` and ``backward_jvp`` of its own: one line naming the layer and what to write (:class:`Module`)."""
 
 
 class StaleParameterArray(NumformerError):
@@ -116,6 +157,27 @@ class Module:
       ``pieces`` names (an earlier ``active_set``) whatever its input is now, saving what backward needs so
       that backward is that piece's derivative (ReLU: ``y = x * pieces``). :func:`kinked_layers` checks both
       are there.
+
+    **Forward mode: the JVP and the tangent of the backward.** Reverse mode (``backward``) carries a gradient
+    from the output to the inputs; forward mode carries a *tangent*, a direction of change, from the inputs
+    to the output. After a training-mode forward, with every parameter given its tangent
+    (:func:`numformer.forward_mode.tangents` sets ``Parameter.tangent``):
+
+    * ``jvp(*input_tangents)`` returns the output's tangent, the directional derivative of the forward
+      ``y_dot = J_x x_dot + J_theta theta_dot`` (one input tangent per float input of ``forward``, in its order;
+      the parameters' from ``Parameter.tangent``; ids and masks have none). It keeps what ``backward_jvp``
+      needs with :meth:`save_tangents` (readable as :attr:`saved_tangents`, like :attr:`saved`).
+    * ``backward_jvp(dy, dy_dot)`` runs the backward of ``dy`` and its tangent, Pearlmutter's R-operator: the
+      derivative of the backward along the same tangents and along ``dy_dot``, the upstream gradient's. It
+      returns ``(backward's result, its tangent)`` of the same structure, adds into ``Parameter.grad`` as
+      backward does and into ``Parameter.grad_tangent`` the gradient's tangent. For the loss's parameters that
+      is the exact Hessian-vector product ``H theta_dot`` (numformer/curvature/hvp.py), up to rounding, with no
+      step to choose. A layer with kinks is differentiated on the piece its forward saw (ReLU: ``x_dot * S``),
+      as the Hessian of a piecewise map is defined.
+
+    Module's own ``jvp`` and ``backward_jvp`` refuse in one line (:class:`NoForwardMode`): a layer without them
+    is never given a silent zero or a difference quotient instead; :func:`forward_mode_layers` checks a model
+    before a tool starts.
     """
 
     kinks = None  # None: undeclared; False: smooth; True: piecewise, with active_set and forward_on_pieces
@@ -126,6 +188,7 @@ class Module:
         object.__setattr__(self, "_buffers", [])
         object.__setattr__(self, "_persistent", [])
         object.__setattr__(self, "_saved", {})
+        object.__setattr__(self, "_tangents", {})
 
     def register_buffer(self, name: str, array, persistent: bool = False) -> None:
         """``self.name = array``, an array that is not trained: it has no gradient and is not among
@@ -153,6 +216,14 @@ class Module:
 
     def backward(self, dy):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def jvp(self, *tangents, **kwargs):
+        """Forward mode (the class docstring): a layer provides its own; Module's refuses in one line."""
+        raise NoForwardMode(_no_forward_mode(self, "jvp"))
+
+    def backward_jvp(self, dy, dy_dot, *args):
+        """The backward and its tangent (the class docstring): a layer provides its own; Module's refuses."""
+        raise NoForwardMode(_no_forward_mode(self, "backward_jvp"))
 
     # -- traversal -----------------------------------------------------------
     def named_children(self):
@@ -271,8 +342,10 @@ class Module:
     # -- the layer contract: what forward keeps for backward, and taps --------
     def save_for_backward(self, **tensors) -> None:
         """Keep ``tensors`` (arrays or values, by name) for backward, in training mode only; replaces what
-        an earlier forward kept. In eval mode nothing is kept."""
+        an earlier forward kept (its tangents too: a new forward has had no jvp yet). In eval mode nothing is
+        kept."""
         self._saved = dict(tensors) if self.training else {}
+        self._tangents = {}
 
     @property
     def saved(self):
@@ -292,8 +365,39 @@ class Module:
         return saved[names[0]] if len(names) == 1 else tuple(saved[n] for n in names)
 
     def release_saved(self) -> None:
-        """Forget what forward kept (the memory goes back)."""
+        """Forget what forward and jvp kept (the memory goes back)."""
         self._saved = {}
+        self._tangents = {}
+
+    def peek_saved(self, *names):
+        """What a training forward kept, by name, *without* freeing it (one name: the array; several: a tuple):
+        ``jvp`` reads the forward's tensors and leaves them to backward. Missing: the caller's bug, said as
+        such."""
+        missing = [n for n in names if n not in self._saved]
+        if missing:
+            raise RuntimeError(f"{type(self).__name__}.jvp without a forward in training mode before it "
+                               f"(nothing saved as {missing[0]!r})")
+        return self._saved[names[0]] if len(names) == 1 else tuple(self._saved[n] for n in names)
+
+    def save_tangents(self, **tensors) -> None:
+        """``jvp``'s side of :meth:`save_for_backward`: keep the tangents of saved tensors (``x_dot``, ...) for
+        ``backward_jvp``, by name, in training mode only."""
+        self._tangents = dict(tensors) if self.training else {}
+
+    @property
+    def saved_tangents(self):
+        """What the last jvp kept for backward_jvp, by name (read-only; the layer's docstring names them)."""
+        return MappingProxyType(self._tangents)
+
+    def pop_tangents(self, *names):
+        """``backward_jvp``'s side of :meth:`save_tangents`: the named tangents (one name: the array itself;
+        several: a tuple), all of them freed. None kept: the caller ran backward_jvp without a jvp."""
+        kept, self._tangents = self._tangents, {}
+        missing = [n for n in names if n not in kept]
+        if missing:
+            raise RuntimeError(f"{type(self).__name__}.backward_jvp without a jvp after the forward before it "
+                               f"(no tangent kept as {missing[0]!r})")
+        return kept[names[0]] if len(names) == 1 else tuple(kept[n] for n in names)
 
     @contextlib.contextmanager
     def tap(self, forward=None, backward=None):
@@ -396,6 +500,26 @@ class Module:
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(f"shape mismatch for {name}: checkpoint {tuple(value.shape)}, model {tuple(target.shape)}")
             target[...] = to_xp(value, get_array_module(target), target.dtype)  # in place: the array the layer holds
+
+
+def _no_forward_mode(layer, method: str) -> str:
+    return (f"{type(layer).__name__} has no {method} of its own: forward mode (JVPs, exact Hessian-vector "
+            "products) needs jvp(*input_tangents) and backward_jvp(dy, dy_dot) beside forward and backward "
+            "(numformer/module.py's Module says what each returns)")
+
+
+def forward_mode_layers(model, tool: str) -> None:
+    """Refuse, in one line naming the first, a model holding a layer without its own ``jvp`` and
+    ``backward_jvp`` (:class:`NoForwardMode`), before ``tool`` (named in the message) starts: a composite needs
+    them too, since it composes its children's."""
+    for name, m in model.named_modules():
+        cls = type(m)
+        lacking = [f for f in ("jvp", "backward_jvp") if getattr(cls, f, None) is getattr(Module, f)]
+        if lacking:
+            raise NoForwardMode(f"{tool} need forward mode and {type(m).__name__} ({name or 'the model'}) has no "
+                                f"{lacking[0]} of its own: write jvp(*input_tangents) and backward_jvp(dy, dy_dot) "
+                                "beside its forward and backward (numformer/module.py's Module), or use the "
+                                "differences of gradients (method='differences')")
 
 
 class UndeclaredKinks(NumformerError, ValueError):

@@ -106,6 +106,9 @@ class GradCase:
     backward(module, upstream) -> dict input-name -> gradient (upstream: list of arrays matching outputs);
     before_forward(): called before every forward (e.g. restore the dropout RNG so masks repeat).
     params: name -> Parameter to check (default: module.named_parameters()).
+    Forward mode (numformer.finite_differences.tangent_checks), when given: jvp(module, input_tangents) -> the
+    outputs' tangents (an array or a tuple, as forward's), after a forward, the parameters' tangents set;
+    backward_jvp(module, upstream, upstream_dots) -> (dict input-name -> gradient, dict input-name -> its tangent).
     """
 
     layer: str
@@ -116,6 +119,8 @@ class GradCase:
     backward: Callable
     before_forward: Callable | None = None
     params: dict | None = None
+    jvp: Callable | None = None
+    backward_jvp: Callable | None = None
 
 
 def _as_tuple(out):

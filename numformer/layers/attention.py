@@ -7,6 +7,10 @@ Masks are boolean, True where a query may attend to a key, broadcastable to
 (batch, heads, time_q, time_k). Masked scores are *replaced* by -1e9 before the
 softmax (not added to), so their gradient is exactly zero, and a row whose keys
 are all masked becomes a uniform average instead of NaN (and gets no gradient).
+
+Forward mode (numformer/forward_mode.py) and the backward's tangent (Pearlmutter's R-operator) follow each
+line by the product rule: a masked score is a constant, so its tangent is zero as its gradient is; the
+heads' split and merge are reshapes, so tangents split and merge alike.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from ..module import Module
 from .init import DEFAULT_SCHEME
 from .kv_cache import KVCache
 from .registry import layer_class, registered
-from .softmax import softmax, softmax_backward
+from .softmax import softmax, softmax_backward, softmax_backward_jvp, softmax_jvp
 
 
 def attention_forward(q, k, v, masked, scale: float, dropout=None):
@@ -58,6 +62,47 @@ def attention_backward(dout, q, k, v, p, p_used, masked, scale: float, dropout_b
     return ds @ k, ds.swapaxes(-1, -2) @ q, dv
 
 
+def attention_jvp(q, k, v, p, p_used, masked, scale: float, q_dot, k_dot, v_dot, dropout_jvp=None):
+    """Forward mode of Eq. 1 -> (O_dot, P_dot, P_used_dot), the shapes of O, P, P_used.
+
+    ``S_dot = (Q_dot K^T + Q K_dot^T) * scale``; ``S_dot[masked] = 0``; ``P_dot = P * (S_dot - rowsum(S_dot * P))``;
+    ``P_used_dot = dropout(P_dot)`` with the forward's mask; ``O_dot = P_used_dot V + P_used V_dot``.
+    """
+    xp = get_array_module(q)
+    s_dot = (q_dot @ k.swapaxes(-1, -2) + q @ k_dot.swapaxes(-1, -2)) * scale
+    if masked is not None:
+        s_dot = xp.where(masked, xp.asarray(0, dtype=s_dot.dtype), s_dot)
+    p_dot = softmax_jvp(s_dot, p)
+    p_used_dot = p_dot if dropout_jvp is None else dropout_jvp(p_dot)
+    return p_used_dot @ v + p_used @ v_dot, p_dot, p_used_dot
+
+
+def attention_backward_jvp(dout, dout_dot, q, k, v, p, p_used, masked, scale: float, q_dot, k_dot, v_dot, p_dot,
+                           p_used_dot, dropout_backward_jvp=None):
+    """The backward of Eq. 1 and its tangent -> ((dQ, dK, dV), (dQ_dot, dK_dot, dV_dot)).
+
+    Each line of :func:`attention_backward`, its tangent beside it:
+    ``dV = P_used^T dO``;  ``dV_dot = P_used_dot^T dO + P_used^T dO_dot``;
+    ``dP = dropout'(dO V^T)``;  ``dP_dot = dropout'(dO_dot V^T + dO V_dot^T)``;
+    ``dS = P * (dP - rowsum(dP * P))``, 0 where masked, times scale;  ``dS_dot``, its tangent (softmax_backward_jvp),
+    0 where masked, times scale;  ``dQ_dot = dS_dot K + dS K_dot``;  ``dK_dot = dS_dot^T Q + dS^T Q_dot``.
+    """
+    xp = get_array_module(dout)
+    dv = p_used.swapaxes(-1, -2) @ dout
+    dv_dot = p_used_dot.swapaxes(-1, -2) @ dout + p_used.swapaxes(-1, -2) @ dout_dot
+    dp = dout @ v.swapaxes(-1, -2)
+    dp_dot = dout_dot @ v.swapaxes(-1, -2) + dout @ v_dot.swapaxes(-1, -2)
+    if dropout_backward_jvp is not None:
+        dp, dp_dot = dropout_backward_jvp(dp, dp_dot)
+    ds, ds_dot = softmax_backward(dp, p), softmax_backward_jvp(dp, dp_dot, p, p_dot)
+    if masked is not None:
+        zero = xp.asarray(0, dtype=ds.dtype)
+        ds, ds_dot = xp.where(masked, zero, ds), xp.where(masked, zero, ds_dot)
+    ds, ds_dot = ds * scale, ds_dot * scale
+    return ((ds @ k, ds.swapaxes(-1, -2) @ q, dv),
+            (ds_dot @ k + ds @ k_dot, ds_dot.swapaxes(-1, -2) @ q + ds.swapaxes(-1, -2) @ q_dot, dv_dot))
+
+
 @registered
 class ScaledDotProductAttention(Module):
     """Eq. 1 over batched heads.
@@ -66,7 +111,8 @@ class ScaledDotProductAttention(Module):
     mask broadcastable to (B, h, Tq, Tk) -> out (B, h, Tq, d_v).
     Optional dropout on the attention weights (not in the paper; off by default).
     Saved for backward: ``q``, ``k``, ``v``, ``p`` (the weights), ``p_used`` (after dropout), ``masked``,
-    ``scale`` and ``dropout`` (the layer whose mask backward replays, or None).
+    ``scale`` and ``dropout`` (the layer whose mask backward replays, or None); by jvp: ``q``, ``k``, ``v``,
+    ``p``, ``p_used``, their tangents.
     """
 
     kinks = False  # matmuls and a softmax; its dropout is a child (Module.kinks: the layer contract)
@@ -94,6 +140,23 @@ class ScaledDotProductAttention(Module):
                                                                     "dropout")
         return kernel(attention_backward)(dout, q, k, v, p, p_used, masked, scale,
                                           None if dropout is None else dropout.backward)
+
+    def jvp(self, q_dot, k_dot, v_dot):
+        """The tangents of q, k, v -> out_dot (B, h, Tq, d_v)."""
+        q, k, v, p, p_used, masked, scale, dropout = self.peek_saved("q", "k", "v", "p", "p_used", "masked",
+                                                                     "scale", "dropout")
+        out_dot, p_dot, p_used_dot = attention_jvp(q, k, v, p, p_used, masked, scale, q_dot, k_dot, v_dot,
+                                                   None if dropout is None else dropout.jvp)
+        self.save_tangents(q=q_dot, k=k_dot, v=v_dot, p=p_dot, p_used=p_used_dot)
+        return out_dot
+
+    def backward_jvp(self, dout, dout_dot):
+        """-> ((dq, dk, dv), (dq_dot, dk_dot, dv_dot))."""
+        q, k, v, p, p_used, masked, scale, dropout = self.pop_saved("q", "k", "v", "p", "p_used", "masked", "scale",
+                                                                    "dropout")
+        q_dot, k_dot, v_dot, p_dot, p_used_dot = self.pop_tangents("q", "k", "v", "p", "p_used")
+        return attention_backward_jvp(dout, dout_dot, q, k, v, p, p_used, masked, scale, q_dot, k_dot, v_dot, p_dot,
+                                      p_used_dot, None if dropout is None else dropout.backward_jvp)
 
 
 @registered
@@ -171,3 +234,23 @@ class MultiHeadAttention(Module):
         if self._cross:
             return dx, dkv
         return dx + dkv
+
+    def jvp(self, x_dot, memory_dot=None):
+        """x_dot (B, Tq, d_model), memory_dot (B, Tk, d_model) (encoder-decoder attention) -> y_dot (B, Tq, d_model),
+        with the projections' tangents."""
+        q_dot = self._split(self.w_q.jvp(x_dot))
+        kv_dot = memory_dot if self._cross else x_dot
+        k_dot, v_dot = self._split(self.w_k.jvp(kv_dot)), self._split(self.w_v.jvp(kv_dot))
+        return self.w_o.jvp(self._merge(self.attention.jvp(q_dot, k_dot, v_dot)))
+
+    def backward_jvp(self, dy, dy_dot):
+        """-> (dx, dx_dot) (self-attention) or ((dx, dmemory), (dx_dot, dmemory_dot)) (encoder-decoder)."""
+        do, do_dot = self.w_o.backward_jvp(dy, dy_dot)
+        (dq, dk, dv), (dq_dot, dk_dot, dv_dot) = self.attention.backward_jvp(self._split(do), self._split(do_dot))
+        dx, dx_dot = self.w_q.backward_jvp(self._merge(dq), self._merge(dq_dot))
+        dk_in, dk_in_dot = self.w_k.backward_jvp(self._merge(dk), self._merge(dk_dot))
+        dv_in, dv_in_dot = self.w_v.backward_jvp(self._merge(dv), self._merge(dv_dot))
+        dkv, dkv_dot = dk_in + dv_in, dk_in_dot + dv_in_dot
+        if self._cross:
+            return (dx, dkv), (dx_dot, dkv_dot)
+        return dx + dkv, dx_dot + dkv_dot

@@ -3,7 +3,8 @@
 Inverted dropout: in training each element is kept with probability ``1 - p`` and
 scaled by ``1 / (1 - p)``, so evaluation is the identity:
 ``y = x * m``, ``m_i = [u_i >= p] / (1 - p)``, ``u_i`` uniform in [0, 1);
-backward ``dx = dy * m``.
+backward ``dx = dy * m``. With its mask fixed dropout is linear: forward mode is ``x_dot * m``
+(``+ add_dot`` with the residual path) and the backward's tangent ``dy_dot * m``.
 
 Masks come from the model's single :class:`~numformer.backend.RandomState`, so a seed
 reproduces a run and a gradient check can replay the same mask by restoring the
@@ -101,3 +102,15 @@ class Dropout(Module):
     def backward(self, dy):
         mask = self.pop_saved("mask")
         return dy if mask is None else dropout_backward(dy, mask)
+
+    def jvp(self, x_dot, add_dot=None):
+        """x_dot (x's shape) -> x_dot * m (+ ``add_dot``, the residual path's tangent), the forward's mask."""
+        mask = self.peek_saved("mask")
+        y_dot = x_dot if mask is None else x_dot * mask
+        return y_dot if add_dot is None else y_dot + add_dot
+
+    def backward_jvp(self, dy, dy_dot):
+        """-> (dx, dx_dot) = (dy * m, dy_dot * m)."""
+        mask = self.peek_saved("mask")
+        dx_dot = dy_dot if mask is None else dropout_backward(dy_dot, mask)
+        return self.backward(dy), dx_dot

@@ -12,6 +12,11 @@ positions t with ``id = ids_t != padding_idx`` only. Forward still reads that ro
 derivative of the forward where a pad lookup reaches the loss (Marian's decoder starts from pad): it is
 the gradient of a forward whose pad lookups read a constant, the row held at its value. A tied
 pre-softmax projection still gives the row its gradient through the logits (numformer.layers.projection).
+
+Forward mode: the lookup is linear in W, so ``y_dot = W_dot[ids] * scale`` (ids have no tangent); with
+``padding_idx``, of the forward the rule differentiates, whose pad lookups read a constant: 0 at those
+positions, so that forward and reverse mode are each other's transpose. The backward is linear in dy and does
+not read W, so its tangent is the same scatter of ``dy_dot``: ``dW_dot[id] += scale * dy_dot``, the same rule.
 """
 from __future__ import annotations
 
@@ -85,3 +90,20 @@ class Embedding(Module):
             dy = without_padding_rows(ids, dy, self.padding_idx)
         kernel(embedding_backward)(self.weight.grad, ids, dy, self.scale)
         return None
+
+    def jvp(self):
+        """-> y_dot = W_dot[ids] * scale (..., d_model), the lookup of the weight's tangent (0 where ids hold
+        ``padding_idx``, when set: the rule's constant)."""
+        ids = self.peek_saved("ids")
+        y_dot = self.weight.tangent[ids] * self.scale
+        if self.padding_idx is not None:
+            y_dot[ids == self.padding_idx] = 0
+        return y_dot
+
+    def backward_jvp(self, dy, dy_dot):
+        """-> (None, None); scatter-adds dy into the gradient and dy_dot into its tangent, the same rule."""
+        ids, dy_dot = self.peek_saved("ids").reshape(-1), dy_dot.reshape(-1, self.d_model)
+        if self.padding_idx is not None:
+            dy_dot = without_padding_rows(ids, dy_dot, self.padding_idx)
+        embedding_backward(self.weight.grad_tangent, ids, dy_dot, self.scale)
+        return self.backward(dy), None

@@ -37,3 +37,12 @@ class FeedForward(Module):
 
     def backward(self, dy):
         return self.w_1.backward(self.activation.backward(self.dropout.backward(self.w_2.backward(dy))))
+
+    def jvp(self, x_dot):
+        """Forward mode: the children's tangents in the forward's order."""
+        return self.w_2.jvp(self.dropout.jvp(self.activation.jvp(self.w_1.jvp(x_dot))))
+
+    def backward_jvp(self, dy, dy_dot):
+        """-> (dx, dx_dot): the children's backward with its tangent, in the backward's order."""
+        return self.w_1.backward_jvp(*self.activation.backward_jvp(*self.dropout.backward_jvp(
+            *self.w_2.backward_jvp(dy, dy_dot))))

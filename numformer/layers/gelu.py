@@ -4,7 +4,9 @@ activation of the feed-forward network in BERT-style models, transformers' ``gel
 
 ``y = x * g`` with the gate ``g = Phi(x) = (1 + erf(x / sqrt 2)) / 2``, the standard normal's distribution
 function; ``dx = dy * (g + x * phi(x))`` (the product rule, with ``dPhi/dx = phi(x) = exp(-x^2 / 2) / sqrt(2 pi)``,
-the standard normal's density).
+the standard normal's density). Forward mode: ``y_dot = x_dot * (g + x * phi(x))``; the backward's tangent
+adds the second derivative, ``d2y/dx2 = 2 phi(x) + x phi'(x) = phi(x) (2 - x^2)`` (``phi' = -x phi``):
+``dx_dot = dy_dot * y' + dy * y'' * x_dot``.
 
 The gate is computed as ``erfc(-x / sqrt 2) / 2`` (:mod:`numformer.layers.erf`, the same function): for
 x below -2 sqrt 2 it keeps its relative accuracy where ``1 + erf`` would cancel to 0; between there and 0 it
@@ -40,8 +42,21 @@ def gelu_backward(dy, x, gate):
     return dy * (gate + x * density)           # the product rule: d(x * g)/dx = g + x * dg/dx
 
 
+def gelu_jvp(x_dot, x, gate):
+    """y_dot = x_dot * (g + x * phi(x)), dy/dx times the tangent."""
+    xp = get_array_module(x)
+    return x_dot * (gate + x * xp.exp(-0.5 * x * x) / SQRT_2PI)
+
+
+def gelu_backward_jvp(dy, dy_dot, x, gate, x_dot):
+    """The tangent of gelu_backward: dx_dot = dy_dot * y' + dy * y'' * x_dot, y'' = phi(x) (2 - x^2)."""
+    xp = get_array_module(x)
+    density = xp.exp(-0.5 * x * x) / SQRT_2PI   # phi(x)
+    return dy_dot * (gate + x * density) + dy * density * (2 - x * x) * x_dot
+
+
 class GELU(Module):
-    """``x * Phi(x)``. Saved for backward: ``x`` and ``gate``, the input and Phi(x)."""
+    """``x * Phi(x)``. Saved for backward: ``x`` and ``gate``, the input and Phi(x); by jvp: ``x``, its tangent."""
 
     kinks = False  # smooth: no active set
 
@@ -53,3 +68,13 @@ class GELU(Module):
     def backward(self, dy):
         x, gate = self.pop_saved("x", "gate")
         return gelu_backward(dy, x, gate)
+
+    def jvp(self, x_dot):
+        x, gate = self.peek_saved("x", "gate")
+        self.save_tangents(x=x_dot)
+        return gelu_jvp(x_dot, x, gate)
+
+    def backward_jvp(self, dy, dy_dot):
+        (x, gate), x_dot = self.peek_saved("x", "gate"), self.pop_tangents("x")
+        dx_dot = gelu_backward_jvp(dy, dy_dot, x, gate, x_dot)  # before the backward, which frees x and the gate
+        return self.backward(dy), dx_dot

@@ -7,6 +7,17 @@ Over the last axis of x (..., d), with the biased variance:
 Backward:
 ``dgamma = sum(dy * xhat)``, ``dbeta = sum(dy)`` (over every row);
 ``dxhat = dy * gamma``; ``dx = r * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))``.
+
+Forward mode (tangents ``x_dot``, ``gamma_dot``, ``beta_dot``; numformer/forward_mode.py), from
+``d var = 2 mean((x - mu) x_dot)`` and ``dr = -r^3 mean((x - mu) x_dot)``:
+``r_dot = -r^2 mean(xhat * x_dot)``; ``xhat_dot = r * (x_dot - mean(x_dot) - xhat * mean(xhat * x_dot))`` (the
+backward's formula: xhat's Jacobian is symmetric); ``y_dot = xhat_dot * gamma + xhat * gamma_dot + beta_dot``.
+
+The backward's tangent (Pearlmutter's R-operator; ``dy_dot`` the upstream gradient's), line by line of the
+backward with ``g = dxhat`` and ``m = mean(g * xhat)``:
+``dgamma_dot = sum(dy_dot * xhat + dy * xhat_dot)``; ``dbeta_dot = sum(dy_dot)``;
+``g_dot = dy_dot * gamma + dy * gamma_dot``; ``m_dot = mean(g_dot * xhat + g * xhat_dot)``;
+``dx_dot = r_dot * (g - mean(g) - xhat * m) + r * (g_dot - mean(g_dot) - xhat_dot * m - xhat * m_dot)``.
 Shapes: x (..., d) -> y (..., d).
 """
 from __future__ import annotations
@@ -38,10 +49,30 @@ def layernorm_backward(dy, xhat, r, gamma):
     return dx, dgamma, dbeta
 
 
+def layernorm_jvp(x_dot, xhat, r, gamma, gamma_dot, beta_dot):
+    """x_dot (n, d) -> (y_dot, xhat_dot, r_dot), the tangents of y, xhat (n, d) and r (n, 1)."""
+    r_dot = -r * r * (xhat * x_dot).mean(axis=-1, keepdims=True)
+    xhat_dot = r * (x_dot - x_dot.mean(axis=-1, keepdims=True) - xhat * (xhat * x_dot).mean(axis=-1, keepdims=True))
+    return xhat_dot * gamma + xhat * gamma_dot + beta_dot, xhat_dot, r_dot
+
+
+def layernorm_backward_jvp(dy, dy_dot, xhat, r, gamma, xhat_dot, r_dot, gamma_dot):
+    """The tangent of layernorm_backward -> (dx_dot (n, d), dgamma_dot (d,), dbeta_dot (d,))."""
+    dgamma_dot = (dy_dot * xhat + dy * xhat_dot).sum(axis=0)
+    dbeta_dot = dy_dot.sum(axis=0)
+    g, g_dot = dy * gamma, dy_dot * gamma + dy * gamma_dot
+    m = (g * xhat).mean(axis=-1, keepdims=True)
+    m_dot = (g_dot * xhat + g * xhat_dot).mean(axis=-1, keepdims=True)
+    dx_dot = (r_dot * (g - g.mean(axis=-1, keepdims=True) - xhat * m)
+              + r * (g_dot - g_dot.mean(axis=-1, keepdims=True) - xhat_dot * m - xhat * m_dot))
+    return dx_dot, dgamma_dot, dbeta_dot
+
+
 @registered
 class LayerNorm(Module):
     """Normalise the last axis, then scale and shift (gain 1, bias 0 at start).
-    Saved for backward: ``xhat`` (n, d) and ``r`` (n, 1), the input's rows normalised and their 1 / std."""
+    Saved for backward: ``xhat`` (n, d) and ``r`` (n, 1), the input's rows normalised and their 1 / std;
+    by jvp: ``xhat`` and ``r``, their tangents."""
 
     kinks = False  # smooth for var + eps > 0 (Module.kinks: the layer contract)
 
@@ -63,3 +94,21 @@ class LayerNorm(Module):
         self.weight.grad += dgamma
         self.bias.grad += dbeta
         return dx.reshape(dy.shape)
+
+    def jvp(self, x_dot):
+        """x_dot (..., d) -> y_dot (..., d), with gamma's and beta's tangents."""
+        xhat, r = self.peek_saved("xhat", "r")
+        y_dot, xhat_dot, r_dot = layernorm_jvp(x_dot.reshape(-1, self.d), xhat, r, self.weight.data,
+                                               self.weight.tangent, self.bias.tangent)
+        self.save_tangents(xhat=xhat_dot, r=r_dot)
+        return y_dot.reshape(x_dot.shape)
+
+    def backward_jvp(self, dy, dy_dot):
+        """-> (dx, dx_dot); adds dgamma, dbeta into the gradients and their tangents into grad_tangent."""
+        (xhat, r), (xhat_dot, r_dot) = self.peek_saved("xhat", "r"), self.pop_tangents("xhat", "r")
+        dx_dot, dgamma_dot, dbeta_dot = layernorm_backward_jvp(dy.reshape(-1, self.d), dy_dot.reshape(-1, self.d),
+                                                               xhat, r, self.weight.data, xhat_dot, r_dot,
+                                                               self.weight.tangent)
+        self.weight.grad_tangent += dgamma_dot
+        self.bias.grad_tangent += dbeta_dot
+        return self.backward(dy), dx_dot.reshape(dy.shape)

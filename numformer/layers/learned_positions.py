@@ -11,6 +11,9 @@ Parameter P (max_len, d_model), one per stack, added the same way:
 
 Backward *adds* into ``P.grad`` (a table shared by two layers, or a step that accumulates gradients, must
 collect every use) and sums over the batch axes, never a loop over batch or time.
+
+Forward mode: ``y_dot = x_dot + P_dot[offset : offset + T]``. The backward is linear in dy and does not read P,
+so its tangent is the same sum of ``dy_dot``: ``dL/dP_dot[offset + t] += sum_b dy_dot[b, t]``, ``dx_dot = dy_dot``.
 """
 from __future__ import annotations
 
@@ -72,3 +75,13 @@ class LearnedPositionalEmbedding(Module):
         """dy (batch, time, d_model) -> dx = dy; adds dy summed over the batch into P's rows of the forward."""
         _, dx = learned_positions_backward(self.weight.grad, dy, self.pop_saved("offset"))
         return dx
+
+    def jvp(self, x_dot):
+        """x_dot (batch, time, d_model) -> x_dot + P_dot rows offset..offset+time-1."""
+        offset, t = self.peek_saved("offset"), x_dot.shape[-2]
+        return x_dot + self.weight.tangent[offset: offset + t]
+
+    def backward_jvp(self, dy, dy_dot):
+        """-> (dy, dy_dot); adds dy and dy_dot, summed over the batch, into P's gradient and its tangent."""
+        _, dx_dot = learned_positions_backward(self.weight.grad_tangent, dy_dot, self.peek_saved("offset"))
+        return self.backward(dy), dx_dot

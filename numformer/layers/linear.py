@@ -1,6 +1,11 @@
 """Linear layer ``y = x W + b`` (the projections of Sections 3.2.2 and 3.3).
 
 Backward: ``dW = x^T dy``, ``db = sum(dy)`` over rows, ``dx = dy W^T``.
+
+Forward mode (the tangents ``x_dot``, ``W_dot``, ``b_dot``; numformer/forward_mode.py), the product rule:
+``y_dot = x_dot W + x W_dot + b_dot``. The backward's tangent (Pearlmutter's R-operator, with ``dy_dot`` the
+upstream gradient's): ``dx_dot = dy_dot W^T + dy W_dot^T``, ``dW_dot = x_dot^T dy + x^T dy_dot``,
+``db_dot = sum(dy_dot)`` over rows.
 Shapes: x (..., d_in) -> y (..., d_out); the leading axes are flattened into rows, so
 each product is one GEMM. The weight is stored as (d_in, d_out), so the forward pass
 needs no transpose. (PyTorch stores (d_out, d_in): the parity tests transpose.)
@@ -29,10 +34,23 @@ def linear_backward(dy, x, w, with_bias: bool):
     return matmul(dy, w.T), matmul(x.T, dy), db
 
 
+def linear_jvp(x, w, x_dot, w_dot, b_dot):
+    """x, x_dot (n, d_in); w, w_dot (d_in, d_out); b_dot (d_out,) or None -> y_dot = x_dot W + x W_dot + b_dot."""
+    y_dot = matmul(x_dot, w) + matmul(x, w_dot)
+    return y_dot if b_dot is None else y_dot + b_dot
+
+
+def linear_backward_jvp(dy, x, w, dy_dot, x_dot, w_dot, with_bias: bool):
+    """The tangent of linear_backward -> (dx_dot = dy_dot W^T + dy W_dot^T, dW_dot = x_dot^T dy + x^T dy_dot,
+    db_dot = sum over rows of dy_dot, or None)."""
+    db_dot = dy_dot.sum(axis=0) if with_bias else None
+    return matmul(dy_dot, w.T) + matmul(dy, w_dot.T), matmul(x_dot.T, dy) + matmul(x.T, dy_dot), db_dot
+
+
 @registered
 class Linear(Module):
     """Affine map on the last axis; uniform weights (``init.py``'s scheme and role), zero bias.
-    Saved for backward: ``x`` (n, d_in), the input's rows."""
+    Saved for backward: ``x`` (n, d_in), the input's rows; by jvp: ``x`` (n, d_in), their tangent."""
 
     kinks = False  # affine (Module.kinks: the layer contract)
 
@@ -60,3 +78,22 @@ class Linear(Module):
         if self.bias is not None:
             self.bias.grad += db
         return dx.reshape(*dy.shape[:-1], self.d_in)
+
+    def jvp(self, x_dot):
+        """x_dot (..., d_in) -> y_dot (..., d_out), with the weight's and bias's tangents."""
+        x, x_dot2 = self.peek_saved("x"), x_dot.reshape(-1, self.d_in)
+        self.save_tangents(x=x_dot2)
+        y_dot = linear_jvp(x, self.weight.data, x_dot2, self.weight.tangent,
+                           None if self.bias is None else self.bias.tangent)
+        return y_dot.reshape(*x_dot.shape[:-1], self.d_out)
+
+    def backward_jvp(self, dy, dy_dot):
+        """-> (dx, dx_dot); adds dW, db into the gradients and dW_dot, db_dot into their tangents."""
+        x, x_dot = self.peek_saved("x"), self.pop_tangents("x")
+        dx_dot, dw_dot, db_dot = linear_backward_jvp(dy.reshape(-1, self.d_out), x, self.weight.data,
+                                                     dy_dot.reshape(-1, self.d_out), x_dot, self.weight.tangent,
+                                                     self.bias is not None)
+        self.weight.grad_tangent += dw_dot
+        if self.bias is not None:
+            self.bias.grad_tangent += db_dot
+        return self.backward(dy), dx_dot.reshape(*dy.shape[:-1], self.d_in)

@@ -2,7 +2,8 @@
 
 ``PE(pos, 2i) = sin(pos / 10000^(2i/d_model))``, ``PE(pos, 2i+1) = cos(...)``,
 added to the embeddings. Shapes: x (batch, time, d_model) -> same. The table is a
-buffer (moves with the model, is not trained); backward is the identity.
+buffer (moves with the model, is not trained); backward is the identity, and so are forward mode
+(``y_dot = x_dot``) and the backward's tangent.
 """
 from __future__ import annotations
 
@@ -53,3 +54,10 @@ class PositionalEncoding(Module):
     def backward(self, dy):
         """The table is constant: dL/dx = dL/dy."""
         return dy
+
+    def jvp(self, x_dot):
+        """The table is constant: y_dot = x_dot."""
+        return x_dot
+
+    def backward_jvp(self, dy, dy_dot):
+        return dy, dy_dot

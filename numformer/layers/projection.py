@@ -4,6 +4,9 @@ Shapes: h (..., d_model) -> logits (..., vocab). The weight (vocab, d_model) is 
 embedding matrix when tied (the paper shares it between both embeddings and this
 projection), so backward adds ``dlogits^T h`` into the same Parameter that the
 embeddings add into. Untied, it is a matrix of its own with the same layout.
+
+Forward mode: ``logits_dot = h_dot W^T + h W_dot^T``. The backward's tangent:
+``dW_dot = dlogits_dot^T h + dlogits^T h_dot``, ``dh_dot = dlogits_dot W + dlogits W_dot``.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from .registry import registered
 
 @registered
 class OutputProjection(Module):
-    """``logits = h @ W.T`` with W (vocab, d_model), no bias. Saved for backward: ``h`` (..., d_model)."""
+    """``logits = h @ W.T`` with W (vocab, d_model), no bias. Saved for backward: ``h`` (..., d_model); by jvp:
+    ``h``, its tangent."""
 
     kinks = False  # linear (Module.kinks: the layer contract)
 
@@ -39,3 +43,19 @@ class OutputProjection(Module):
         d2 = dlogits.reshape(-1, self.vocab_size)
         self.weight.grad += matmul(d2.T, h2)
         return matmul(d2, self.weight.data).reshape(*dlogits.shape[:-1], self.d_model)
+
+    def jvp(self, h_dot):
+        """h_dot (..., d_model) -> logits_dot (..., vocab) = h_dot W^T + h W_dot^T."""
+        h2, h_dot2 = self.peek_saved("h").reshape(-1, self.d_model), h_dot.reshape(-1, self.d_model)
+        self.save_tangents(h=h_dot)
+        logits_dot = matmul(h_dot2, self.weight.data.T) + matmul(h2, self.weight.tangent.T)
+        return logits_dot.reshape(*h_dot.shape[:-1], self.vocab_size)
+
+    def backward_jvp(self, dlogits, dlogits_dot):
+        """-> (dh, dh_dot); adds dW into the gradient and dW_dot = dlogits_dot^T h + dlogits^T h_dot into its
+        tangent."""
+        h2, h_dot2 = self.peek_saved("h").reshape(-1, self.d_model), self.pop_tangents("h").reshape(-1, self.d_model)
+        d2, d2_dot = dlogits.reshape(-1, self.vocab_size), dlogits_dot.reshape(-1, self.vocab_size)
+        self.weight.grad_tangent += matmul(d2_dot.T, h2) + matmul(d2.T, h_dot2)
+        dh_dot = matmul(d2_dot, self.weight.data) + matmul(d2, self.weight.tangent)
+        return self.backward(dlogits), dh_dot.reshape(*dlogits.shape[:-1], self.d_model)

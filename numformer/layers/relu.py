@@ -1,7 +1,8 @@
 """ReLU, the activation of the position-wise feed-forward network (Eq. 2). Shapes: any -> same.
 
 ``y = max(0, x)``; ``dx = dy * [x > 0]`` (the gradient at exactly 0 is taken as 0,
-as PyTorch does).
+as PyTorch does). Forward mode on the piece the forward saw: ``y_dot = x_dot * [x > 0]``; the backward's
+tangent ``dx_dot = dy_dot * [x > 0]`` (each piece is linear: no second-derivative term).
 """
 from __future__ import annotations
 
@@ -52,3 +53,12 @@ class ReLU(Module):
 
     def backward(self, dy):
         return kernel(relu_backward)(dy, self.pop_saved("positive"))
+
+    def jvp(self, x_dot):
+        """x_dot -> x_dot * [x > 0], on the active set of the forward (held pieces included)."""
+        return relu_backward(x_dot, self.peek_saved("positive"))  # the same product: J is diagonal, [x > 0]
+
+    def backward_jvp(self, dy, dy_dot):
+        """-> (dy * [x > 0], dy_dot * [x > 0])."""
+        dx_dot = relu_backward(dy_dot, self.peek_saved("positive"))  # before the backward, which frees the set
+        return self.backward(dy), dx_dot

@@ -3,6 +3,9 @@
 
 ``y = x * s`` with ``s = sigmoid(x) = 1 / (1 + exp(-x))``;
 ``dx = dy * (s + x * s * (1 - s))`` (the product rule, with ``ds/dx = s * (1 - s)``).
+Forward mode: ``y_dot = x_dot * (s + x * s * (1 - s))``. The backward's tangent adds the second derivative,
+``d2y/dx2 = s (1 - s) (2 + x (1 - 2 s))`` (``d/dx [s (1 - s)] = s (1 - s) (1 - 2 s)``):
+``dx_dot = dy_dot * y' + dy * y'' * x_dot``.
 
 The sigmoid is computed without overflow for any x: with ``e = exp(-|x|)`` (at most 1),
 ``s = 1 / (1 + e)`` for x >= 0 and ``s = e / (1 + e)`` for x < 0; for large |x| e underflows to 0
@@ -35,8 +38,21 @@ def silu_backward(dy, x, s):
     return dy * (s + x * ds)  # the product rule: d(x * s)/dx = s + x * ds/dx
 
 
+def silu_jvp(x_dot, x, s):
+    """y_dot = x_dot * (s + x * s * (1 - s)), dy/dx times the tangent."""
+    return x_dot * (s + x * s * (1 - s))
+
+
+def silu_backward_jvp(dy, dy_dot, x, s, x_dot):
+    """The tangent of silu_backward: dx_dot = dy_dot * y' + dy * y'' * x_dot, y'' = s (1 - s) (2 + x (1 - 2 s))."""
+    ds = s * (1 - s)                    # the sigmoid's derivative
+    d2y = ds * (2 + x * (1 - 2 * s))    # d/dx of s + x * ds
+    return dy_dot * (s + x * ds) + dy * d2y * x_dot
+
+
 class SiLU(Module):
-    """``x * sigmoid(x)``. Saved for backward: ``x`` and ``s``, the input and its sigmoid."""
+    """``x * sigmoid(x)``. Saved for backward: ``x`` and ``s``, the input and its sigmoid; by jvp: ``x``, its
+    tangent."""
 
     kinks = False  # x * sigmoid(x): smooth (Module.kinks: the layer contract)
 
@@ -48,3 +64,13 @@ class SiLU(Module):
     def backward(self, dy):
         x, s = self.pop_saved("x", "s")
         return silu_backward(dy, x, s)
+
+    def jvp(self, x_dot):
+        x, s = self.peek_saved("x", "s")
+        self.save_tangents(x=x_dot)
+        return silu_jvp(x_dot, x, s)
+
+    def backward_jvp(self, dy, dy_dot):
+        (x, s), x_dot = self.peek_saved("x", "s"), self.pop_tangents("x")
+        dx_dot = silu_backward_jvp(dy, dy_dot, x, s, x_dot)  # before the backward, which frees x and s
+        return self.backward(dy), dx_dot

@@ -8,6 +8,8 @@ The Residual owns the LayerNorm and the Dropout, not the sub-layer: the sub-laye
 (attention or feed-forward) is passed to ``forward`` and ``backward`` so its
 parameters keep their paper names (``self_attn.w_q``, ``ffn.w_1``). The residual sum
 is given to the dropout (``add=``): ``y = x + Dropout(Sublayer(x))`` in one call. Backward, post-LN: ``dz = LN'(dy)``; ``dx = dz + Sublayer'(Dropout'(dz))``.
+Forward mode and the backward's tangent compose the children's the same way (``x_dot`` takes the
+residual path as ``x`` does).
 Shapes: x (batch, time, d_model) -> same.
 """
 from __future__ import annotations
@@ -46,3 +48,19 @@ class Residual(Module):
         d_sub, extra = (got[0], got[1:]) if isinstance(got, tuple) else (got, ())
         dx = dz + (self.norm.backward(d_sub) if self.pre_norm else d_sub)
         return (dx, *extra) if extra else dx
+
+    def jvp(self, x_dot, sublayer, *arg_dots):
+        """x_dot (B, T, d_model) -> y_dot; ``arg_dots``: the tangents of forward's extra arrays (the memory)."""
+        if self.pre_norm:
+            return self.dropout.jvp(sublayer.jvp(self.norm.jvp(x_dot), *arg_dots), add_dot=x_dot)
+        return self.norm.jvp(self.dropout.jvp(sublayer.jvp(x_dot, *arg_dots), add_dot=x_dot))
+
+    def backward_jvp(self, dy, dy_dot, sublayer):
+        """-> (dx, dx_dot), or ((dx, *extra), (dx_dot, *extra_dot)) as :meth:`backward` has extras."""
+        dz, dz_dot = (dy, dy_dot) if self.pre_norm else self.norm.backward_jvp(dy, dy_dot)
+        got, got_dot = sublayer.backward_jvp(*self.dropout.backward_jvp(dz, dz_dot))
+        extra = isinstance(got, tuple)
+        (d_sub, *more), (d_sub_dot, *more_dot) = (got, got_dot) if extra else ((got,), (got_dot,))
+        d_in, d_in_dot = self.norm.backward_jvp(d_sub, d_sub_dot) if self.pre_norm else (d_sub, d_sub_dot)
+        dx, dx_dot = dz + d_in, dz_dot + d_in_dot
+        return ((dx, *more), (dx_dot, *more_dot)) if extra else (dx, dx_dot)

@@ -131,7 +131,8 @@ def test_cli_json_and_layer_filter():
     out = subprocess.run([sys.executable, "-m", "grad_checks", "--json", "--layer", "Softmax", "--layer", "ReLU"],
                          capture_output=True, text=True, check=True)
     report = json.loads(out.stdout)
-    assert report["failed"] == 0 and report["checks"] == 2
+    # a tensor each in reverse mode; in forward mode each has a JVP row along all, along its input, and an R-op row
+    assert report["failed"] == 0 and report["checks"] == 2 + 6 and report["forward_mode_checks"] == 6
     assert report["max_rel_error"] < 1e-6
     assert set(report["layers"]) == {"Softmax", "ReLU"}
 
