@@ -152,6 +152,7 @@ class Case:
     torch_forward: Callable
     seeded: tuple | None = None
     record_dropout: bool = False  # replay numformer's dropout masks in the mirror
+    criterion: object = None  # the loss nf_forward computes (its forward mode: tests/checks/test_forward_mode_parity.py)
 
 
 # -- cases: each builder takes (rng, dtype) and returns a Case ------------------------
@@ -445,7 +446,8 @@ def _model_case(cfg, m, src, tgt, record_dropout, start=None):
         logits = tm.transformer(P, _t(src), _t(tgt_in), arch, d)
         return {"logits": logits, "loss": tm.label_smoothed_loss(logits, _t(tgt_out), cfg.label_smoothing, pad)}
 
-    return Case(m, {}, nf_forward, nf_backward, torch_forward, seeded=("loss",), record_dropout=record_dropout)
+    return Case(m, {}, nf_forward, nf_backward, torch_forward, seeded=("loss",), record_dropout=record_dropout,
+                criterion=crit)
 
 
 def _marian_case(rng, dt, **kw):

@@ -5,7 +5,8 @@ differentiate through it use that, never a class test.
 A leaky ReLU written here, nowhere in numformer, built into a Transformer in ReLU's place: its Hessian-vector
 products (numformer/curvature/hvp.py, from numformer's backward with the pieces held) equal second differences
 of the loss itself on the same pieces (no backward enters them), ``u^T (H v)`` against
-``(L(+u+v) - L(+u-v) - L(-u+v) + L(-u-v)) / 4h^2``. Planted: a forward_on_pieces that holds the wrong function
+``(L(+u+v) - L(+u-v) - L(-u+v) + L(-u-v)) / 4h^2``, by differences and, from its jvp and backward_jvp on the
+forward's pieces, exactly. Planted: a forward_on_pieces that holds the wrong function
 (ReLU's ``x * S``) or saves the wrong pieces for backward is caught; the same layer without the declaration is
 refused in one line, and so is one declaring kinks without its pieces. The finite-difference check drops the
 probes that straddle its declared kinks; undeclared, it checks it as smooth, says so, and those probes fail."""
@@ -55,6 +56,14 @@ class LeakyReLU(Module):
 
     def backward(self, dy):
         return dy * np.where(self.pop_saved("positive"), 1.0, ALPHA)
+
+    def jvp(self, x_dot):
+        """On the forward's pieces: ``x_dot * (1 where positive, ALPHA elsewhere)``."""
+        return x_dot * np.where(self.peek_saved("positive"), 1.0, ALPHA)
+
+    def backward_jvp(self, dy, dy_dot):
+        dx_dot = dy_dot * np.where(self.peek_saved("positive"), 1.0, ALPHA)
+        return self.backward(dy), dx_dot
 
 
 class HeldAsReLU(LeakyReLU):
@@ -134,16 +143,17 @@ def pieces_at_the_point(model, data) -> dict:
     return found
 
 
-def hessian_error(cls) -> float:
-    """max over a few (u, v) of |u^T (H v) from BlockHessian - the loss's second difference| / (|u| |H v|), the
-    model built with activation ``cls`` and the reference taken on LeakyReLU's pieces and function."""
+def hessian_error(cls, method="differences") -> float:
+    """max over a few (u, v) of |u^T (H v) from BlockHessian (by ``method``) - the loss's second difference| /
+    (|u| |H v|), the model built with activation ``cls`` and the reference taken on LeakyReLU's pieces and
+    function."""
     model, data = leaky_model(cls), batch()
     pieces = pieces_at_the_point(model, data)
     assert pieces and all(s.dtype == bool and 0 < s.mean() < 1 for s in pieces.values())  # both pieces in use
     rng = np.random.default_rng(5)
     worst = 0.0
     with kernel_mode("plain"):
-        hessian = BlockHessian(model, data, BLOCK)
+        hessian = BlockHessian(model, data, BLOCK, method=method)
         for _ in range(3):
             u, v = rng.standard_normal(hessian.dim), rng.standard_normal(hessian.dim)
             u, v = u / np.linalg.norm(u), v / np.linalg.norm(v)
@@ -153,8 +163,9 @@ def hessian_error(cls) -> float:
     return worst
 
 
-def test_a_declared_leaky_relu_gets_right_hessian_vector_products():
-    assert hessian_error(LeakyReLU) < 1e-6  # the second difference's own error: ~1e-8 at h = 1e-3
+@pytest.mark.parametrize("method", ["differences", "exact"])
+def test_a_declared_leaky_relu_gets_right_hessian_vector_products(method):
+    assert hessian_error(LeakyReLU, method) < 1e-6  # the second difference's own error: ~1e-8 at h = 1e-3
 
 
 @pytest.mark.parametrize("planted", [HeldAsReLU, SavesNoPieces])
@@ -164,12 +175,12 @@ def test_a_wrong_forward_on_pieces_is_caught(planted):
 
 def test_an_undeclared_or_half_declared_kinked_layer_is_refused_in_one_line():
     with pytest.raises(UndeclaredKinks) as refused:
-        BlockHessian(leaky_model(Undeclared), batch(), BLOCK)
+        BlockHessian(leaky_model(Undeclared), batch(), BLOCK, method="differences")
     line = str(refused.value)
     assert "\n" not in line and "Undeclared (encoder.layers.0.ffn.activation)" in line
     assert "kinks = False" in line and "kinks = True with active_set and forward_on_pieces" in line
     with pytest.raises(UndeclaredKinks, match="declares kinks = True but does not provide its pieces"):
-        BlockHessian(leaky_model(KinksWithoutPieces), batch(), BLOCK)
+        BlockHessian(leaky_model(KinksWithoutPieces), batch(), BLOCK, method="differences")
     assert isinstance(refused.value, ValueError)
 
 

@@ -4,8 +4,9 @@ that observe or hold a layer for the length of a ``with`` block, never by replac
 A layer written only against the contract (RMSNorm, below: Zhang and Sennrich 2019, nowhere in numformer) and
 built into a Transformer in LayerNorm's place gets, with no change to the tools, exact per-sentence gradient
 statistics (equal to each sentence's gradient from a batch holding it alone) and Hessian-vector products (equal
-to second differences of the loss itself, which no backward enters). Planted: each comparison fails for its
-mistake."""
+to second differences of the loss itself, which no backward enters), exact from its jvp and backward_jvp and by
+differences of gradients from its backward alone. Planted: each comparison fails for its mistake; a layer without
+forward mode is refused by the exact products in one line."""
 from __future__ import annotations
 
 import contextlib
@@ -19,7 +20,7 @@ from numformer.layers import Linear, ReLU
 from numformer.layers.registry import replaced
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer
-from numformer.module import Module, Parameter
+from numformer.module import Module, NoForwardMode, Parameter
 from numformer.presets import ModelConfig
 from numformer.training.per_sentence_gradients import PerSentenceGradients
 
@@ -52,6 +53,34 @@ class RMSNorm(Module):
         return r * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
 
 
+class ForwardModeRMSNorm(RMSNorm):
+    """RMSNorm with forward mode: ``r_dot = -r^2 mean(xhat x_dot)``, ``xhat_dot = r (x_dot - xhat mean(xhat
+    x_dot))``, ``y_dot = xhat_dot g + xhat g_dot``; the backward's tangent, with ``u = dy g``, ``m = mean(u xhat)``:
+    ``dg_dot = sum(dy_dot xhat + dy xhat_dot)``, ``dx_dot = r_dot (u - xhat m) + r (u_dot - xhat_dot m - xhat
+    m_dot)``."""
+
+    def jvp(self, x_dot):
+        xhat, r = self.peek_saved("xhat", "r")
+        r_dot = -r * r * (xhat * x_dot).mean(axis=-1, keepdims=True)
+        xhat_dot = r * (x_dot - xhat * (xhat * x_dot).mean(axis=-1, keepdims=True))
+        self.save_tangents(xhat=xhat_dot, r=r_dot)
+        return xhat_dot * self.weight.data + xhat * self.weight.tangent
+
+    def backward_jvp(self, dy, dy_dot):
+        (xhat, r), (xhat_dot, r_dot) = self.peek_saved("xhat", "r"), self.pop_tangents("xhat", "r")
+        g, g_dot = self.weight.data, self.weight.tangent
+        self.weight.grad_tangent += (dy_dot * xhat + dy * xhat_dot).reshape(-1, self.d).sum(axis=0)
+        u, u_dot = dy * g, dy_dot * g + dy * g_dot
+        m = (u * xhat).mean(axis=-1, keepdims=True)
+        m_dot = (u_dot * xhat + u * xhat_dot).mean(axis=-1, keepdims=True)
+        dx_dot = self.r_dot_term(r_dot, u, xhat, m) + r * (u_dot - xhat_dot * m - xhat * m_dot)
+        return self.backward(dy), dx_dot
+
+    @staticmethod
+    def r_dot_term(r_dot, u, xhat, m):
+        return r_dot * (u - xhat * m)
+
+
 class ForgetfulRMSNorm(RMSNorm):
     """Planted: the backward leaves out the term through the rms (``dx = r * dxhat``)."""
 
@@ -59,6 +88,14 @@ class ForgetfulRMSNorm(RMSNorm):
         xhat, r = self.pop_saved("xhat", "r")
         self.weight.grad += (dy * xhat).reshape(-1, self.d).sum(axis=0)
         return r * dy * self.weight.data
+
+
+class ForgetfulTangentRMSNorm(ForwardModeRMSNorm):
+    """Planted: the backward's tangent leaves out r's tangent."""
+
+    @staticmethod
+    def r_dot_term(r_dot, u, xhat, m):
+        return 0 * r_dot
 
 
 def rms_model(norm=RMSNorm):
@@ -116,18 +153,29 @@ def test_a_layer_written_against_the_contract_gets_per_sentence_statistics():
 
 def test_the_comparisons_can_fail():
     """Planted: each sentence alone normalised by its own token count (not the batch's) fails the per-sentence
-    comparison; an RMSNorm whose backward forgets the term through the rms fails the Hessian's."""
+    comparison; an RMSNorm whose backward forgets the term through the rms fails the Hessian's by differences, one
+    whose backward's tangent forgets r's tangent fails the exact one."""
     assert per_sentence_error(rms_model(), normalize_per_sentence=True) > 1e-3
-    assert hessian_error(rms_model(ForgetfulRMSNorm)) > 1e-3
+    assert hessian_error(rms_model(ForgetfulRMSNorm), "differences") > 1e-3
+    assert hessian_error(rms_model(ForgetfulTangentRMSNorm), "exact") > 1e-3
 
 
-def hessian_error(model) -> float:
-    """|H (BlockHessian, from numformer's backward) - H (second differences of the loss)| / |H| on the first
-    RMSNorm gain of the decoder."""
+def test_a_layer_without_forward_mode_is_refused_by_the_exact_products_in_one_line():
+    src, tgt = batch()
+    with pytest.raises(NoForwardMode) as refused:
+        BlockHessian(rms_model(RMSNorm), (src, tgt[:, :-1], tgt[:, 1:]), ["src_embed.weight"])
+    line = str(refused.value)
+    assert "\n" not in line and "RMSNorm (encoder.layers.0.self_attn_residual.norm) has no jvp of its own" in line
+    assert "method='differences'" in line
+
+
+def hessian_error(model, method) -> float:
+    """|H (BlockHessian by ``method``: exact, or differences of numformer's backward) - H (second differences of
+    the loss)| / |H| on the first RMSNorm gain of the decoder."""
     src, tgt = batch()
     name = next(n for n in norm_gains(model) if n.startswith("decoder"))
     with kernel_mode("plain"):
-        hessian = BlockHessian(model, (src, tgt[:, :-1], tgt[:, 1:]), [name])
+        hessian = BlockHessian(model, (src, tgt[:, :-1], tgt[:, 1:]), [name], method=method)
         mine = hessian.dense()
         p = dict(model.named_parameters())[name]
         h, n = 1e-4, p.size
@@ -148,8 +196,9 @@ def hessian_error(model) -> float:
     return float(np.abs(mine - theirs).max() / np.abs(theirs).max())
 
 
-def test_a_layer_written_against_the_contract_gets_hessian_vector_products():
-    assert hessian_error(rms_model()) < 1e-5
+@pytest.mark.parametrize("method", ["exact", "differences"])
+def test_a_layer_written_against_the_contract_gets_hessian_vector_products(method):
+    assert hessian_error(rms_model(ForwardModeRMSNorm if method == "exact" else RMSNorm), method) < 1e-5
 
 
 # -- the contract itself -----------------------------------------------------------------------------------
