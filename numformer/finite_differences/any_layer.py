@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backend import RandomState
-from ..module import UndeclaredKinks
+from ..module import Module, UndeclaredKinks
 from ..user_code import exception_line
 from .central_differences import GradCase, analytic_gradients, format_results, run_case
 from .kinks import undeclared
@@ -234,6 +234,12 @@ def check(layer, *inputs, seed: int = 0, step: float = 1e-5, tolerance: float = 
     ``step`` is measured again at ``step / 2`` and judged by Richardson's extrapolation (run_case).
     The layer is checked as a float64 copy: the caller's layer and its ``.grad`` are not touched.
 
+    Forward mode: a layer with ``jvp`` and ``backward_jvp`` of its own (the layer contract,
+    :class:`numformer.module.Module`; float inputs given by position) gets their rows too, the JVP against
+    central differences of its forward and the backward's tangent against central differences of its backward
+    (numformer.finite_differences.tangent_checks); a layer without them is named in the notes (exact
+    Hessian-vector products refuse a model holding it).
+
         >>> report = check(LayerNorm(8), np.random.default_rng(0).standard_normal((2, 3, 8)))
         >>> report.passed
         True
@@ -295,4 +301,47 @@ def check(layer, *inputs, seed: int = 0, step: float = 1e-5, tolerance: float = 
         report.error = "nothing to check: the layer has no parameters and no float input"
         return report
     report.results = run_case(case, np.random.default_rng(seed), h=step, tolerance=tolerance)
+    report.results += _forward_mode(twin, module, case, float_names,
+                                    any(_is_float_array(v) for v in kwargs.values()), loss, notes, seed)
     return report
+
+
+def _forward_mode(twin, module, case, float_names, float_kwargs: bool, loss: bool, notes, seed) -> list:
+    """The forward-mode rows of :func:`check` (numformer.finite_differences.tangent_checks) when the layer has
+    ``jvp`` and ``backward_jvp`` of its own, else none and a note saying what that means: exact Hessian-vector
+    products (numformer/curvature/hvp.py) refuse a model holding it."""
+    cls = type(twin)
+    own = all(callable(getattr(cls, f, None)) and getattr(cls, f) is not getattr(Module, f)
+              for f in ("jvp", "backward_jvp"))
+    if own and not all(hasattr(p, "set_tangents") for _, p in module.named_parameters()):
+        notes.append("forward mode not checked: its parameters are not numformer Parameters (numformer.module."
+                     "Parameter holds the tangents a jvp reads)")
+        return []
+    if not own:
+        notes.append("no forward mode (jvp and backward_jvp of its own): not checked; exact Hessian-vector products "
+                     "refuse a model holding this layer (numformer.module.Module says what to write)")
+        return []
+    if float_kwargs:
+        notes.append("forward mode not checked: a float input given by keyword (give float inputs by position)")
+        return []
+    from .tangent_checks import STEP, TOLERANCE, run_tangent_case  # noqa: PLC0415
+
+    def jvp(m, t):
+        out = twin.jvp(*(t[n] for n in float_names))
+        return out * 1.0 if loss else out
+
+    def backward_jvp(m, g, g_dot):
+        if loss:  # the upstream of a scalar loss is a number g: the gradient is dz * g, its tangent dz_dot * g + dz * g_dot
+            dz, dz_dot = twin.backward_jvp()
+            dz, dz_dot = (dz, dz_dot) if isinstance(dz, tuple) else ((dz,), (dz_dot,))
+            result = tuple(r * g[0] for r in dz)
+            dots = tuple(d * g[0] + r * g_dot[0] for d, r in zip(dz_dot, dz))
+        else:
+            result, dots = twin.backward_jvp(*g, *g_dot)
+        return (_gradients_by_input(result, float_names, type(twin).__name__),
+                _gradients_by_input(dots, float_names, type(twin).__name__))
+    notes.append(f"forward mode: jvp against differences of forward, backward_jvp against differences of "
+                 f"backward (step {STEP:.0e}, Romberg's extrapolation, tolerance {TOLERANCE:.0e})")
+    tangent_case = GradCase(case.layer, case.case, module, case.inputs, case.forward, case.backward,
+                            before_forward=case.before_forward, jvp=jvp, backward_jvp=backward_jvp)
+    return run_tangent_case(tangent_case, np.random.default_rng(seed))

@@ -93,3 +93,46 @@ def test_a_broken_layer_is_one_line(backward, needle):
     report = check(broken(6), RNG.standard_normal((2, 3, 6)))
     assert not report.passed and needle in report.error, report.error
     assert "\n" not in report.error and "Traceback" not in str(report)
+
+
+class ForwardModeRMSNorm(RMSNorm):
+    """The hand-written layer with forward mode, ``r_dot = -r^3 mean(x x_dot)``, ``y_dot = (x_dot r + x r_dot) g +
+    x r g_dot``; the backward's tangent by the product rule (``tangent_bug``: r's tangent left out of it)."""
+
+    def __init__(self, d, tangent_bug=False):
+        super().__init__(d)
+        self.tangent_bug = tangent_bug
+
+    def jvp(self, x_dot):
+        self.x_dot = x_dot
+        self.r_dot = -self.r ** 3 * (self.x * x_dot).mean(-1, keepdims=True)
+        return (x_dot * self.r + self.x * self.r_dot) * self.g.data + self.x * self.r * self.g.tangent
+
+    def backward_jvp(self, dy, dy_dot):
+        x, r, x_dot, r_dot = self.x, self.r, self.x_dot, 0 * self.r_dot if self.tangent_bug else self.r_dot
+        xhat, xhat_dot = x * r, x_dot * r + x * r_dot
+        self.g.grad_tangent += (dy_dot * xhat + dy * xhat_dot).reshape(-1, x.shape[-1]).sum(0)
+        u, u_dot = dy * self.g.data, dy_dot * self.g.data + dy * self.g.tangent
+        m, m_dot = (u * xhat).mean(-1, keepdims=True), (u_dot * xhat + u * xhat_dot).mean(-1, keepdims=True)
+        dx_dot = r_dot * (u - xhat * m) + r * (u_dot - xhat_dot * m - xhat * m_dot)
+        return self.backward(dy), dx_dot
+
+
+def test_a_layer_with_forward_mode_gets_its_jvp_and_rop_checked_and_a_planted_bug_fails():
+    x = RNG.standard_normal((2, 3, 6))
+    report = check(ForwardModeRMSNorm(6), x)
+    assert report.passed
+    assert {"jvp along all", "jvp along g", "jvp along input:x", "R-op of g", "R-op of input:x"} <= {
+        r.tensor for r in report.results}
+    assert any("forward mode: jvp against differences of forward" in n for n in report.notes)
+    failed = check(ForwardModeRMSNorm(6, tangent_bug=True), x).failed
+    assert failed and all(r.tensor.startswith("R-op of") for r in failed)
+
+
+def test_numformer_layers_and_the_loss_get_forward_mode_and_a_layer_without_it_is_named():
+    assert any(r.tensor == "R-op of input:x" for r in check(LayerNorm(8), RNG.standard_normal((2, 3, 8))).results)
+    target = RNG.integers(0, 13, (2, 3))
+    loss = check(LabelSmoothedCrossEntropy(0.1), RNG.standard_normal((2, 3, 13)), target)
+    assert loss.passed and any(r.tensor == "R-op of input:logits" for r in loss.results)
+    plain = check(RMSNorm(6), RNG.standard_normal((2, 3, 6)))
+    assert any("no forward mode" in n and "refuse" in n for n in plain.notes)
