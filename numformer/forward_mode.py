@@ -26,15 +26,17 @@ from .backend import get_array_module
 
 
 @contextlib.contextmanager
-def tangents(module, directions=None):
+def tangents(module, directions=None, named=None):
     """Inside the block every parameter of ``module`` has ``Parameter.tangent`` = ``directions[name]`` (an
     array of its shape, cast to its dtype and device; a zero tangent for every name not given) and a zero
     ``Parameter.grad_tangent`` to add into; both are taken away at the end, an exception included.
 
     ``directions``: dotted parameter name (``module.named_parameters()``; a tied matrix under its first name)
-    -> tangent. A name the module does not have is a KeyError naming it."""
+    -> tangent. A name the module does not have is a KeyError naming it. ``named``: the module's
+    ``named_parameters()`` when the caller holds them already (a loop of products: the walk of a deep model's
+    tree is not free)."""
     directions = dict(directions or {})
-    named = module.named_parameters()
+    named = module.named_parameters() if named is None else named
     unknown = sorted(set(directions) - {n for n, _ in named})
     if unknown:
         raise KeyError(f"no parameter {unknown[0]!r} to give a tangent to")

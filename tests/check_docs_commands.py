@@ -124,6 +124,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "python3 -m grad_checks --json": ("run", "python3 -m grad_checks --json"),
     "python3 -m grad_checks": ("small", "python3 -m grad_checks --layer Linear --layer Transformer"),
     "python3 -m grad_checks --kernels plain": ("small", "python3 -m grad_checks --kernels plain --layer Linear"),
+    "python3 -m grad_checks --layer LayerNorm --mode forward":
+        ("run", "python3 -m grad_checks --layer LayerNorm --mode forward"),
     "python3 -m pytest -q tests/checks/test_torch_parity.py":
         ("small", "python3 -m pytest -q -p no:cacheprovider tests/checks/test_torch_parity.py -k linear"),
     "python3 -m pytest -q tests/checks/test_torch_parity.py -rs":
@@ -148,6 +150,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --threads 1 --no-compile"),
     "python3 bench/per_sentence_cost.py --preset small --steps 10 --warmup 2 --repeat 3":
         ("small", "python3 bench/per_sentence_cost.py --preset tiny --steps 2 --warmup 1"),
+    "python3 bench/hvp_cost.py --preset tiny,small,base --steps 3 --warmup 1 --repeat 3":
+        ("small", "python3 bench/hvp_cost.py --preset tiny --steps 1 --warmup 0"),
     "python3 bench/train_step.py --preset base --steps 4 --warmup 2 --threads 1":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --threads 1 --no-torch"
                   "  # base: the same code at another size"),

@@ -37,6 +37,7 @@ from ..forward_mode import tangents
 from ..layers import Dropout
 from ..loss import LabelSmoothedCrossEntropy
 from ..module import UndeclaredKinks, forward_mode_layers, kinked_layers, tapped
+from ..parameter_buffer import ParameterBuffer
 
 STEP = 5e-6          # u^(1/3) for float64, in units of the block's scale
 STEP_FLOAT32 = 5e-3  # u^(1/3) for float32 (2^-24)
@@ -65,6 +66,8 @@ class BlockHessian:
             raise ValueError("Hessian-vector products need the loss smooth along the probe: build the model "
                              "with dropout 0")
         self.model, self.batch, self.names, self.method = model, batch, list(names), method
+        self._named = list(params.items())  # walked once: every product gives every parameter a tangent
+        self._buffer = ParameterBuffer.of([p for _, p in self._named])  # zeroed whole, not tensor by tensor
         self.params = [params[n] for n in self.names]
         self.sizes = [p.size for p in self.params]
         eps = model.cfg.label_smoothing if label_smoothing is None else label_smoothing
@@ -88,9 +91,9 @@ class BlockHessian:
         """``H v`` by the R-operator: one forward, jvp and backward_jvp with ``v`` as the block's tangent."""
         src, tgt_in, tgt_out = self.batch
         xp, model = self.xp, self.model
-        with tangents(model, dict(zip(self.names, self._split(xp.asarray(v, dtype=self.dtype))))):
+        with tangents(model, dict(zip(self.names, self._split(xp.asarray(v, dtype=self.dtype)))), self._named):
             model.train()
-            model.zero_grad()
+            self._buffer.zero_grad()
             logits = model(xp.asarray(src), xp.asarray(tgt_in))
             logits_dot = model.jvp()
             self.crit.forward(logits, xp.asarray(tgt_out))
@@ -98,7 +101,7 @@ class BlockHessian:
             model.backward_jvp(*self.crit.backward_jvp())
             self.evaluations += 1
             hv = xp.concatenate([p.grad_tangent.reshape(-1) for p in self.params])
-        model.zero_grad()
+        self._buffer.zero_grad()
         return hv
 
     # -- differences: the point's pieces of every kinked layer, held ------------------------------------------
@@ -130,7 +133,7 @@ class BlockHessian:
         src, tgt_in, tgt_out = self.batch
         xp, model = self.xp, self.model
         model.train()
-        model.zero_grad()
+        self._buffer.zero_grad()
         loss = self.crit.forward(model(xp.asarray(src), xp.asarray(tgt_in)), xp.asarray(tgt_out))
         model.backward(self.crit.backward())
         self.evaluations += 1

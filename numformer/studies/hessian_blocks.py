@@ -12,13 +12,14 @@ frequency on a log scale; they compute spectra by their own stochastic Lanczos q
 computes only whole-model spectra).
 
 What numformer measures: a small encoder-decoder at initialisation and after some Adam training, in
-float64 without dropout. For each block, ``H v`` by central differences of numformer's own gradients with the
-ReLU active sets held (numformer/curvature/hvp.py; tested against PyTorch's double backpropagation),
+float64 without dropout. For each block, ``H v`` exactly, by forward over reverse (every layer's jvp and the
+tangent of its backward, numformer/curvature/hvp.py; equal to PyTorch's double backpropagation to 1e-10),
 Lanczos with full reorthogonalisation for the top of the spectrum (the 10th largest Ritz value normalises
 it, as theirs) and stochastic Lanczos quadrature for its density (numformer/curvature/lanczos.py). Blocks:
 encoder layer 1's query, key, value and output projections (W^Q, W^K, W^V, W^O), its feed-forward W_1 and
 its second LayerNorm's gain and bias, and the tied vocabulary matrix; and, as a control, the same kind of
-block one layer up (layer 2's W^Q, W_1 and LayerNorm). Heterogeneity: the mean Jensen-Shannon distance between
+block one layer up (layer 2's W^Q, W_1 and LayerNorm); and layer by layer (every parameter of one encoder or
+decoder layer as one block, the per-layer spectra PyHessian's users ask for, its issue #10). Heterogeneity: the mean Jensen-Shannon distance between
 blocks of different kinds (JS^0 at initialisation), and for each control block its distance to its kind
 in layer 1 against that kind's mean distance to the other kinds: spectra that differ *by kind* are closer
 within a kind than across kinds. Spectra are normalised by each block's largest eigenvalue magnitude for
@@ -29,6 +30,11 @@ vocabulary, one batch of 16 sentence pairs (each side at most 24 subwords) for t
 Adam steps (Eq. 3, warm-up 50, factor 1) on batches of 32 pairs; SLQ with 4 Rademacher probes of 30 steps,
 the top from 40 steps; densities smoothed by a Gaussian of width 0.05 (in the normalised unit) on a common
 grid; seed 1.
+
+Precision, and the method it replaced: for each block, three random directions' products in float64 exact
+against float32 exact, against float64 central differences of gradients (the method before forward mode,
+``method="differences"``) and against float32 central differences; and the block's largest eigenvalue by
+Lanczos on the float64 differences and on float32 exact products against float64 exact ones.
 
 What numformer found: the measured spectra, distances and control ratios, and the commit they were measured
 at, are in docs/studies.md (section hessian-blocks), not here; ``OUT/hessian-blocks.md`` is what a run of
@@ -52,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import to_host
-from ..curvature.hvp import BlockHessian
+from ..curvature.hvp import BlockHessian, layer_blocks
 from ..curvature.lanczos import density, extreme_eigenvalues, slq
 from ..model import Transformer
 from ..presets import get_preset
@@ -82,6 +88,8 @@ CONTROLS = {
     "LayerNorm (layer 2)": ("LayerNorm", ["encoder.layers.1.ffn_residual.norm.weight",
                                           "encoder.layers.1.ffn_residual.norm.bias"]),
 }
+#: the per-layer blocks: every parameter of each of these layers (numformer.curvature.hvp.layer_blocks)
+LAYERS = ("encoder.layers.0", "encoder.layers.1", "decoder.layers.0", "decoder.layers.1")
 #: a kind's mean JS distance to the other kinds over its control's to it, at initialisation (largest-magnitude
 #: unit); docs/studies.md, hessian-blocks, has the ratios measured for FULL and SMALL
 HETEROGENEITY_MIN = 1.3
@@ -105,13 +113,17 @@ class Config:
     top_steps: int = 40
     sigma: float = 0.05
     seed: int = 1
+    layers: tuple = LAYERS              # the per-layer blocks
+    precision_blocks: tuple = tuple(BLOCKS)  # the blocks whose products are also taken the other ways
+    precision_directions: int = 3       # random directions per block for the products' errors
 
 
 FULL = Config()
 #: The CI's configuration: a tiny model on random tokens, seconds on 2 cores.
 SMALL = Config(overrides=(("d_model", 32), ("d_ff", 128), ("heads", 4), ("layers", 2)), data="random", vocab_size=300,
                sentences=8, length=12, train_steps=30, train_sentences=8, warmup=10, probes=3, slq_steps=20,
-               top_steps=24)
+               top_steps=24, layers=("encoder.layers.0", "decoder.layers.1"), precision_blocks=("query", "LayerNorm"),
+               precision_directions=1)
 
 
 def _batch(cfg: Config, data, rng, sentences: int):
@@ -127,13 +139,38 @@ def train(model, cfg: Config, data, rng) -> list:
 
 
 def spectrum(model, batch, names, cfg: Config, rng) -> dict:
-    """One block's top (Lanczos) and density quadrature (SLQ), at the model's current weights."""
+    """One block's top (Lanczos) and density quadrature (SLQ), at the model's current weights, by exact products."""
     hessian = BlockHessian(model, batch, names)
     top, low, _ = extreme_eigenvalues(hessian, hessian.dim, cfg.top_steps, rng, top=10)
     nodes, weights = slq(hessian, hessian.dim, cfg.slq_steps, cfg.probes, rng)
     lam10 = float(top[min(9, len(top) - 1)])
     return {"dim": hessian.dim, "top": [float(t) for t in top], "min": low, "lambda10": lam10,
-            "nodes": nodes.tolist(), "weights": weights.tolist(), "products": hessian.evaluations // 2}
+            "nodes": nodes.tolist(), "weights": weights.tolist(), "products": hessian.evaluations}
+
+
+def precision(model, model32, batch, names, cfg: Config, rng) -> dict:
+    """How far the other ways of taking the block's ``H v`` are from float64's exact product: float32 exact,
+    float64 and float32 central differences of gradients (the worst relative error over ``precision_directions``
+    random directions), and the largest eigenvalue by Lanczos (``top_steps`` from one start) on float64
+    differences and on float32 exact products against float64 exact ones."""
+    exact = BlockHessian(model, batch, names)
+    ways = {"exact float32": BlockHessian(model32, batch, names),
+            "differences float64": BlockHessian(model, batch, names, method="differences"),
+            "differences float32": BlockHessian(model32, batch, names, method="differences", allow_float32=True)}
+    errors = {way: 0.0 for way in ways}
+    for _ in range(cfg.precision_directions):
+        v = rng.standard_normal(exact.dim)
+        hv = exact(v)
+        for way, other in ways.items():
+            got = np.asarray(to_host(other(v.astype(other.dtype))), dtype=np.float64)
+            errors[way] = max(errors[way], float(np.linalg.norm(got - hv) / np.linalg.norm(hv)))
+    start = int(rng.integers(1 << 31))
+    tops = {way: float(extreme_eigenvalues(h, h.dim, cfg.top_steps, np.random.default_rng(start))[0][0])
+            for way, h in (("exact float64", exact), ("differences float64", ways["differences float64"]),
+                           ("exact float32", ways["exact float32"]))}
+    return {"product_errors": errors, "top": tops,
+            "top_errors": {way: abs(t - tops["exact float64"]) / abs(tops["exact float64"])
+                           for way, t in tops.items() if way != "exact float64"}}
 
 
 def measure(cfg: Config = FULL, data_dir=None, log=print) -> dict:
@@ -145,17 +182,29 @@ def measure(cfg: Config = FULL, data_dir=None, log=print) -> dict:
     mcfg = get_preset(cfg.preset, **dict(cfg.overrides), vocab_size=vocab_size, dropout=0.0)
     model = Transformer(mcfg, seed=cfg.seed, dtype=np.float64)
     blocks = {**BLOCKS, **{name: names for name, (_, names) in CONTROLS.items()}}
-    budget = Budget(NAME, 2 * len(blocks), MINUTES, log)
-    states, losses = {}, []
+    by_layer = {name: names for name, names in layer_blocks(model).items() if name in cfg.layers}
+    budget = Budget(NAME, 2 * (len(blocks) + len(by_layer) + len(cfg.precision_blocks)), MINUTES, log)
+    states, layers, precisions, losses = {}, {}, {}, []
     for state in ("initialisation", "trained"):
         if state == "trained":
             losses = train(model, cfg, data, rng)
-        states[state] = {}
+        states[state], layers[state], precisions[state] = {}, {}, {}
         for name, names in blocks.items():
             states[state][name] = spectrum(model, batch, names, cfg, np.random.default_rng([cfg.seed, len(name)]))
             budget.step(f"{state} {name}")
+        for name, names in by_layer.items():
+            layers[state][name] = spectrum(model, batch, names, cfg, np.random.default_rng([cfg.seed, len(name)]))
+            budget.step(f"{state} {name}")
+        model32 = Transformer(mcfg, seed=cfg.seed, dtype=np.float32)
+        model32.load_state_dict(model.state_dict())
+        for name in cfg.precision_blocks:
+            names = BLOCKS[name]
+            precisions[state][name] = precision(model, model32, batch, names, cfg,
+                                                np.random.default_rng([cfg.seed, len(name), 32]))
+            budget.step(f"{state} {name}: float32 and differences")
     return {"study": NAME, "config": {**cfg.__dict__, "overrides": dict(cfg.overrides)}, "vocab_size": vocab_size,
-            "states": states, "train_loss": losses, "seconds": round(budget.seconds, 1)}
+            "states": states, "layers": layers, "precision": precisions, "train_loss": losses,
+            "seconds": round(budget.seconds, 1)}
 
 
 def scale_of(block: dict, normaliser: str = "max") -> float:
@@ -262,8 +311,26 @@ def table(results: dict) -> str:
                              for b in blocks])
     pairs = markdown_table(["blocks"] + [r["state"] for r in rows],
                            [[p] + [r["pairs"][p] for r in rows] for p in rows[0]["pairs"]])
+    layer_names = list(results["layers"]["initialisation"])
+    layers = markdown_table(["layer (every parameter)", "dim"] + [f"{s} {k}" for s in results["layers"]
+                                                                  for k in ("max", "lambda_10", "min")],
+                            [[n, results["layers"]["initialisation"][n]["dim"]]
+                             + [v for s in results["layers"] for v in (results["layers"][s][n]["top"][0],
+                                                                       results["layers"][s][n]["lambda10"],
+                                                                       results["layers"][s][n]["min"])]
+                             for n in layer_names])
+    ways = list(next(iter(results["precision"]["initialisation"].values()))["product_errors"])
+    tops = list(next(iter(results["precision"]["initialisation"].values()))["top_errors"])
+    precision_rows = [[state, b] + [p["product_errors"][w] for w in ways] + [p["top_errors"][w] for w in tops]
+                      for state, blocks_ in results["precision"].items() for b, p in blocks_.items()]
+    precision = markdown_table(["state", "block"] + [f"H v: {w}" for w in ways] + [f"lambda_max: {w}" for w in tops],
+                               precision_rows)
     failed = check(results)
-    tail = ("\nCheck: " + (f"the finding holds (each kind over its control's distance > {HETEROGENEITY_MIN} at "
+    tail = ("\nPer layer (every parameter of the layer one block; exact products, float64):\n\n" + layers
+            + f"\nPrecision: the relative error of {results['config']['precision_directions']} random directions' H v (the "
+            "worst) and of the "
+            "largest eigenvalue (Lanczos, the same start), each against float64's exact products:\n\n" + precision)
+    tail += ("\nCheck: " + (f"the finding holds (each kind over its control's distance > {HETEROGENEITY_MIN} at "
                             "initialisation)" if not failed else "FAILED: " + "; ".join(failed)))
     tail += f"\n\nMeasured in {results['seconds']:.0f} s.\n"
     return head + summary + "\n" + detail + "\nJS distance of every pair of kinds:\n\n" + pairs + tail
@@ -275,7 +342,7 @@ def picture(results: dict, path) -> Path:
     plt = pyplot()
     sigma = results["config"]["sigma"]
     states = results["states"]
-    fig, axes = plt.subplots(len(states), 3, figsize=(18, 4.4 * len(states)), squeeze=False)
+    fig, axes = plt.subplots(len(states) + 1, 4, figsize=(24, 4.4 * (len(states) + 1)), squeeze=False)
     colours = {name: plt.get_cmap("tab10")(i) for i, name in enumerate(BLOCKS)}
     for r, (state, blocks) in enumerate(states.items()):
         grid = grid_of(blocks, sigma, "lambda10")
@@ -304,6 +371,21 @@ def picture(results: dict, path) -> Path:
             i, j = names.index(a), names.index(b)
             matrix[i, j] = matrix[j, i] = d
         ax = axes[r, 2]
+        layers = results["layers"][state]
+        reach = max(float(np.abs(np.array(b["nodes"])).max()) / scale_of(b) for b in layers.values())
+        lgrid = np.linspace(-reach - 4 * sigma, reach + 4 * sigma, 4001)
+        for i, (name, block) in enumerate(layers.items()):
+            d = normalised_density(block, lgrid, sigma) / (lgrid[1] - lgrid[0])
+            ax.plot(lgrid, np.maximum(d, 1e-12), label=f"{name} ({block['dim']:,})",
+                    color=plt.get_cmap("Dark2")(i))
+        ax.set_yscale("log")
+        ax.set_ylim(1e-6, None)
+        ax.set_xlabel("eigenvalue / largest eigenvalue magnitude")
+        ax.set_ylabel("density")
+        ax.set_title(f"{state}: layer by layer (every parameter of a layer one block)", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax = axes[r, 3]
         im = ax.imshow(matrix, cmap="viridis", vmin=0, vmax=1)
         ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
         ax.set_yticks(range(len(names)), names, fontsize=8)
@@ -313,9 +395,47 @@ def picture(results: dict, path) -> Path:
                         color="white" if matrix[i, j] < 0.5 else "black")
         ax.set_title(f"{state}: JS distance between blocks (JS^0-style mean {h['across']:.2f})", fontsize=10)
         fig.colorbar(im, ax=ax, fraction=0.046)
+    precision_panels(results, axes[len(states)])
     fig.suptitle("Zhang et al. 2024, Fig. 3: blockwise Hessian spectra in units of lambda_10 (numformer "
-                 "encoder-decoder, SLQ)", fontsize=10)
+                 "encoder-decoder, SLQ on exact products); last row: what float32 and differences of gradients cost "
+                 "in precision", fontsize=10)
     return save_figure(fig, path)
+
+
+def precision_panels(results: dict, axes) -> None:
+    """Per state, each block's relative error of ``H v`` by float32 exact products and by central differences
+    in float64 and float32, against float64's exact products (log scale); then the largest eigenvalue's."""
+    ways_colours = {"exact float32": "tab:green", "differences float64": "tab:orange",
+                    "differences float32": "tab:red"}
+    for c, (state, blocks) in enumerate(results["precision"].items()):
+        ax = axes[c]
+        names = list(blocks)
+        width = 0.8 / len(ways_colours)
+        for i, (way, colour) in enumerate(ways_colours.items()):
+            ax.bar(np.arange(len(names)) + (i - 1) * width, [max(blocks[n]["product_errors"][way], 1e-17)
+                                                            for n in names], width, label=way, color=colour)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("|H v - exact float64| / |exact float64|")
+        ax.set_title(f"{state}: error of H v, the worst of {results['config']['precision_directions']} directions",
+                     fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    ax = axes[len(results["precision"])]
+    for i, (state, blocks) in enumerate(results["precision"].items()):
+        for j, way in enumerate(("differences float64", "exact float32")):
+            ax.scatter(np.arange(len(blocks)) + 0.15 * (2 * i + j - 1.5),
+                       [max(b["top_errors"][way], 1e-17) for b in blocks.values()], label=f"{state}, {way}",
+                       marker="o" if j == 0 else "s")
+    ax.set_yscale("log")
+    names = list(next(iter(results["precision"].values())))
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("relative error of lambda_max")
+    ax.set_title("the largest eigenvalue against exact float64 products (Lanczos, same start)", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    for ax in axes[len(results["precision"]) + 1:]:
+        ax.axis("off")
 
 
 def run(out, cfg: Config = FULL, log=print) -> dict:
