@@ -356,19 +356,25 @@ for group, est in list(noise["groups"].items()) + [("total", noise["total"])]:
 (An estimate of `|G|^2` from one batch can come out negative where the noise dominates the signal; `B_simple` is
 then undefined, `nan`. Training runs smooth both terms over the logged steps before dividing.)"""),
         ("markdown", """\
-Curvature: `BlockHessian` gives `H v` for any block of parameters by central differences of numformer's own
-gradients (float64, the ReLU active sets held so that no kink is crossed, with an estimate of its error), and
-Lanczos gives the block's extreme eigenvalues; on a block this small they equal those of its whole Hessian."""),
+Curvature: every layer has forward mode beside its backward (`jvp`, the directional derivative of its forward,
+and `backward_jvp`, its backward with the backward's own tangent), so `BlockHessian` gives `H v` for any block of
+parameters exactly, by forward over reverse, with no step to choose. The central differences of numformer's own
+gradients it used before stay as a cross-check (float64, the ReLU active sets held so that no kink is crossed,
+with an estimate of their error). Lanczos gives the block's extreme eigenvalues; on a block this small they
+equal those of its whole Hessian."""),
         ("code", """\
 from numformer.curvature.hvp import BlockHessian
 from numformer.curvature.lanczos import extreme_eigenvalues
 
-with kernel_mode("plain"):
-    block = BlockHessian(model, (src, tgt[:, :-1], tgt[:, 1:]), ["encoder.layers.1.ffn_residual.norm.weight"])
-    v = np.random.default_rng(1).standard_normal(block.dim)
-    print("|H v|", np.linalg.norm(block(v)), " stated error", block.error(v))
-    exact = np.linalg.eigvalsh(block.dense())
-    top, low, _ = extreme_eigenvalues(block, block.dim, block.dim, np.random.default_rng(2))
+names = ["encoder.layers.1.ffn_residual.norm.weight"]
+block = BlockHessian(model, (src, tgt[:, :-1], tgt[:, 1:]), names)           # exact: forward over reverse
+by_differences = BlockHessian(model, (src, tgt[:, :-1], tgt[:, 1:]), names, method="differences")
+v = np.random.default_rng(1).standard_normal(block.dim)
+hv = block(v)
+print("|H v|", np.linalg.norm(hv), " differences of gradients differ by", np.linalg.norm(by_differences(v) - hv),
+      " their stated error", by_differences.error(v))
+exact = np.linalg.eigvalsh(block.dense())
+top, low, _ = extreme_eigenvalues(block, block.dim, block.dim, np.random.default_rng(2))
 print("eigh:    smallest", exact[0], " largest", exact[-1])
 print("Lanczos: smallest", low, " largest", top[0])"""),
         ("markdown", """\

@@ -23,32 +23,37 @@ from __future__ import annotations
 import contextlib
 
 from .backend import get_array_module
+from .module import UNWANTED, ZERO
 
 
 @contextlib.contextmanager
-def tangents(module, directions=None, named=None):
+def tangents(module, directions=None, named=None, wanted=None):
     """Inside the block every parameter of ``module`` has ``Parameter.tangent`` = ``directions[name]`` (an
     array of its shape, cast to its dtype and device; a zero tangent for every name not given) and a zero
     ``Parameter.grad_tangent`` to add into; both are taken away at the end, an exception included.
 
     ``directions``: dotted parameter name (``module.named_parameters()``; a tied matrix under its first name)
-    -> tangent. A name the module does not have is a KeyError naming it. ``named``: the module's
+    -> tangent. A name the module does not have is a KeyError naming it. ``wanted``: the names whose
+    grad_tangent will be read (default: every parameter's); numformer's layers compute no other (the products
+    of a block need the block's alone, and the terms of a zero tangent are left out too:
+    ``Parameter.nonzero_tangent``, ``Parameter.wants_grad_tangent``). ``named``: the module's
     ``named_parameters()`` when the caller holds them already (a loop of products: the walk of a deep model's
     tree is not free)."""
     directions = dict(directions or {})
     named = module.named_parameters() if named is None else named
-    unknown = sorted(set(directions) - {n for n, _ in named})
+    unknown = sorted((set(directions) | set(wanted or ())) - {n for n, _ in named})
     if unknown:
         raise KeyError(f"no parameter {unknown[0]!r} to give a tangent to")
+    wanted = None if wanted is None else set(wanted)
     try:
         for name, p in named:
             xp = get_array_module(p.data)
             given = directions.get(name)
-            tangent = xp.zeros_like(p.data) if given is None else xp.asarray(given, dtype=p.data.dtype)
-            if tangent.shape != p.data.shape:
+            tangent = ZERO if given is None else xp.asarray(given, dtype=p.data.dtype)
+            if tangent is not ZERO and tangent.shape != p.data.shape:
                 raise ValueError(f"the tangent of {name} has shape {tuple(tangent.shape)}, the parameter "
                                  f"{tuple(p.data.shape)}")
-            p.set_tangents(tangent, xp.zeros_like(p.data))
+            p.set_tangents(tangent, xp.zeros_like(p.data) if wanted is None or name in wanted else UNWANTED)
         yield module
     finally:
         for _, p in named:

@@ -33,7 +33,7 @@ class Parameter:
     Parameter (``copy.deepcopy``, pickle) owns its arrays and is outside any buffer.
     """
 
-    __slots__ = ("data", "grad", "packed_in", "_tangent", "_grad_tangent")
+    __slots__ = ("data", "grad", "packed_in", "_tangent", "_grad_tangent", "_wanted")
 
     def __init__(self, data):
         self.data = data
@@ -41,6 +41,7 @@ class Parameter:
         self.grad = xp.zeros_like(data)
         self.packed_in = None
         self._tangent = self._grad_tangent = None
+        self._wanted = True
 
     def __reduce__(self):
         # a copy owns its arrays (deepcopy copies a view into a fresh array) and is in no buffer
@@ -57,17 +58,26 @@ class Parameter:
     def zero_grad(self) -> None:
         self.grad.fill(0)
 
-    # -- forward mode (numformer/forward_mode.py sets both for the length of a block) ----------------
+    # -- forward mode (numformer/forward_mode.py sets these for the length of a block) ----------------
+    # _mode: None outside forward mode; else (tangent or None where it is zero, whether grad_tangent is wanted)
     @property
     def tangent(self):
         """The direction this parameter moves along in forward mode (``theta_dot``, data's shape): what a
         layer's ``jvp`` reads, as ``backward`` adds into ``grad``. Set by :func:`numformer.forward_mode.tangents`
-        (zeros for the parameters it is not given); outside such a block a ``jvp`` has nothing to read, said in
-        one line."""
+        (a zero tangent for the parameters it is not given, made when first read); outside such a block a
+        ``jvp`` has nothing to read, said in one line."""
         if self._tangent is None:
             raise NoTangent("a jvp read a parameter's tangent outside forward mode: give the parameters their "
                             "tangents first, `with numformer.forward_mode.tangents(model, {name: direction}):`")
+        if self._tangent is _ZERO:
+            self._tangent = get_array_module(self.data).zeros_like(self.data)
         return self._tangent
+
+    @property
+    def nonzero_tangent(self):
+        """The tangent, or None where it is zero (a parameter outside the block given tangents): numformer's
+        layers leave that tangent's terms out (``x W_dot`` is not computed for a zero ``W_dot``)."""
+        return None if self._tangent is _ZERO else self.tangent
 
     @property
     def grad_tangent(self):
@@ -77,15 +87,25 @@ class Parameter:
         if self._grad_tangent is None:
             raise NoTangent("a backward_jvp added into a parameter's grad_tangent outside forward mode: give the "
                             "parameters their tangents first, `with numformer.forward_mode.tangents(model, ...)`")
+        if self._grad_tangent is _UNWANTED:  # nobody reads it; a layer that adds into it anyway gets scratch
+            self._grad_tangent = get_array_module(self.data).zeros_like(self.data)
+            self._wanted = False
         return self._grad_tangent
 
     @grad_tangent.setter
     def grad_tangent(self, value) -> None:  # what ``p.grad_tangent += g`` writes back (the same array)
         self._grad_tangent = value
 
+    @property
+    def wants_grad_tangent(self) -> bool:
+        """Whether anyone reads this parameter's grad_tangent (:func:`numformer.forward_mode.tangents`' ``wanted``):
+        numformer's layers compute it only then (the products of one block need the block's alone)."""
+        return self._grad_tangent is not None and self._grad_tangent is not _UNWANTED and self._wanted
+
     def set_tangents(self, tangent, grad_tangent) -> None:
-        """Give this parameter its tangent and a grad_tangent to add into (both None: forward mode off)."""
-        self._tangent, self._grad_tangent = tangent, grad_tangent
+        """Give this parameter its tangent (an array, or :data:`ZERO`) and a grad_tangent to add into (an array,
+        or :data:`UNWANTED`); both None: forward mode off."""
+        self._tangent, self._grad_tangent, self._wanted = tangent, grad_tangent, True
 
     def to(self, xp, dtype=None) -> None:
         """New arrays on ``xp`` (cast to ``dtype``), outside any buffer (:meth:`Module.to` packs them again)."""
@@ -95,6 +115,13 @@ class Parameter:
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+#: A parameter's tangent that is zero (numformer.forward_mode.tangents gives it to every parameter outside the
+#: block): an array of zeros is made only if a layer reads ``Parameter.tangent``.
+ZERO = _ZERO = type("ZeroTangent", (), {"__repr__": lambda self: "ZERO"})()
+#: A grad_tangent nobody reads (outside the block whose products are asked for).
+UNWANTED = _UNWANTED = type("UnwantedGradTangent", (), {"__repr__": lambda self: "UNWANTED"})()
 
 
 class NoTangent(NumformerError, RuntimeError):

@@ -91,7 +91,8 @@ class BlockHessian:
         """``H v`` by the R-operator: one forward, jvp and backward_jvp with ``v`` as the block's tangent."""
         src, tgt_in, tgt_out = self.batch
         xp, model = self.xp, self.model
-        with tangents(model, dict(zip(self.names, self._split(xp.asarray(v, dtype=self.dtype)))), self._named):
+        with tangents(model, dict(zip(self.names, self._split(xp.asarray(v, dtype=self.dtype)))), self._named,
+                      wanted=self.names):  # the block's gradient tangents alone are computed
             model.train()
             self._buffer.zero_grad()
             logits = model(xp.asarray(src), xp.asarray(tgt_in))

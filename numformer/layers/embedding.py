@@ -94,16 +94,20 @@ class Embedding(Module):
     def jvp(self):
         """-> y_dot = W_dot[ids] * scale (..., d_model), the lookup of the weight's tangent (0 where ids hold
         ``padding_idx``, when set: the rule's constant)."""
-        ids = self.peek_saved("ids")
-        y_dot = self.weight.tangent[ids] * self.scale
+        ids, w_dot = self.peek_saved("ids"), self.weight.nonzero_tangent
+        xp = get_array_module(self.weight.data)
+        if w_dot is None:  # a zero tangent: the lookups' tangent is zero
+            return xp.zeros((*ids.shape, self.d_model), dtype=self.weight.data.dtype)
+        y_dot = w_dot[ids] * self.scale
         if self.padding_idx is not None:
             y_dot[ids == self.padding_idx] = 0
         return y_dot
 
     def backward_jvp(self, dy, dy_dot):
         """-> (None, None); scatter-adds dy into the gradient and dy_dot into its tangent, the same rule."""
-        ids, dy_dot = self.peek_saved("ids").reshape(-1), dy_dot.reshape(-1, self.d_model)
-        if self.padding_idx is not None:
-            dy_dot = without_padding_rows(ids, dy_dot, self.padding_idx)
-        embedding_backward(self.weight.grad_tangent, ids, dy_dot, self.scale)
+        if self.weight.wants_grad_tangent:
+            ids, dy_dot = self.peek_saved("ids").reshape(-1), dy_dot.reshape(-1, self.d_model)
+            if self.padding_idx is not None:
+                dy_dot = without_padding_rows(ids, dy_dot, self.padding_idx)
+            embedding_backward(self.weight.grad_tangent, ids, dy_dot, self.scale)
         return self.backward(dy), None

@@ -50,17 +50,24 @@ def layernorm_backward(dy, xhat, r, gamma):
 
 
 def layernorm_jvp(x_dot, xhat, r, gamma, gamma_dot, beta_dot):
-    """x_dot (n, d) -> (y_dot, xhat_dot, r_dot), the tangents of y, xhat (n, d) and r (n, 1)."""
+    """x_dot (n, d) -> (y_dot, xhat_dot, r_dot), the tangents of y, xhat (n, d) and r (n, 1); gamma_dot, beta_dot
+    (d,) None where zero."""
     r_dot = -r * r * (xhat * x_dot).mean(axis=-1, keepdims=True)
     xhat_dot = r * (x_dot - x_dot.mean(axis=-1, keepdims=True) - xhat * (xhat * x_dot).mean(axis=-1, keepdims=True))
-    return xhat_dot * gamma + xhat * gamma_dot + beta_dot, xhat_dot, r_dot
+    y_dot = xhat_dot * gamma
+    if gamma_dot is not None:
+        y_dot = y_dot + xhat * gamma_dot
+    return (y_dot if beta_dot is None else y_dot + beta_dot), xhat_dot, r_dot
 
 
-def layernorm_backward_jvp(dy, dy_dot, xhat, r, gamma, xhat_dot, r_dot, gamma_dot):
-    """The tangent of layernorm_backward -> (dx_dot (n, d), dgamma_dot (d,), dbeta_dot (d,))."""
-    dgamma_dot = (dy_dot * xhat + dy * xhat_dot).sum(axis=0)
-    dbeta_dot = dy_dot.sum(axis=0)
-    g, g_dot = dy * gamma, dy_dot * gamma + dy * gamma_dot
+def layernorm_backward_jvp(dy, dy_dot, xhat, r, gamma, xhat_dot, r_dot, gamma_dot, parameters: bool = True):
+    """The tangent of layernorm_backward -> (dx_dot (n, d), dgamma_dot (d,), dbeta_dot (d,)); gamma_dot None where
+    zero; the parameters' two None unless ``parameters``."""
+    dgamma_dot = (dy_dot * xhat + dy * xhat_dot).sum(axis=0) if parameters else None
+    dbeta_dot = dy_dot.sum(axis=0) if parameters else None
+    g, g_dot = dy * gamma, dy_dot * gamma
+    if gamma_dot is not None:
+        g_dot = g_dot + dy * gamma_dot
     m = (g * xhat).mean(axis=-1, keepdims=True)
     m_dot = (g_dot * xhat + g * xhat_dot).mean(axis=-1, keepdims=True)
     dx_dot = (r_dot * (g - g.mean(axis=-1, keepdims=True) - xhat * m)
@@ -99,16 +106,18 @@ class LayerNorm(Module):
         """x_dot (..., d) -> y_dot (..., d), with gamma's and beta's tangents."""
         xhat, r = self.peek_saved("xhat", "r")
         y_dot, xhat_dot, r_dot = layernorm_jvp(x_dot.reshape(-1, self.d), xhat, r, self.weight.data,
-                                               self.weight.tangent, self.bias.tangent)
+                                               self.weight.nonzero_tangent, self.bias.nonzero_tangent)
         self.save_tangents(xhat=xhat_dot, r=r_dot)
         return y_dot.reshape(x_dot.shape)
 
     def backward_jvp(self, dy, dy_dot):
         """-> (dx, dx_dot); adds dgamma, dbeta into the gradients and their tangents into grad_tangent."""
         (xhat, r), (xhat_dot, r_dot) = self.peek_saved("xhat", "r"), self.pop_tangents("xhat", "r")
+        wanted = self.weight.wants_grad_tangent or self.bias.wants_grad_tangent
         dx_dot, dgamma_dot, dbeta_dot = layernorm_backward_jvp(dy.reshape(-1, self.d), dy_dot.reshape(-1, self.d),
                                                                xhat, r, self.weight.data, xhat_dot, r_dot,
-                                                               self.weight.tangent)
-        self.weight.grad_tangent += dgamma_dot
-        self.bias.grad_tangent += dbeta_dot
+                                                               self.weight.nonzero_tangent, wanted)
+        if wanted:
+            self.weight.grad_tangent += dgamma_dot
+            self.bias.grad_tangent += dbeta_dot
         return self.backward(dy), dx_dot.reshape(dy.shape)

@@ -78,10 +78,11 @@ class LearnedPositionalEmbedding(Module):
 
     def jvp(self, x_dot):
         """x_dot (batch, time, d_model) -> x_dot + P_dot rows offset..offset+time-1."""
-        offset, t = self.peek_saved("offset"), x_dot.shape[-2]
-        return x_dot + self.weight.tangent[offset: offset + t]
+        offset, t, p_dot = self.peek_saved("offset"), x_dot.shape[-2], self.weight.nonzero_tangent
+        return x_dot if p_dot is None else x_dot + p_dot[offset: offset + t]
 
     def backward_jvp(self, dy, dy_dot):
         """-> (dy, dy_dot); adds dy and dy_dot, summed over the batch, into P's gradient and its tangent."""
-        _, dx_dot = learned_positions_backward(self.weight.grad_tangent, dy_dot, self.peek_saved("offset"))
-        return self.backward(dy), dx_dot
+        if self.weight.wants_grad_tangent:
+            learned_positions_backward(self.weight.grad_tangent, dy_dot, self.peek_saved("offset"))
+        return self.backward(dy), dy_dot

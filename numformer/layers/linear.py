@@ -5,7 +5,8 @@ Backward: ``dW = x^T dy``, ``db = sum(dy)`` over rows, ``dx = dy W^T``.
 Forward mode (the tangents ``x_dot``, ``W_dot``, ``b_dot``; numformer/forward_mode.py), the product rule:
 ``y_dot = x_dot W + x W_dot + b_dot``. The backward's tangent (Pearlmutter's R-operator, with ``dy_dot`` the
 upstream gradient's): ``dx_dot = dy_dot W^T + dy W_dot^T``, ``dW_dot = x_dot^T dy + x^T dy_dot``,
-``db_dot = sum(dy_dot)`` over rows.
+``db_dot = sum(dy_dot)`` over rows. (A zero parameter tangent's term is left out, and a gradient tangent nobody
+reads is not computed: a block's Hessian-vector products need the block's alone.)
 Shapes: x (..., d_in) -> y (..., d_out); the leading axes are flattened into rows, so
 each product is one GEMM. The weight is stored as (d_in, d_out), so the forward pass
 needs no transpose. (PyTorch stores (d_out, d_in): the parity tests transpose.)
@@ -35,16 +36,23 @@ def linear_backward(dy, x, w, with_bias: bool):
 
 
 def linear_jvp(x, w, x_dot, w_dot, b_dot):
-    """x, x_dot (n, d_in); w, w_dot (d_in, d_out); b_dot (d_out,) or None -> y_dot = x_dot W + x W_dot + b_dot."""
-    y_dot = matmul(x_dot, w) + matmul(x, w_dot)
+    """x, x_dot (n, d_in); w (d_in, d_out) -> y_dot = x_dot W + x W_dot + b_dot (n, d_out); W_dot (d_in, d_out) and
+    b_dot (d_out,) None where zero: their terms left out."""
+    y_dot = matmul(x_dot, w)
+    if w_dot is not None:
+        y_dot = y_dot + matmul(x, w_dot)
     return y_dot if b_dot is None else y_dot + b_dot
 
 
-def linear_backward_jvp(dy, x, w, dy_dot, x_dot, w_dot, with_bias: bool):
+def linear_backward_jvp(dy, x, w, dy_dot, x_dot, w_dot, weight: bool, bias: bool):
     """The tangent of linear_backward -> (dx_dot = dy_dot W^T + dy W_dot^T, dW_dot = x_dot^T dy + x^T dy_dot,
-    db_dot = sum over rows of dy_dot, or None)."""
-    db_dot = dy_dot.sum(axis=0) if with_bias else None
-    return matmul(dy_dot, w.T) + matmul(dy, w_dot.T), matmul(x_dot.T, dy) + matmul(x.T, dy_dot), db_dot
+    db_dot = sum over rows of dy_dot); W_dot None where zero; dW_dot (db_dot) None unless ``weight`` (``bias``)
+    asks for it."""
+    dx_dot = matmul(dy_dot, w.T)
+    if w_dot is not None:
+        dx_dot = dx_dot + matmul(dy, w_dot.T)
+    dw_dot = matmul(x_dot.T, dy) + matmul(x.T, dy_dot) if weight else None
+    return dx_dot, dw_dot, dy_dot.sum(axis=0) if bias else None
 
 
 @registered
@@ -83,17 +91,20 @@ class Linear(Module):
         """x_dot (..., d_in) -> y_dot (..., d_out), with the weight's and bias's tangents."""
         x, x_dot2 = self.peek_saved("x"), x_dot.reshape(-1, self.d_in)
         self.save_tangents(x=x_dot2)
-        y_dot = linear_jvp(x, self.weight.data, x_dot2, self.weight.tangent,
-                           None if self.bias is None else self.bias.tangent)
+        y_dot = linear_jvp(x, self.weight.data, x_dot2, self.weight.nonzero_tangent,
+                           None if self.bias is None else self.bias.nonzero_tangent)
         return y_dot.reshape(*x_dot.shape[:-1], self.d_out)
 
     def backward_jvp(self, dy, dy_dot):
         """-> (dx, dx_dot); adds dW, db into the gradients and dW_dot, db_dot into their tangents."""
         x, x_dot = self.peek_saved("x"), self.pop_tangents("x")
+        with_bias = self.bias is not None and self.bias.wants_grad_tangent
         dx_dot, dw_dot, db_dot = linear_backward_jvp(dy.reshape(-1, self.d_out), x, self.weight.data,
-                                                     dy_dot.reshape(-1, self.d_out), x_dot, self.weight.tangent,
-                                                     self.bias is not None)
-        self.weight.grad_tangent += dw_dot
-        if self.bias is not None:
+                                                     dy_dot.reshape(-1, self.d_out), x_dot,
+                                                     self.weight.nonzero_tangent, self.weight.wants_grad_tangent,
+                                                     with_bias)
+        if dw_dot is not None:
+            self.weight.grad_tangent += dw_dot
+        if db_dot is not None:
             self.bias.grad_tangent += db_dot
         return self.backward(dy), dx_dot.reshape(*dy.shape[:-1], self.d_in)

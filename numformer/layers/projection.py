@@ -48,7 +48,9 @@ class OutputProjection(Module):
         """h_dot (..., d_model) -> logits_dot (..., vocab) = h_dot W^T + h W_dot^T."""
         h2, h_dot2 = self.peek_saved("h").reshape(-1, self.d_model), h_dot.reshape(-1, self.d_model)
         self.save_tangents(h=h_dot)
-        logits_dot = matmul(h_dot2, self.weight.data.T) + matmul(h2, self.weight.tangent.T)
+        logits_dot, w_dot = matmul(h_dot2, self.weight.data.T), self.weight.nonzero_tangent
+        if w_dot is not None:
+            logits_dot = logits_dot + matmul(h2, w_dot.T)
         return logits_dot.reshape(*h_dot.shape[:-1], self.vocab_size)
 
     def backward_jvp(self, dlogits, dlogits_dot):
@@ -56,6 +58,9 @@ class OutputProjection(Module):
         tangent."""
         h2, h_dot2 = self.peek_saved("h").reshape(-1, self.d_model), self.pop_tangents("h").reshape(-1, self.d_model)
         d2, d2_dot = dlogits.reshape(-1, self.vocab_size), dlogits_dot.reshape(-1, self.vocab_size)
-        self.weight.grad_tangent += matmul(d2_dot.T, h2) + matmul(d2.T, h_dot2)
-        dh_dot = matmul(d2_dot, self.weight.data) + matmul(d2, self.weight.tangent)
+        if self.weight.wants_grad_tangent:
+            self.weight.grad_tangent += matmul(d2_dot.T, h2) + matmul(d2.T, h_dot2)
+        dh_dot, w_dot = matmul(d2_dot, self.weight.data), self.weight.nonzero_tangent
+        if w_dot is not None:
+            dh_dot = dh_dot + matmul(d2, w_dot)
         return self.backward(dlogits), dh_dot.reshape(*dlogits.shape[:-1], self.d_model)

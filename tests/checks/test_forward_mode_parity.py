@@ -207,11 +207,11 @@ _attention_jvp = attention_module.attention_jvp
 PLANTED = {
     # a term of the product rule dropped: x W_dot
     "Linear": ("Linear", linear_module, "linear_jvp",
-               lambda x, w, x_dot, w_dot, b_dot: linear_module.matmul(x_dot, w) + b_dot),
+               lambda x, w, x_dot, w_dot, b_dot: linear_module.matmul(x_dot, w) + (0 if b_dot is None else b_dot)),
     # r's tangent forgotten in the backward's tangent
     "LayerNorm": ("LayerNorm", layernorm_module, "layernorm_backward_jvp",
-                  lambda dy, dy_dot, xhat, r, gamma, xhat_dot, r_dot, gamma_dot: _layernorm_backward_jvp(
-                      dy, dy_dot, xhat, r, gamma, xhat_dot, 0 * r_dot, gamma_dot)),
+                  lambda dy, dy_dot, xhat, r, gamma, xhat_dot, r_dot, gamma_dot, parameters=True:
+                  _layernorm_backward_jvp(dy, dy_dot, xhat, r, gamma, xhat_dot, 0 * r_dot, gamma_dot, parameters)),
     # a masked score's tangent not zeroed (a fully masked row then moves)
     "SDPA-fully-masked-row": ("SDPA-fully-masked-row", attention_module, "attention_jvp",
                               lambda q, k, v, p, pu, masked, scale, q_dot, k_dot, v_dot, dj=None:

@@ -49,15 +49,16 @@ def _orig(module, name):
 # (layer to check, its case's name part, module, function, the planted wrong function built from the right one)
 PLANTED = {
     "linear_jvp: x W_dot dropped": ("Linear", "", linear, "linear_jvp",
-                                    lambda f: lambda x, w, xd, wd, bd: f(x, w, xd, 0 * wd, bd)),
+                                    lambda f: lambda x, w, xd, wd, bd: f(x, w, xd, None, bd)),
     "linear_backward_jvp: dy W_dot^T dropped": ("Linear", "", linear, "linear_backward_jvp",
-                                                lambda f: lambda dy, x, w, dyd, xd, wd, b: f(dy, x, w, dyd, xd, 0 * wd, b)),
+                                                lambda f: lambda dy, x, w, dyd, xd, wd, wt, bt: f(
+                                                    dy, x, w, dyd, xd, None, wt, bt)),
     "layernorm_jvp: r_dot's sign": ("LayerNorm", "", layernorm, "layernorm_jvp",
                                     lambda f: lambda xd, xh, r, g, gd, bd: (lambda y, xhd, rd: (y, xhd, -rd))(
                                         *f(xd, xh, r, g, gd, bd))),
     "layernorm_backward_jvp: gamma_dot dropped": ("LayerNorm", "", layernorm, "layernorm_backward_jvp",
-                                                  lambda f: lambda dy, dyd, xh, r, g, xhd, rd, gd: f(
-                                                      dy, dyd, xh, r, g, xhd, rd, 0 * gd)),
+                                                  lambda f: lambda dy, dyd, xh, r, g, xhd, rd, gd, params=True: f(
+                                                      dy, dyd, xh, r, g, xhd, rd, None, params)),
     # the Softmax case runs grad_checks' SoftmaxFunction, which holds the functions by name
     "softmax_jvp: the row sum's y forgotten": ("Softmax", "", layer_cases, "softmax_jvp",
                                                lambda f: lambda xd, y: y * (xd - xd.sum(axis=-1, keepdims=True))),
