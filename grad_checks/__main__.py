@@ -21,7 +21,7 @@ from numformer.errors import UsageError
 from numformer.finite_differences import run_case
 from numformer.kernels import MODES, get_kernels, use_kernels
 
-from .cases import BUILDERS, build_cases, checkpoint_cases
+from .cases import BUILDERS, checkpoint_cases, named_cases, probe_seed
 from .lab import COMMANDS as LAB_COMMANDS
 from .lab import main as lab_main
 from .student_file import PROG
@@ -64,17 +64,17 @@ def _table(argv) -> int:
         return 0
     try:  # a missing or damaged checkpoint is a CheckpointError: one line from one_line_errors
         if args.checkpoint:
-            cases = checkpoint_cases(args.layer, args.checkpoint, seed=args.seed)
+            cases = [(case.layer, case) for case in checkpoint_cases(args.layer, args.checkpoint, seed=args.seed)]
         else:
-            cases = build_cases(args.layer, seed=args.seed)
+            cases = named_cases(args.layer, seed=args.seed)
     except KeyError as exc:  # a layer name there is no check of: the message names the ones there are
         raise UsageError(exc.args[0]) from None
 
     start = time.perf_counter()
-    rng = np.random.default_rng(args.seed)
     results = []
-    for case in cases:
-        results += run_case(case, rng, h=args.step, tolerance=args.tolerance, keep_samples=4 if args.verbose else 0)
+    for builder, case in cases:  # each case's probes from a stream of its own (cases.probe_seed)
+        results += run_case(case, np.random.default_rng(probe_seed(builder, case, args.seed)), h=args.step,
+                            tolerance=args.tolerance, keep_samples=4 if args.verbose else 0)
     elapsed = time.perf_counter() - start
     failed = [r for r in results if not r.passed]
     worst = max((r.max_rel_error for r in results), default=0.0)

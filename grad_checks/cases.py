@@ -14,7 +14,11 @@ pre-softmax projection, and the whole model with SiLU, a frozen logits bias, tha
 starting with pad.
 
 Each builder's random numbers are seeded by its name (:func:`case_seed`, a CRC-32 of it), not by its place in
-:data:`BUILDERS`: a builder may be added anywhere and every other keeps its inputs.
+:data:`BUILDERS`: a builder may be added anywhere and every other keeps its inputs. Each case's probes (the
+upstream gradients and the entries and directions sampled) are seeded by the builder's name and the case's
+(:func:`probe_seed`): a builder or a case added, removed or moved changes no other case's figures. (A case
+inserted before another of the same builder still moves that one's inputs, which come from the builder's
+stream: add a case at the end of its builder, or as a builder of its own.)
 
 This file is the index (:data:`BUILDERS`, :func:`build_cases`) and the checks on a trained model's weights
 (:func:`checkpoint_cases`); the cases live by job: grad_checks/case_helpers.py (shapes, padded batches,
@@ -44,7 +48,7 @@ from .model_cases import encoder_decoder_layers, marian, stacks, transformer
 
 __all__ = ["B", "BUILDERS", "D", "DFF", "F64", "HEADS", "MARIAN_PAD", "PAD", "S", "T", "TRAINED", "V",
            "HeldPadEmbedding", "Holder", "SoftmaxFunction", "_replay", "as_marian_ids", "build_cases",
-           "case_seed", "checkpoint_cases", "padded_batch", "padded_ids", "small_config"]
+           "case_seed", "checkpoint_cases", "named_cases", "padded_batch", "padded_ids", "probe_seed", "small_config"]
 
 
 BUILDERS = {
@@ -67,8 +71,9 @@ def case_seed(name: str, seed: int = 0) -> list:
     return [seed, zlib.crc32(first.encode())]
 
 
-def build_cases(layers=None, seed: int = 0) -> list[GradCase]:
-    """The cases for the named layers (all by default), each builder called once, deterministic in seed."""
+def named_cases(layers=None, seed: int = 0) -> list[tuple[str, GradCase]]:
+    """(the builder's name, case) for the named layers (all by default), each builder called once,
+    deterministic in seed; a builder shared by several names is named by its first (:func:`case_seed`)."""
     names = list(BUILDERS) if not layers else layers
     unknown = [n for n in names if n not in BUILDERS]
     if unknown:
@@ -80,8 +85,22 @@ def build_cases(layers=None, seed: int = 0) -> list[GradCase]:
             continue
         done.add(builder)
         rng = np.random.default_rng(case_seed(n, seed))
-        cases += builder(rng)
+        first = next(k for k, b in BUILDERS.items() if b is builder)
+        cases += [(first, case) for case in builder(rng)]
     return cases
+
+
+def build_cases(layers=None, seed: int = 0) -> list[GradCase]:
+    """The cases for the named layers (all by default), each builder called once, deterministic in seed."""
+    return [case for _, case in named_cases(layers, seed)]
+
+
+def probe_seed(builder: str, case: GradCase, seed: int = 0) -> list:
+    """The seed of one case's probes (its upstream gradients, sampled entries and directions, what
+    :func:`numformer.finite_differences.run_case` draws): ``[seed, CRC-32 of the builder's name, CRC-32 of the
+    case's layer and name]``. Every case draws from a stream of its own, so adding, removing or reordering
+    builders or cases changes no other case's figures (tests/checks/test_probe_seeds.py shuffles them)."""
+    return [seed, zlib.crc32(builder.encode()), zlib.crc32(f"{case.layer}\0{case.case}".encode())]
 
 
 # -- checks on a trained model's weights ---------------------------------------------------
