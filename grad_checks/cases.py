@@ -8,7 +8,9 @@ four heads, and random inputs; dropout is either off or replayed with a fixed ma
 
 Every activation of numformer's table (numformer.activations) but ReLU, which has its own builder (kept away
 from its kink), is checked alone and in the feed-forward network by a builder made from its row
-(:func:`~grad_checks.layer_cases.activation_cases`): SiLU, what a Marian (opus-mt) model computes, GELU, ...
+(:func:`~grad_checks.layer_cases.activation_cases`): SiLU, what a Marian (opus-mt) model computes, GELU, ...;
+every norm of numformer.norms but LayerNorm alone, in the residual sub-layer and in the whole model
+(:func:`~grad_checks.model_cases.norm_cases`); :func:`table_builders` makes both from the tables.
 ``Marian`` checks the pad row's gradient rule (``Embedding(padding_idx=...)``), alone and tied with the
 pre-softmax projection, and the whole model with SiLU, a frozen logits bias, that rule and a decoder input
 starting with pad.
@@ -37,6 +39,7 @@ from numformer.finite_differences import GradCase
 from numformer.layers.registry import replaced
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer, causal_mask, padding_mask
+from numformer.norms import NORMS
 from numformer.presets import ModelConfig
 
 from .case_helpers import (B, D, DFF, F64, HEADS, MARIAN_PAD, PAD, S, T, V, HeldPadEmbedding, Holder, _replay,
@@ -44,7 +47,7 @@ from .case_helpers import (B, D, DFF, F64, HEADS, MARIAN_PAD, PAD, S, T, V, Held
 from .layer_cases import (SoftmaxFunction, activation_cases, dropout, embedding, feedforward, layernorm,
                           learned_positions, linear, loss, multi_head, positional, projection, relu, residual,
                           scaled_dot_product, softmax)
-from .model_cases import encoder_decoder_layers, marian, stacks, transformer
+from .model_cases import encoder_decoder_layers, marian, norm_cases, stacks, transformer
 
 __all__ = ["B", "BUILDERS", "D", "DFF", "F64", "HEADS", "MARIAN_PAD", "PAD", "S", "T", "TRAINED", "V",
            "HeldPadEmbedding", "Holder", "SoftmaxFunction", "_replay", "as_marian_ids", "build_cases",
@@ -60,8 +63,18 @@ BUILDERS = {
     "DecoderLayer": encoder_decoder_layers, "Encoder": stacks, "Decoder": stacks,
     "LabelSmoothedCrossEntropy": loss, "Transformer": transformer, "Marian": marian,
 }
-# every activation of the table with a builder of its own made from its row (ReLU has one above)
-BUILDERS.update({row.layer: activation_cases(row.name) for row in ACTIVATIONS.values() if row.layer not in BUILDERS})
+
+
+def table_builders(known=BUILDERS) -> dict:
+    """The builders made from the tables' rows, read now: every activation (numformer.activations) and every norm
+    (numformer.norms) without a builder in ``known`` (ReLU and LayerNorm have theirs), each under its layer's
+    name: a row added to a table is checked with no line here."""
+    made = {row.layer: activation_cases(row.name) for row in ACTIVATIONS.values() if row.layer not in known}
+    made.update({row.layer: norm_cases(row.name) for row in NORMS.values() if row.layer not in known})
+    return made
+
+
+BUILDERS.update(table_builders())
 
 
 def case_seed(name: str, seed: int = 0) -> list:

@@ -21,7 +21,7 @@ from numformer.layers.softmax import softmax as softmax_fn, softmax_backward
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.module import Module
 
-from .case_helpers import B, D, DFF, F64, HEADS, PAD, S, T, V, Holder, _replay, padded_batch, padded_ids
+from .case_helpers import B, D, F64, HEADS, PAD, S, T, V, Holder, _replay, padded_batch, padded_ids, small_config
 
 
 def linear(rng):
@@ -136,15 +136,15 @@ def scaled_dot_product(rng):
 def multi_head(rng):
     _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
-    m = MultiHeadAttention(D, HEADS, rng=rng, dtype=F64)
+    m = MultiHeadAttention.from_config(small_config(), rng, None, F64)
     x = rng.standard_normal((B, S, D))
     out.append(GradCase("MultiHeadAttention", "self, padding mask", m, {"x": x},
                         lambda m, i: m(i["x"], mask=src_mask), lambda m, g: {"x": m.backward(g[0])}))
-    m = MultiHeadAttention(D, HEADS, rng=rng, dtype=F64)
+    m = MultiHeadAttention.from_config(small_config(), rng, None, F64)
     y = rng.standard_normal((B, T, D))
     out.append(GradCase("MultiHeadAttention", "self, causal + padding", m, {"y": y},
                         lambda m, i: m(i["y"], mask=tgt_mask), lambda m, g: {"y": m.backward(g[0])}))
-    m = MultiHeadAttention(D, HEADS, d_k=3, d_v=5, rng=rng, dtype=F64)
+    m = MultiHeadAttention.from_config(small_config(d_k=3, d_v=5), rng, None, F64)
     ins = {"y": rng.standard_normal((B, T, D)), "memory": rng.standard_normal((B, S, D))}
     out.append(GradCase("MultiHeadAttention", "encoder-decoder, d_k 3 d_v 5", m, ins,
                         lambda m, i: m(i["y"], i["memory"], mask=src_mask),
@@ -153,7 +153,7 @@ def multi_head(rng):
 
 
 def feedforward(rng):
-    m = FeedForward(D, DFF, rng=rng, dtype=F64)
+    m = FeedForward.from_config(small_config(), rng, None, F64)
     for lin in (m.w_1, m.w_2):
         lin.bias.data[:] = 0.1 * rng.standard_normal(lin.bias.shape)
     x = rng.standard_normal((B, S, D))
@@ -165,8 +165,8 @@ def residual(rng):
     out = []
     for pre in (False, True):
         rs = RandomState(5)
-        hold = Holder(res=Residual(D, dropout=0.1, pre_norm=pre, rng=rs, dtype=F64),
-                       ffn=FeedForward(D, DFF, rng=rng, dtype=F64))
+        cfg = small_config(dropout=0.1, pre_norm=pre)
+        hold = Holder(res=Residual.from_config(cfg, rs, F64), ffn=FeedForward.from_config(cfg, rng, None, F64))
         x = rng.standard_normal((B, S, D))
         out.append(GradCase("Residual", ("pre-LN" if pre else "post-LN") + " around FFN, dropout 0.1 fixed mask",
                             hold, {"x": x}, lambda m, i: m.res(i["x"], m.ffn),
@@ -199,7 +199,7 @@ def activation_cases(name: str):
         m = layer_class(row.layer)()
         x = 3.0 * rng.standard_normal((B, S, D))
         x[0, 0, :5] = [-30.0, -8.0, 0.0, 8.0, 30.0]
-        f = FeedForward(D, DFF, rng=rng, dtype=F64, activation=name)
+        f = FeedForward.from_config(small_config(activation=name), rng, None, F64)
         for lin in (f.w_1, f.w_2):
             lin.bias.data[:] = 0.1 * rng.standard_normal(lin.bias.shape)
         return [GradCase(row.layer, "random, |x| up to 30", m, {"x": x},

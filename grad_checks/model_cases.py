@@ -8,7 +8,9 @@ RandomState is restored before every forward).
 
 :func:`marian` checks what a Marian (opus-mt) model computes besides: the pad row's gradient rule
 (``Embedding(padding_idx=...)``), alone and tied with the pre-softmax projection, and the whole model with
-SiLU, a frozen logits bias, that rule and a decoder input starting with pad.
+SiLU, a frozen logits bias, that rule and a decoder input starting with pad. :func:`norm_cases` builds the cases of
+every norm of numformer's table but LayerNorm (numformer.norms), alone, in the residual sub-layer and in the whole
+model, from its row alone.
 """
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ import numpy as np
 
 from numformer.backend import RandomState
 from numformer.finite_differences import GradCase
-from numformer.layers import OutputProjection
+from numformer.layers import FeedForward, OutputProjection, Residual
 from numformer.layers.registry import replaced
+from numformer.layers.sublayer import norm_layer
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer
+from numformer.norms import NORMS
 
 from .case_helpers import (B, D, F64, MARIAN_PAD, PAD, S, T, V, HeldPadEmbedding, Holder, _replay, as_marian_ids,
                            padded_batch, padded_ids, small_config)
@@ -124,3 +128,44 @@ def marian(rng):
     out.append(GradCase("Transformer+loss (Marian)", "SiLU, logits bias, pad row rule, pad V-1, start from pad, "
                         "dropout 0.1 fixed mask", model, {}, fwd, bwd, before_forward=_replay(model.rng)))
     return out
+
+
+def norm_cases(name: str):
+    """The builder of the norm ``name``'s cases (a row of numformer.norms.NORMS other than LayerNorm, which has its
+    own builder): the norm alone with random parameters, the residual sub-layer built with it around the
+    feed-forward network, post- and pre-LN, dropout replayed, and the whole pre-LN model + loss, whose residuals
+    and final norms are all this norm."""
+    row = NORMS[name]
+
+    def build(rng):
+        m = norm_layer(name, D, dtype=F64)
+        for p in m.parameters():
+            p.data[:] = rng.standard_normal(p.shape)
+        out = [GradCase(row.layer, "random parameters", m, {"x": 3.0 * rng.standard_normal((B, S, D)) + 1.0},
+                        lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
+        for pre in (False, True):
+            rs = RandomState(5)
+            cfg = small_config(dropout=0.1, pre_norm=pre, norm=name)
+            hold = Holder(res=Residual.from_config(cfg, rs, F64), ffn=FeedForward.from_config(cfg, rng, None, F64))
+            out.append(GradCase("Residual", f"{'pre' if pre else 'post'}-LN with {row.layer} around FFN, dropout 0.1 "
+                                "fixed mask", hold, {"x": rng.standard_normal((B, S, D))},
+                                lambda m, i: m.res(i["x"], m.ffn), lambda m, g: {"x": m.res.backward(g[0], m.ffn)},
+                                before_forward=_replay(rs)))
+        src, tgt, _, _ = padded_batch(rng)
+        model = Transformer(small_config(pre_norm=True, dropout=0.1, norm=name), seed=int(rng.integers(1 << 30)),
+                            dtype=F64)
+        crit = LabelSmoothedCrossEntropy(0.1, PAD)
+
+        def fwd(m, i):
+            return crit.forward(m(src, tgt[:, :-1]), tgt[:, 1:]) * 1.0
+
+        def bwd(m, g):
+            m.backward(crit.backward() * g[0])
+            return {}
+
+        out.append(GradCase("Transformer+loss", f"pre-LN with {row.layer}, dropout 0.1 fixed mask", model, {}, fwd,
+                            bwd, before_forward=_replay(model.rng)))
+        return out
+
+    build.__name__ = build.__qualname__ = name
+    return build
