@@ -42,6 +42,25 @@ def padded_batch(rng):
     return src, tgt, padding_mask(src, PAD), causal_mask(T) & padding_mask(tgt, PAD)
 
 
+#: layer name -> the builder of its cases, as each builder registers itself (:func:`checks`), in that order:
+#: grad_checks/cases.py's BUILDERS, with the builders made from the tables' rows
+REGISTERED: dict = {}
+
+
+def checks(*names):
+    """Register the decorated builder (``builder(rng) -> [GradCase]``) as the checks of the layers ``names``, where
+    it is defined: a layer's checks are its builder, with no line in an index. Its inputs are seeded by its first
+    name (grad_checks.cases.case_seed). Two builders for one name are a bug."""
+    def register(builder):
+        for name in names:
+            if name in REGISTERED:
+                raise ValueError(f"two grad-check builders for {name}: {REGISTERED[name].__name__} and "
+                                 f"{builder.__name__}")
+            REGISTERED[name] = builder
+        return builder
+    return register
+
+
 def small_config(**kw) -> ModelConfig:
     """A 2-layer model config of the checks' dimensions, dropout off unless asked."""
     base = dict(vocab_size=V, d_model=D, d_ff=DFF, heads=HEADS, layers=2, dropout=0.0, max_len=32, pad_id=PAD)

@@ -42,27 +42,19 @@ from numformer.model import Transformer, causal_mask, padding_mask
 from numformer.norms import NORMS
 from numformer.presets import ModelConfig
 
-from .case_helpers import (B, D, DFF, F64, HEADS, MARIAN_PAD, PAD, S, T, V, HeldPadEmbedding, Holder, _replay,
-                           as_marian_ids, padded_batch, padded_ids, small_config)
-from .layer_cases import (SoftmaxFunction, activation_cases, dropout, embedding, feedforward, layernorm,
-                          learned_positions, linear, loss, multi_head, positional, projection, relu, residual,
-                          scaled_dot_product, softmax)
-from .model_cases import encoder_decoder_layers, marian, norm_cases, stacks, transformer
+from .case_helpers import (B, D, DFF, F64, HEADS, MARIAN_PAD, PAD, REGISTERED, S, T, V, HeldPadEmbedding, Holder,
+                           _replay, as_marian_ids, padded_batch, padded_ids, small_config)
+from .layer_cases import SoftmaxFunction, activation_cases
+from .model_cases import norm_cases
 
 __all__ = ["B", "BUILDERS", "D", "DFF", "F64", "HEADS", "MARIAN_PAD", "PAD", "S", "T", "TRAINED", "V",
            "HeldPadEmbedding", "Holder", "SoftmaxFunction", "_replay", "as_marian_ids", "build_cases",
            "case_seed", "checkpoint_cases", "named_cases", "padded_batch", "padded_ids", "probe_seed", "small_config"]
 
 
-BUILDERS = {
-    "Linear": linear, "Embedding": embedding, "OutputProjection": projection, "PositionalEncoding": positional,
-    "LearnedPositionalEmbedding": learned_positions,
-    "Dropout": dropout, "ReLU": relu, "LayerNorm": layernorm, "Softmax": softmax,
-    "ScaledDotProductAttention": scaled_dot_product, "MultiHeadAttention": multi_head,
-    "FeedForward": feedforward, "Residual": residual, "EncoderLayer": encoder_decoder_layers,
-    "DecoderLayer": encoder_decoder_layers, "Encoder": stacks, "Decoder": stacks,
-    "LabelSmoothedCrossEntropy": loss, "Transformer": transformer, "Marian": marian,
-}
+#: layer name -> the builder of its cases: every builder of grad_checks/layer_cases.py and model_cases.py, as it
+#: registered itself (``@checks("Linear")``, in the order they are defined), then those made from the tables' rows
+BUILDERS = dict(REGISTERED)
 
 
 def table_builders(known=BUILDERS) -> dict:

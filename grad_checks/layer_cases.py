@@ -21,9 +21,11 @@ from numformer.layers.softmax import softmax as softmax_fn, softmax_backward
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.module import Module
 
-from .case_helpers import B, D, F64, HEADS, PAD, S, T, V, Holder, _replay, padded_batch, padded_ids, small_config
+from .case_helpers import (B, D, F64, HEADS, PAD, S, T, V, Holder, _replay, checks, padded_batch, padded_ids,
+                           small_config)
 
 
+@checks("Linear")
 def linear(rng):
     m = Linear(7, 5, rng=rng, dtype=F64)
     m.bias.data[:] = rng.standard_normal(5)
@@ -32,6 +34,7 @@ def linear(rng):
                      lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
 
 
+@checks("Embedding")
 def embedding(rng):
     m = Embedding(V, D, rng=rng, dtype=F64)
     ids = padded_ids(rng, B, S, [S, 4, 2])
@@ -40,6 +43,7 @@ def embedding(rng):
                      lambda m, i: m(ids), lambda m, g: (m.backward(g[0]), {})[1])]
 
 
+@checks("OutputProjection")
 def projection(rng):
     m = OutputProjection(D, V, rng=rng, dtype=F64)
     h = rng.standard_normal((B, T, D))
@@ -47,6 +51,7 @@ def projection(rng):
                      lambda m, i: m(i["h"]), lambda m, g: {"h": m.backward(g[0])})]
 
 
+@checks("PositionalEncoding")
 def positional(rng):
     m = PositionalEncoding(D, 32, dtype=F64)
     x = rng.standard_normal((B, S, D))
@@ -54,6 +59,7 @@ def positional(rng):
                      lambda m, i: m(i["x"], offset=3), lambda m, g: {"x": m.backward(g[0])})]
 
 
+@checks("LearnedPositionalEmbedding")
 def learned_positions(rng):
     """The table alone at offset 3 (decoding's rows), and one table shared by a source and a target layer of
     different lengths (its gradient must collect both uses: added, never assigned)."""
@@ -69,6 +75,7 @@ def learned_positions(rng):
     return [one, two]
 
 
+@checks("Dropout")
 def dropout(rng):
     rs = RandomState(7)
     m = Dropout(0.3, rs)
@@ -77,6 +84,7 @@ def dropout(rng):
                      lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, before_forward=_replay(rs))]
 
 
+@checks("ReLU")
 def relu(rng):
     m = ReLU()
     x = rng.standard_normal((B, S, D))
@@ -85,6 +93,7 @@ def relu(rng):
                      lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
 
 
+@checks("LayerNorm")
 def layernorm(rng):
     m = LayerNorm(D, dtype=F64)
     m.weight.data[:] = rng.standard_normal(D)
@@ -106,6 +115,7 @@ class SoftmaxFunction(Module):
         return softmax_backward(dy, self.pop_saved("y"))
 
 
+@checks("Softmax")
 def softmax(rng):
     m = SoftmaxFunction()
     x = 2.0 * rng.standard_normal((B, HEADS, T, S))
@@ -113,6 +123,7 @@ def softmax(rng):
                      lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
 
 
+@checks("ScaledDotProductAttention")
 def scaled_dot_product(rng):
     _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
@@ -133,6 +144,7 @@ def scaled_dot_product(rng):
     return out
 
 
+@checks("MultiHeadAttention")
 def multi_head(rng):
     _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
@@ -152,6 +164,7 @@ def multi_head(rng):
     return out
 
 
+@checks("FeedForward")
 def feedforward(rng):
     m = FeedForward.from_config(small_config(), rng, None, F64)
     for lin in (m.w_1, m.w_2):
@@ -161,6 +174,7 @@ def feedforward(rng):
                      lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
 
 
+@checks("Residual")
 def residual(rng):
     out = []
     for pre in (False, True):
@@ -181,6 +195,7 @@ class _LossModule(Module):
         self.loss = LabelSmoothedCrossEntropy(smoothing, PAD)
 
 
+@checks("LabelSmoothedCrossEntropy")
 def loss(rng):
     tgt = padded_ids(rng, B, T, [T, 3, 1])
     m = _LossModule(0.1)

@@ -26,9 +26,10 @@ from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transf
 from numformer.norms import NORMS
 
 from .case_helpers import (B, D, F64, MARIAN_PAD, PAD, S, T, V, HeldPadEmbedding, Holder, _replay, as_marian_ids,
-                           padded_batch, padded_ids, small_config)
+                           checks, padded_batch, padded_ids, small_config)
 
 
+@checks("EncoderLayer", "DecoderLayer")
 def encoder_decoder_layers(rng):
     _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
@@ -50,6 +51,7 @@ def encoder_decoder_layers(rng):
     return out
 
 
+@checks("Encoder", "Decoder")
 def stacks(rng):
     _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
@@ -65,6 +67,7 @@ def stacks(rng):
                             lambda m, g: dict(zip(("y", "memory"), m.backward(g[0])))))
     return out
 
+@checks("Transformer")
 def transformer(rng):
     src, tgt, _, _ = padded_batch(rng)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
@@ -87,6 +90,7 @@ def transformer(rng):
         out.append(GradCase("Transformer+loss", name, model, {}, fwd, bwd, before_forward=_replay(model.rng)))
     return out
 
+@checks("Marian")
 def marian(rng):
     """The pad row's gradient rule alone (repeated ids, pad at position 0 and at the end) and tied with the
     pre-softmax projection (the pad row's gradient then comes from the logits alone); the whole model + loss
