@@ -10,14 +10,14 @@ from numformer.backend import get_array_module
 from numformer.module import Module
 
 
-def mish_forward(x):
+def mish_toy_forward(x):
     """-> (y, g): y = x * g with g = tanh(softplus(x)), softplus as max(x, 0) + log1p(exp(-|x|)) (no overflow)."""
     xp = get_array_module(x)
     g = xp.tanh(xp.maximum(x, 0) + xp.log1p(xp.exp(-xp.abs(x))))
     return x * g, g
 
 
-def mish_backward(dy, x, gate):
+def mish_toy_backward(dy, x, gate):
     """dg/dx = (1 - g^2) * sigmoid(x); dx = dy * (g + x * dg/dx)."""
     xp = get_array_module(x)
     e = xp.exp(-xp.abs(x))
@@ -25,16 +25,16 @@ def mish_backward(dy, x, gate):
     return dy * (gate + x * (1 - gate * gate) * s)
 
 
-class Mish(Module):
+class ToyMish(Module):
     """``x * tanh(softplus(x))``. Saved for backward: ``x`` and ``gate``."""
 
     kinks = False  # smooth (Module.kinks: the layer contract)
 
     def forward(self, x):
-        y, g = mish_forward(x)
+        y, g = mish_toy_forward(x)
         self.save_for_backward(x=x, gate=g)
         return y
 
     def backward(self, dy):
         x, g = self.pop_saved("x", "gate")
-        return mish_backward(dy, x, g)
+        return mish_toy_backward(dy, x, g)

@@ -7,7 +7,7 @@ from numformer.finite_differences import GradCase
 
 from grad_checks.exercise import Exercise
 
-from .rmsnorm import RMSNorm, rmsnorm_backward, rmsnorm_forward
+from .rmsnorm import ToyRMSNorm, rmsnorm_backward, rmsnorm_forward
 
 
 def dropped_scale_term(dy, xhat, r, gamma):
@@ -43,9 +43,9 @@ EXERCISE = Exercise(
     stage="normalisation",
     equivalent={"minus of `-1` dropped": "mean(axis=1) is mean(axis=-1): the layer hands rmsnorm_backward 2-d "
                                          "(n, d) rows, whose axis 1 is the last one"},
-    name="rmsnorm", title="RMSNorm's backward", paper="Section 3.1 with RMSNorm; Zhang and Sennrich 2019",
-    target=rmsnorm_backward, layer=RMSNorm, cases=cases, outputs=("dx", "dgamma"), show=(rmsnorm_forward,),
-    swap="RMSNorm", mistakes=(dropped_scale_term, gamma_forgotten, mean_subtracted_as_in_layernorm),
+    name="rmsnorm_toy", title="RMSNorm's backward", paper="Section 3.1 with RMSNorm; Zhang and Sennrich 2019",
+    target=rmsnorm_backward, layer=ToyRMSNorm, cases=cases, outputs=("dx", "dgamma"), show=(rmsnorm_forward,),
+    swap="ToyRMSNorm", mistakes=(dropped_scale_term, gamma_forgotten, mean_subtracted_as_in_layernorm),
     notes="dy and xhat are (n, d), r (n, 1), gamma (d,); dgamma sums over every row.",
     forward="""
         The forward, per row x of d features: r = 1 / sqrt((1/d) sum_j x_j^2 + eps), xhat = x * r,
