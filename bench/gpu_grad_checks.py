@@ -99,15 +99,14 @@ def check_case(case, xp, rng, h=1e-5, directions=3, tolerance=1e-6):
 
 
 def run(device: str = "cuda", layers=None, seed: int = 0, tolerance: float = 1e-6) -> dict:
-    from grad_checks.cases import build_cases  # noqa: PLC0415
+    from grad_checks.cases import named_cases, probe_seed  # noqa: PLC0415
     from numformer.backend import xp_for  # noqa: PLC0415
 
     xp = xp_for(device)
     start = time.perf_counter()
-    rng = np.random.default_rng(seed)
     results = []
-    for case in build_cases(layers, seed=seed):
-        results += check_case(case, xp, rng, tolerance=tolerance)
+    for builder, case in named_cases(layers, seed=seed):  # each case's probes seeded by its name, as on the host
+        results += check_case(case, xp, np.random.default_rng(probe_seed(builder, case, seed)), tolerance=tolerance)
     failed = [r for r in results if not r["passed"]]
     return {"device": device, "dtype": "float64", "checks": len(results), "failed": len(failed),
             "max_rel_error": max((r["max_rel_error"] for r in results), default=0.0), "tolerance": tolerance,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import zlib
 
 import numpy as np
 
@@ -31,10 +30,12 @@ from numformer.finite_differences.tangent_checks import TOLERANCE as TANGENT_TOL
 from numformer.finite_differences.tangent_checks import run_tangent_case
 from numformer.kernels import MODES, get_kernels, use_kernels
 
-from .cases import BUILDERS, build_cases, checkpoint_cases
+from .cases import BUILDERS, checkpoint_cases, named_cases, probe_seed
 from .lab import COMMANDS as LAB_COMMANDS
 from .lab import main as lab_main
 from .student_file import PROG
+
+FORWARD_STREAM = 1  # forward mode's probes: the case's probe seed and this (reverse mode's stay as they were)
 
 
 @command_line(PROG)
@@ -77,22 +78,21 @@ def _table(argv) -> int:
         return 0
     try:  # a missing or damaged checkpoint is a CheckpointError: one line from one_line_errors
         if args.checkpoint:
-            cases = checkpoint_cases(args.layer, args.checkpoint, seed=args.seed)
+            cases = [(case.layer, case) for case in checkpoint_cases(args.layer, args.checkpoint, seed=args.seed)]
         else:
-            cases = build_cases(args.layer, seed=args.seed)
+            cases = named_cases(args.layer, seed=args.seed)
     except KeyError as exc:  # a layer name there is no check of: the message names the ones there are
         raise UsageError(exc.args[0]) from None
 
     start = time.perf_counter()
-    rng = np.random.default_rng(args.seed)
     results = []
-    for case in cases:
+    for builder, case in cases:  # each case's probes from a stream of its own (cases.probe_seed)
         if args.mode != "forward":
-            results += run_case(case, rng, h=args.step, tolerance=args.tolerance,
-                                keep_samples=4 if args.verbose else 0)
-        if args.mode != "reverse" and case.jvp is not None:  # its own stream: the probes above do not move it
-            results += run_tangent_case(case, np.random.default_rng([args.seed, zlib.crc32(
-                f"{case.layer}/{case.case}".encode())]))
+            results += run_case(case, np.random.default_rng(probe_seed(builder, case, args.seed)), h=args.step,
+                                tolerance=args.tolerance, keep_samples=4 if args.verbose else 0)
+        if args.mode != "reverse" and case.jvp is not None:  # forward mode's probes: a stream of their own too
+            results += run_tangent_case(case, np.random.default_rng(probe_seed(builder, case, args.seed)
+                                                                    + [FORWARD_STREAM]))
     elapsed = time.perf_counter() - start
     failed = [r for r in results if not r.passed]
     worst = max((r.max_rel_error for r in results), default=0.0)

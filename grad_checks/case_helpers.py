@@ -42,6 +42,25 @@ def padded_batch(rng):
     return src, tgt, padding_mask(src, PAD), causal_mask(T) & padding_mask(tgt, PAD)
 
 
+#: layer name -> the builder of its cases, as each builder registers itself (:func:`checks`), in that order:
+#: grad_checks/cases.py's BUILDERS, with the builders made from the tables' rows
+REGISTERED: dict = {}
+
+
+def checks(*names):
+    """Register the decorated builder (``builder(rng) -> [GradCase]``) as the checks of the layers ``names``, where
+    it is defined: a layer's checks are its builder, with no line in an index. Its inputs are seeded by its first
+    name (grad_checks.cases.case_seed). Two builders for one name are a bug."""
+    def register(builder):
+        for name in names:
+            if name in REGISTERED:
+                raise ValueError(f"two grad-check builders for {name}: {REGISTERED[name].__name__} and "
+                                 f"{builder.__name__}")
+            REGISTERED[name] = builder
+        return builder
+    return register
+
+
 def small_config(**kw) -> ModelConfig:
     """A 2-layer model config of the checks' dimensions, dropout off unless asked."""
     base = dict(vocab_size=V, d_model=D, d_ff=DFF, heads=HEADS, layers=2, dropout=0.0, max_len=32, pad_id=PAD)
@@ -86,6 +105,12 @@ def forward_mode(*names, call=None, backward_call=None) -> dict:
     backward_call = backward_call or (lambda m: m.backward_jvp)
     return dict(jvp=lambda m, t: call(m)(*(t[n] for n in names)),
                 backward_jvp=lambda m, g, g_dot: _by_name(names, backward_call(m)(g[0], g_dot[0])))
+
+
+def residual_forward_mode() -> dict:
+    """The ``jvp`` and ``backward_jvp`` of a case of a Holder(res=Residual, ffn=its sub-layer) on input ``x``."""
+    return forward_mode("x", call=lambda m: lambda x_dot: m.res.jvp(x_dot, m.ffn),
+                        backward_call=lambda m: lambda dy, dy_dot: m.res.backward_jvp(dy, dy_dot, m.ffn))
 
 
 def loss_forward_mode(crit, model=None) -> dict:

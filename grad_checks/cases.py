@@ -8,13 +8,19 @@ four heads, and random inputs; dropout is either off or replayed with a fixed ma
 
 Every activation of numformer's table (numformer.activations) but ReLU, which has its own builder (kept away
 from its kink), is checked alone and in the feed-forward network by a builder made from its row
-(:func:`~grad_checks.layer_cases.activation_cases`): SiLU, what a Marian (opus-mt) model computes, GELU, ...
+(:func:`~grad_checks.layer_cases.activation_cases`): SiLU, what a Marian (opus-mt) model computes, GELU, ...;
+every norm of numformer.norms but LayerNorm alone, in the residual sub-layer and in the whole model
+(:func:`~grad_checks.model_cases.norm_cases`); :func:`table_builders` makes both from the tables.
 ``Marian`` checks the pad row's gradient rule (``Embedding(padding_idx=...)``), alone and tied with the
 pre-softmax projection, and the whole model with SiLU, a frozen logits bias, that rule and a decoder input
 starting with pad.
 
 Each builder's random numbers are seeded by its name (:func:`case_seed`, a CRC-32 of it), not by its place in
-:data:`BUILDERS`: a builder may be added anywhere and every other keeps its inputs.
+:data:`BUILDERS`: a builder may be added anywhere and every other keeps its inputs. Each case's probes (the
+upstream gradients and the entries and directions sampled) are seeded by the builder's name and the case's
+(:func:`probe_seed`): a builder or a case added, removed or moved changes no other case's figures. (A case
+inserted before another of the same builder still moves that one's inputs, which come from the builder's
+stream: add a case at the end of its builder, or as a builder of its own.)
 
 This file is the index (:data:`BUILDERS`, :func:`build_cases`) and the checks on a trained model's weights
 (:func:`checkpoint_cases`); the cases live by job: grad_checks/case_helpers.py (shapes, padded batches,
@@ -33,31 +39,35 @@ from numformer.finite_differences import GradCase
 from numformer.layers.registry import replaced
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Transformer, causal_mask, padding_mask
+from numformer.norms import NORMS
 from numformer.presets import ModelConfig
 
-from .case_helpers import (B, D, DFF, F64, HEADS, MARIAN_PAD, PAD, S, T, V, HeldPadEmbedding, Holder, _replay,
-                           as_marian_ids, forward_mode, loss_forward_mode, padded_batch, padded_ids, small_config)
-from .layer_cases import (SoftmaxFunction, activation_cases, dropout, embedding, feedforward, layernorm,
-                          learned_positions, linear, loss, multi_head, positional, projection, relu, residual,
-                          scaled_dot_product, softmax)
-from .model_cases import encoder_decoder_layers, marian, stacks, transformer
+from .case_helpers import (B, D, DFF, F64, HEADS, MARIAN_PAD, PAD, REGISTERED, S, T, V, HeldPadEmbedding, Holder,
+                           _replay, as_marian_ids, forward_mode, loss_forward_mode, padded_batch, padded_ids,
+                           small_config)
+from .layer_cases import SoftmaxFunction, activation_cases
+from .model_cases import norm_cases
 
 __all__ = ["B", "BUILDERS", "D", "DFF", "F64", "HEADS", "MARIAN_PAD", "PAD", "S", "T", "TRAINED", "V",
            "HeldPadEmbedding", "Holder", "SoftmaxFunction", "_replay", "as_marian_ids", "build_cases",
-           "case_seed", "checkpoint_cases", "padded_batch", "padded_ids", "small_config"]
+           "case_seed", "checkpoint_cases", "named_cases", "padded_batch", "padded_ids", "probe_seed", "small_config"]
 
 
-BUILDERS = {
-    "Linear": linear, "Embedding": embedding, "OutputProjection": projection, "PositionalEncoding": positional,
-    "LearnedPositionalEmbedding": learned_positions,
-    "Dropout": dropout, "ReLU": relu, "LayerNorm": layernorm, "Softmax": softmax,
-    "ScaledDotProductAttention": scaled_dot_product, "MultiHeadAttention": multi_head,
-    "FeedForward": feedforward, "Residual": residual, "EncoderLayer": encoder_decoder_layers,
-    "DecoderLayer": encoder_decoder_layers, "Encoder": stacks, "Decoder": stacks,
-    "LabelSmoothedCrossEntropy": loss, "Transformer": transformer, "Marian": marian,
-}
-# every activation of the table with a builder of its own made from its row (ReLU has one above)
-BUILDERS.update({row.layer: activation_cases(row.name) for row in ACTIVATIONS.values() if row.layer not in BUILDERS})
+#: layer name -> the builder of its cases: every builder of grad_checks/layer_cases.py and model_cases.py, as it
+#: registered itself (``@checks("Linear")``, in the order they are defined), then those made from the tables' rows
+BUILDERS = dict(REGISTERED)
+
+
+def table_builders(known=BUILDERS) -> dict:
+    """The builders made from the tables' rows, read now: every activation (numformer.activations) and every norm
+    (numformer.norms) without a builder in ``known`` (ReLU and LayerNorm have theirs), each under its layer's
+    name: a row added to a table is checked with no line here."""
+    made = {row.layer: activation_cases(row.name) for row in ACTIVATIONS.values() if row.layer not in known}
+    made.update({row.layer: norm_cases(row.name) for row in NORMS.values() if row.layer not in known})
+    return made
+
+
+BUILDERS.update(table_builders())
 
 
 def case_seed(name: str, seed: int = 0) -> list:
@@ -67,8 +77,9 @@ def case_seed(name: str, seed: int = 0) -> list:
     return [seed, zlib.crc32(first.encode())]
 
 
-def build_cases(layers=None, seed: int = 0) -> list[GradCase]:
-    """The cases for the named layers (all by default), each builder called once, deterministic in seed."""
+def named_cases(layers=None, seed: int = 0) -> list[tuple[str, GradCase]]:
+    """(the builder's name, case) for the named layers (all by default), each builder called once,
+    deterministic in seed; a builder shared by several names is named by its first (:func:`case_seed`)."""
     names = list(BUILDERS) if not layers else layers
     unknown = [n for n in names if n not in BUILDERS]
     if unknown:
@@ -80,8 +91,22 @@ def build_cases(layers=None, seed: int = 0) -> list[GradCase]:
             continue
         done.add(builder)
         rng = np.random.default_rng(case_seed(n, seed))
-        cases += builder(rng)
+        first = next(k for k, b in BUILDERS.items() if b is builder)
+        cases += [(first, case) for case in builder(rng)]
     return cases
+
+
+def build_cases(layers=None, seed: int = 0) -> list[GradCase]:
+    """The cases for the named layers (all by default), each builder called once, deterministic in seed."""
+    return [case for _, case in named_cases(layers, seed)]
+
+
+def probe_seed(builder: str, case: GradCase, seed: int = 0) -> list:
+    """The seed of one case's probes (its upstream gradients, sampled entries and directions, what
+    :func:`numformer.finite_differences.run_case` draws): ``[seed, CRC-32 of the builder's name, CRC-32 of the
+    case's layer and name]``. Every case draws from a stream of its own, so adding, removing or reordering
+    builders or cases changes no other case's figures (tests/checks/test_probe_seeds.py shuffles them)."""
+    return [seed, zlib.crc32(builder.encode()), zlib.crc32(f"{case.layer}\0{case.case}".encode())]
 
 
 # -- checks on a trained model's weights ---------------------------------------------------

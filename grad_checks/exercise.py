@@ -80,6 +80,11 @@ class Exercise:
         (``{"d": lambda a: a["dy"].shape[-1]}``); the scalar arguments (``scale``) are symbols already.
     entry_sets: ``(arguments, shape) -> {words: boolean mask broadcastable to shape}``: the entries of an
         intermediate of that shape the exercise has words for (the masked positions, the padding rows).
+    stage: its place in the order to learn them, one of :data:`grad_checks.exercises.STAGES` (``"composition"``);
+        ``rank`` orders the exercises of one stage (then their names; an activation's by its table's order).
+    equivalent: the single-edit mutants of the reference (grad_checks/mutants.py) that compute the same thing on
+        every input the layer gives it, by their edit, each with the reason (``python -m grad_checks mutants``
+        lets these, and only these, survive).
     """
 
     name: str
@@ -102,6 +107,9 @@ class Exercise:
     names: dict = field(default_factory=dict)
     symbols: dict = field(default_factory=dict)
     entry_sets: Callable | None = None
+    stage: str = ""
+    rank: int = 0
+    equivalent: dict = field(default_factory=dict)
     mistake_names: dict = field(init=False)
 
     def __post_init__(self):

@@ -21,10 +21,11 @@ from numformer.layers.softmax import softmax as softmax_fn, softmax_backward, so
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.module import Module
 
-from .case_helpers import (B, D, DFF, F64, HEADS, PAD, S, T, V, Holder, _by_name, _merged, _replay, forward_mode,
-                           loss_forward_mode, padded_batch, padded_ids)
+from .case_helpers import (B, D, F64, HEADS, PAD, S, T, V, Holder, _by_name, _merged, _replay, checks,
+                           forward_mode, loss_forward_mode, padded_batch, padded_ids, residual_forward_mode, small_config)
 
 
+@checks("Linear")
 def linear(rng):
     m = Linear(7, 5, rng=rng, dtype=F64)
     m.bias.data[:] = rng.standard_normal(5)
@@ -33,6 +34,7 @@ def linear(rng):
                      lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))]
 
 
+@checks("Embedding")
 def embedding(rng):
     m = Embedding(V, D, rng=rng, dtype=F64)
     ids = padded_ids(rng, B, S, [S, 4, 2])
@@ -41,6 +43,7 @@ def embedding(rng):
                      lambda m, i: m(ids), lambda m, g: (m.backward(g[0]), {})[1], **forward_mode())]
 
 
+@checks("OutputProjection")
 def projection(rng):
     m = OutputProjection(D, V, rng=rng, dtype=F64)
     h = rng.standard_normal((B, T, D))
@@ -48,6 +51,7 @@ def projection(rng):
                      lambda m, i: m(i["h"]), lambda m, g: {"h": m.backward(g[0])}, **forward_mode("h"))]
 
 
+@checks("PositionalEncoding")
 def positional(rng):
     m = PositionalEncoding(D, 32, dtype=F64)
     x = rng.standard_normal((B, S, D))
@@ -55,6 +59,7 @@ def positional(rng):
                      lambda m, i: m(i["x"], offset=3), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))]
 
 
+@checks("LearnedPositionalEmbedding")
 def learned_positions(rng):
     """The table alone at offset 3 (decoding's rows), and one table shared by a source and a target layer of
     different lengths (its gradient must collect both uses: added, never assigned)."""
@@ -73,6 +78,7 @@ def learned_positions(rng):
     return [one, two]
 
 
+@checks("Dropout")
 def dropout(rng):
     rs = RandomState(7)
     m = Dropout(0.3, rs)
@@ -82,6 +88,7 @@ def dropout(rng):
                      **forward_mode("x"))]
 
 
+@checks("ReLU")
 def relu(rng):
     m = ReLU()
     x = rng.standard_normal((B, S, D))
@@ -90,6 +97,7 @@ def relu(rng):
                      lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))]
 
 
+@checks("LayerNorm")
 def layernorm(rng):
     m = LayerNorm(D, dtype=F64)
     m.weight.data[:] = rng.standard_normal(D)
@@ -120,6 +128,7 @@ class SoftmaxFunction(Module):
         return self.backward(dy), softmax_backward_jvp(dy, dy_dot, y, y_dot)
 
 
+@checks("Softmax")
 def softmax(rng):
     m = SoftmaxFunction()
     x = 2.0 * rng.standard_normal((B, HEADS, T, S))
@@ -127,6 +136,7 @@ def softmax(rng):
                      lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))]
 
 
+@checks("ScaledDotProductAttention")
 def scaled_dot_product(rng):
     _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
@@ -148,20 +158,21 @@ def scaled_dot_product(rng):
     return out
 
 
+@checks("MultiHeadAttention")
 def multi_head(rng):
     _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
-    m = MultiHeadAttention(D, HEADS, rng=rng, dtype=F64)
+    m = MultiHeadAttention.from_config(small_config(), rng, None, F64)
     x = rng.standard_normal((B, S, D))
     out.append(GradCase("MultiHeadAttention", "self, padding mask", m, {"x": x},
                         lambda m, i: m(i["x"], mask=src_mask), lambda m, g: {"x": m.backward(g[0])},
                         **forward_mode("x")))
-    m = MultiHeadAttention(D, HEADS, rng=rng, dtype=F64)
+    m = MultiHeadAttention.from_config(small_config(), rng, None, F64)
     y = rng.standard_normal((B, T, D))
     out.append(GradCase("MultiHeadAttention", "self, causal + padding", m, {"y": y},
                         lambda m, i: m(i["y"], mask=tgt_mask), lambda m, g: {"y": m.backward(g[0])},
                         **forward_mode("y")))
-    m = MultiHeadAttention(D, HEADS, d_k=3, d_v=5, rng=rng, dtype=F64)
+    m = MultiHeadAttention.from_config(small_config(d_k=3, d_v=5), rng, None, F64)
     ins = {"y": rng.standard_normal((B, T, D)), "memory": rng.standard_normal((B, S, D))}
     out.append(GradCase("MultiHeadAttention", "encoder-decoder, d_k 3 d_v 5", m, ins,
                         lambda m, i: m(i["y"], i["memory"], mask=src_mask),
@@ -169,8 +180,9 @@ def multi_head(rng):
     return out
 
 
+@checks("FeedForward")
 def feedforward(rng):
-    m = FeedForward(D, DFF, rng=rng, dtype=F64)
+    m = FeedForward.from_config(small_config(), rng, None, F64)
     for lin in (m.w_1, m.w_2):
         lin.bias.data[:] = 0.1 * rng.standard_normal(lin.bias.shape)
     x = rng.standard_normal((B, S, D))
@@ -178,19 +190,18 @@ def feedforward(rng):
                      lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x"))]
 
 
+@checks("Residual")
 def residual(rng):
     out = []
     for pre in (False, True):
         rs = RandomState(5)
-        hold = Holder(res=Residual(D, dropout=0.1, pre_norm=pre, rng=rs, dtype=F64),
-                       ffn=FeedForward(D, DFF, rng=rng, dtype=F64))
+        cfg = small_config(dropout=0.1, pre_norm=pre)
+        hold = Holder(res=Residual.from_config(cfg, rs, F64), ffn=FeedForward.from_config(cfg, rng, None, F64))
         x = rng.standard_normal((B, S, D))
         out.append(GradCase("Residual", ("pre-LN" if pre else "post-LN") + " around FFN, dropout 0.1 fixed mask",
                             hold, {"x": x}, lambda m, i: m.res(i["x"], m.ffn),
                             lambda m, g: {"x": m.res.backward(g[0], m.ffn)}, before_forward=_replay(rs),
-                            **forward_mode("x", call=lambda m: lambda x_dot: m.res.jvp(x_dot, m.ffn),
-                                           backward_call=lambda m: lambda dy, dy_dot: m.res.backward_jvp(dy, dy_dot,
-                                                                                                         m.ffn))))
+                            **residual_forward_mode()))
     return out
 
 class _LossModule(Module):
@@ -201,6 +212,7 @@ class _LossModule(Module):
         self.loss = LabelSmoothedCrossEntropy(smoothing, PAD)
 
 
+@checks("LabelSmoothedCrossEntropy")
 def loss(rng):
     tgt = padded_ids(rng, B, T, [T, 3, 1])
     m = _LossModule(0.1)
@@ -219,7 +231,7 @@ def activation_cases(name: str):
         m = layer_class(row.layer)()
         x = 3.0 * rng.standard_normal((B, S, D))
         x[0, 0, :5] = [-30.0, -8.0, 0.0, 8.0, 30.0]
-        f = FeedForward(D, DFF, rng=rng, dtype=F64, activation=name)
+        f = FeedForward.from_config(small_config(activation=name), rng, None, F64)
         for lin in (f.w_1, f.w_2):
             lin.bias.data[:] = 0.1 * rng.standard_normal(lin.bias.shape)
         return [GradCase(row.layer, "random, |x| up to 30", m, {"x": x},

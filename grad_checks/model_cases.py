@@ -8,7 +8,9 @@ RandomState is restored before every forward).
 
 :func:`marian` checks what a Marian (opus-mt) model computes besides: the pad row's gradient rule
 (``Embedding(padding_idx=...)``), alone and tied with the pre-softmax projection, and the whole model with
-SiLU, a frozen logits bias, that rule and a decoder input starting with pad.
+SiLU, a frozen logits bias, that rule and a decoder input starting with pad. :func:`norm_cases` builds the cases of
+every norm of numformer's table but LayerNorm (numformer.norms), alone, in the residual sub-layer and in the whole
+model, from its row alone.
 """
 from __future__ import annotations
 
@@ -16,15 +18,20 @@ import numpy as np
 
 from numformer.backend import RandomState
 from numformer.finite_differences import GradCase
-from numformer.layers import OutputProjection
+from numformer.layers import FeedForward, OutputProjection, Residual
 from numformer.layers.registry import replaced
+from numformer.layers.sublayer import norm_layer
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer
+from numformer.module import lacks_forward_mode
+from numformer.norms import NORMS
 
 from .case_helpers import (B, D, F64, MARIAN_PAD, PAD, S, T, V, HeldPadEmbedding, Holder, _by_name, _replay,
-                           as_marian_ids, forward_mode, loss_forward_mode, padded_batch, padded_ids, small_config)
+                           as_marian_ids, checks, forward_mode, loss_forward_mode, padded_batch, padded_ids,
+                           residual_forward_mode, small_config)
 
 
+@checks("EncoderLayer", "DecoderLayer")
 def encoder_decoder_layers(rng):
     _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
@@ -46,6 +53,7 @@ def encoder_decoder_layers(rng):
     return out
 
 
+@checks("Encoder", "Decoder")
 def stacks(rng):
     _, _, src_mask, tgt_mask = padded_batch(rng)
     out = []
@@ -62,6 +70,7 @@ def stacks(rng):
                             lambda m, g: dict(zip(("y", "memory"), m.backward(g[0]))), **forward_mode("y", "memory")))
     return out
 
+@checks("Transformer")
 def transformer(rng):
     src, tgt, _, _ = padded_batch(rng)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
@@ -85,6 +94,7 @@ def transformer(rng):
                             **loss_forward_mode(crit, model)))
     return out
 
+@checks("Marian")
 def marian(rng):
     """The pad row's gradient rule alone (repeated ids, pad at position 0 and at the end) and tied with the
     pre-softmax projection (the pad row's gradient then comes from the logits alone); the whole model + loss
@@ -130,3 +140,48 @@ def marian(rng):
                         "dropout 0.1 fixed mask", model, {}, fwd, bwd, before_forward=_replay(model.rng),
                         **loss_forward_mode(crit, model)))
     return out
+
+
+def norm_cases(name: str):
+    """The builder of the norm ``name``'s cases (a row of numformer.norms.NORMS other than LayerNorm, which has its
+    own builder): the norm alone with random parameters, the residual sub-layer built with it around the
+    feed-forward network, post- and pre-LN, dropout replayed, and the whole pre-LN model + loss, whose residuals
+    and final norms are all this norm."""
+    row = NORMS[name]
+
+    def build(rng):
+        m = norm_layer(name, D, dtype=F64)
+        for p in m.parameters():
+            p.data[:] = rng.standard_normal(p.shape)
+        # forward mode where the norm has it (a norm without trains and is checked in reverse mode; the exact
+        # Hessian-vector products refuse it in one line)
+        modes = {} if lacks_forward_mode(m) else forward_mode("x")
+        whole = {} if lacks_forward_mode(m) else loss_forward_mode
+        out = [GradCase(row.layer, "random parameters", m, {"x": 3.0 * rng.standard_normal((B, S, D)) + 1.0},
+                        lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **modes)]
+        for pre in (False, True):
+            rs = RandomState(5)
+            cfg = small_config(dropout=0.1, pre_norm=pre, norm=name)
+            hold = Holder(res=Residual.from_config(cfg, rs, F64), ffn=FeedForward.from_config(cfg, rng, None, F64))
+            out.append(GradCase("Residual", f"{'pre' if pre else 'post'}-LN with {row.layer} around FFN, dropout 0.1 "
+                                "fixed mask", hold, {"x": rng.standard_normal((B, S, D))},
+                                lambda m, i: m.res(i["x"], m.ffn), lambda m, g: {"x": m.res.backward(g[0], m.ffn)},
+                                before_forward=_replay(rs), **(residual_forward_mode() if modes else {})))
+        src, tgt, _, _ = padded_batch(rng)
+        model = Transformer(small_config(pre_norm=True, dropout=0.1, norm=name), seed=int(rng.integers(1 << 30)),
+                            dtype=F64)
+        crit = LabelSmoothedCrossEntropy(0.1, PAD)
+
+        def fwd(m, i):
+            return crit.forward(m(src, tgt[:, :-1]), tgt[:, 1:]) * 1.0
+
+        def bwd(m, g):
+            m.backward(crit.backward() * g[0])
+            return {}
+
+        out.append(GradCase("Transformer+loss", f"pre-LN with {row.layer}, dropout 0.1 fixed mask", model, {}, fwd,
+                            bwd, before_forward=_replay(model.rng), **(whole(crit, model) if whole else {})))
+        return out
+
+    build.__name__ = build.__qualname__ = name
+    return build

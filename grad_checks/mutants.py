@@ -18,8 +18,8 @@ made to numformer's code and as a student reads it about theirs:
 
 Each mutant is compiled in its reference's module (same globals). grad_checks/mutation_testing.py
 grades them (``python -m grad_checks mutants``); grad_checks/locate.py uses them to locate a
-student's mistake to the term. Some edits change nothing mathematically (an equivalent mutant):
-:data:`EQUIVALENT` lists them, each with the reason.
+student's mistake to the term. Some edits change nothing mathematically (an equivalent mutant): each
+exercise's ``equivalent`` names them, with the reason; :func:`equivalent` (``EQUIVALENT``) gathers them.
 """
 from __future__ import annotations
 
@@ -249,12 +249,17 @@ def mutants(ex) -> list:
     return found
 
 
-# Mutants the grading cannot catch because they compute the same thing; each with the reason.
-# Keyed by (exercise, edit). tests/exercises/test_exercise_mutants.py checks that these, and only these, survive.
-EQUIVALENT = {
-    ("layernorm", "minus of `-1` dropped"):
-        "mean(axis=1) is mean(axis=-1): the layer hands layernorm_backward 2-d (n, d) rows, whose axis 1 is the "
-        "last one",
-    ("attention", "minus of `-2` dropped"):
-        "swapaxes(-1, 2) is swapaxes(-1, -2): attention's arrays are 4-d (B, h, T, d), whose axis 2 is axis -2",
-}
+def equivalent() -> dict:
+    """The mutants the grading cannot catch because they compute the same thing, each with the reason, keyed by
+    (exercise, edit): every exercise's own ``equivalent`` (its file says which edits of its reference change
+    nothing, and why). tests/exercises/test_exercise_mutants.py checks that these, and only these, survive."""
+    from . import exercises  # noqa: PLC0415  (the exercises' files read this module's neighbours)
+
+    return {(ex.name, edit): why for ex in exercises.all_exercises() for edit, why in ex.equivalent.items()}
+
+
+def __getattr__(name):
+    """``EQUIVALENT``: :func:`equivalent`, gathered from the exercises when first asked for."""
+    if name == "EQUIVALENT":
+        return equivalent()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,8 @@ import numpy as np
 
 from .backend import RandomState, get_array_module
 from .layers.kv_cache import DecoderCache, DecoderLayerCache
-from .layers.registry import layer_class, registered
+from .layers.registry import built, layer_class, registered
+from .layers.sublayer import norm_from_config
 from .module import Module
 from .presets import ModelConfig
 
@@ -52,13 +53,10 @@ class EncoderLayer(Module):
 
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
-        d = cfg.d_model
-        self.self_attn = layer_class("MultiHeadAttention")(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng,
-                                                           dropout_rng, dtype, cfg.init)
-        self.self_attn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
-        self.ffn = layer_class("FeedForward")(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init,
-                                              activation=cfg.activation)
-        self.ffn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
+        self.self_attn = built("MultiHeadAttention", cfg, rng, dropout_rng, dtype)
+        self.self_attn_residual = built("Residual", cfg, dropout_rng, dtype)
+        self.ffn = built("FeedForward", cfg, rng, dropout_rng, dtype)
+        self.ffn_residual = built("Residual", cfg, dropout_rng, dtype)
 
     def forward(self, x, mask):
         """x (B, S, d_model), mask (B, 1, 1, S) -> (B, S, d_model)."""
@@ -87,16 +85,12 @@ class DecoderLayer(Module):
 
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
-        d = cfg.d_model
-        self.self_attn = layer_class("MultiHeadAttention")(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng,
-                                                           dropout_rng, dtype, cfg.init)
-        self.self_attn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
-        self.cross_attn = layer_class("MultiHeadAttention")(d, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng,
-                                                            dropout_rng, dtype, cfg.init)
-        self.cross_attn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
-        self.ffn = layer_class("FeedForward")(d, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init,
-                                              activation=cfg.activation)
-        self.ffn_residual = layer_class("Residual")(d, cfg.dropout, cfg.pre_norm, dropout_rng, cfg.ln_eps, dtype)
+        self.self_attn = built("MultiHeadAttention", cfg, rng, dropout_rng, dtype)
+        self.self_attn_residual = built("Residual", cfg, dropout_rng, dtype)
+        self.cross_attn = built("MultiHeadAttention", cfg, rng, dropout_rng, dtype)
+        self.cross_attn_residual = built("Residual", cfg, dropout_rng, dtype)
+        self.ffn = built("FeedForward", cfg, rng, dropout_rng, dtype)
+        self.ffn_residual = built("Residual", cfg, dropout_rng, dtype)
 
     def forward(self, y, memory, self_mask, cross_mask, cache: DecoderLayerCache | None = None):
         """y (B, T, d_model), memory (B, S, d_model) -> (B, T, d_model).
@@ -145,14 +139,14 @@ class DecoderLayer(Module):
 
 @registered
 class Encoder(Module):
-    """N encoder layers (Section 3.1); a pre-LN stack ends with a final LayerNorm."""
+    """N encoder layers (Section 3.1); a pre-LN stack ends with a final norm (LayerNorm, or ``cfg.norm``'s)."""
 
     kinks = False  # composes its children (Module.kinks: the layer contract)
 
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
         self.layers = [layer_class("EncoderLayer")(cfg, rng, dropout_rng, dtype) for _ in range(cfg.layers)]
-        self.final_norm = layer_class("LayerNorm")(cfg.d_model, cfg.ln_eps, dtype) if cfg.pre_norm else None
+        self.final_norm = norm_from_config(cfg, dtype) if cfg.pre_norm else None
 
     def forward(self, x, mask):
         """x (B, S, d_model), mask (B, 1, 1, S) -> memory (B, S, d_model)."""
@@ -184,14 +178,14 @@ class Encoder(Module):
 
 @registered
 class Decoder(Module):
-    """N decoder layers (Section 3.1); a pre-LN stack ends with a final LayerNorm."""
+    """N decoder layers (Section 3.1); a pre-LN stack ends with a final norm (LayerNorm, or ``cfg.norm``'s)."""
 
     kinks = False  # composes its children (Module.kinks: the layer contract)
 
     def __init__(self, cfg: ModelConfig, rng, dropout_rng, dtype):
         super().__init__()
         self.layers = [layer_class("DecoderLayer")(cfg, rng, dropout_rng, dtype) for _ in range(cfg.n_decoder_layers)]
-        self.final_norm = layer_class("LayerNorm")(cfg.d_model, cfg.ln_eps, dtype) if cfg.pre_norm else None
+        self.final_norm = norm_from_config(cfg, dtype) if cfg.pre_norm else None
 
     def forward(self, y, memory, self_mask, cross_mask, cache: DecoderCache | None = None):
         """y (B, T, d_model), memory (B, S, d_model) -> (B, T, d_model); ``cache`` (decoding) one

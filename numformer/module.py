@@ -535,13 +535,20 @@ def _no_forward_mode(layer, method: str) -> str:
             "(numformer/module.py's Module says what each returns)")
 
 
+def lacks_forward_mode(layer) -> list:
+    """The forward-mode methods ``layer`` (or a layer class) has not of its own: ``jvp`` and ``backward_jvp``
+    (Module's refuse; an object that is no Module needs both callable), empty when it has both."""
+    cls = layer if isinstance(layer, type) else type(layer)
+    return [f for f in ("jvp", "backward_jvp") if not callable(getattr(cls, f, None))
+            or getattr(cls, f) is getattr(Module, f)]
+
+
 def forward_mode_layers(model, tool: str) -> None:
     """Refuse, in one line naming the first, a model holding a layer without its own ``jvp`` and
     ``backward_jvp`` (:class:`NoForwardMode`), before ``tool`` (named in the message) starts: a composite needs
     them too, since it composes its children's."""
     for name, m in model.named_modules():
-        cls = type(m)
-        lacking = [f for f in ("jvp", "backward_jvp") if getattr(cls, f, None) is getattr(Module, f)]
+        lacking = lacks_forward_mode(m)
         if lacking:
             raise NoForwardMode(f"{tool} need forward mode and {type(m).__name__} ({name or 'the model'}) has no "
                                 f"{lacking[0]} of its own: write jvp(*input_tangents) and backward_jvp(dy, dy_dot) "

@@ -6,9 +6,10 @@ LayerNorm gain and bias counted:
 
 * one attention block: ``d*h*d_k*2 + d*h*d_v + h*d_v*d + 2*h*d_k + h*d_v + d``
 * one feed-forward block: ``2*d*d_ff + d_ff + d``
-* encoder layer: attention + FFN + 2 LayerNorms (4d); decoder layer: 2 attentions + FFN + 3 LayerNorms (6d)
+* one norm: ``n*d``, n its row's parameters in numformer.norms (LayerNorm's gain and bias: 2d)
+* encoder layer: attention + FFN + 2 norms (4d); decoder layer: 2 attentions + FFN + 3 norms (6d)
 * embeddings: ``V*d`` once when source, target and pre-softmax weights are tied;
-  ``3*V*d`` untied (source and target vocabularies equal); pre-LN adds 2 final LayerNorms (4d);
+  ``3*V*d`` untied (source and target vocabularies equal); pre-LN adds 2 final norms (4d);
   learned positions (row E) add one ``max_len*d`` table per stack.
 
 Not counted: the frozen logits bias of ``logits_bias=True`` (``final_logits_bias``, V numbers), a buffer that
@@ -27,6 +28,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from .errors import UsageError
 from .activations import ACTIVATIONS
+from .norms import NORMS
 from .layers.init import DEFAULT_SCHEME, SCHEMES
 
 
@@ -52,6 +54,10 @@ class ModelConfig:
     * ``pad_row_gradient``: False gives the ``pad_id`` row of the embedding matrix no gradient from the
       lookups (PyTorch's ``nn.Embedding(padding_idx=pad)``); the tied pre-softmax projection still gives it
       its gradient through the logits.
+
+    ``norm``: every residual sub-layer's norm and a pre-LN stack's final ones, ``"layernorm"`` (Section 3.1) or
+    another row of :data:`numformer.norms.NORMS`. A model option is a field here with its check, read where it
+    matters (a layer's ``from_config``, its table's row), and threaded through no constructor.
 
     The decoder input starts with a start token, BOS in numformer's vocabularies and pad in Marian's
     (``decoder_start_token_id = pad``): position 0 is never padding-masked (numformer.model.decoder_self_mask),
@@ -80,6 +86,7 @@ class ModelConfig:
     activation: str = "relu"  # the feed-forward network's: a name of numformer.activations.ACTIVATIONS
     logits_bias: bool = False  # a frozen (vocab,) final_logits_bias added to the logits (Marian's), never trained
     pad_row_gradient: bool = True  # False: embedding lookups give the pad_id row no gradient (padding_idx)
+    norm: str = "layernorm"  # every residual sub-layer's norm and the final ones: a name of numformer.norms.NORMS
 
     @property
     def n_decoder_layers(self) -> int:
@@ -128,6 +135,7 @@ class ModelConfig:
         need(self.init in SCHEMES, f"init must be one of {', '.join(SCHEMES)}, got {self.init!r}")
         need(self.activation in ACTIVATIONS,
              f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        need(self.norm in NORMS, f"norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         for name in ("logits_bias", "pad_row_gradient"):
             need(isinstance(getattr(self, name), bool), f"{name} must be true or false, got {getattr(self, name)!r}")
         return self
@@ -274,9 +282,10 @@ def count_parameters(cfg: ModelConfig) -> int:
     d, h, dk, dv, dff = cfg.d_model, cfg.heads, cfg.head_dim_k, cfg.head_dim_v, cfg.d_ff
     attn = 2 * (d * h * dk + h * dk) + (d * h * dv + h * dv) + (h * dv * d + d)
     ffn = 2 * d * dff + dff + d
-    enc = cfg.layers * (attn + ffn + 4 * d)
-    dec = cfg.n_decoder_layers * (2 * attn + ffn + 6 * d)
+    norm = len(NORMS[cfg.norm].parameters) * d  # each of the row's parameters a (d,) vector
+    enc = cfg.layers * (attn + ffn + 2 * norm)
+    dec = cfg.n_decoder_layers * (2 * attn + ffn + 3 * norm)
     emb = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 3)
-    final = 4 * d if cfg.pre_norm else 0
+    final = 2 * norm if cfg.pre_norm else 0
     positions = 2 * cfg.max_len * d if cfg.positional == "learned" else 0  # one table per stack
     return enc + dec + emb + final + positions

@@ -26,6 +26,7 @@ def filled(ex, fn, path) -> str:
     text = skeleton(ex, exercises.number(ex.name), len(exercises.ORDER), str(path))
     fdef = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
     fdef.name = ex.target.__name__
+    fdef.decorator_list = []  # a student's file holds the function alone (a held-out answer is marked where it is kept)
     body = ast.unparse(fdef)
     module = vars(sys.modules[fn.__module__])
     imports = sorted(f"from {fn.__module__} import {n}" for n in _global_names(fn.__code__)

@@ -64,6 +64,7 @@ def activation_exercise(name: str) -> Exercise:
     equations = (inspect.getdoc(module) or "").split("\n\n")[0]
     return Exercise(
         name=name, title=f"{row.layer}'s backward", paper=f"Eq. 2 with {row.layer} for max(0, x)",
+        stage="elementwise",
         target=getattr(module, row.backward_name), layer=layer, cases=cases, outputs=("dx",),
         show=tuple(f for f in vars(module).values() if inspect.isfunction(f) and f.__module__ == module.__name__
                    and f.__name__ != row.backward_name),

@@ -79,6 +79,9 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="attention",
+    equivalent={"minus of `-2` dropped": "swapaxes(-1, 2) is swapaxes(-1, -2): attention's arrays are 4-d "
+                                         "(B, h, T, d), whose axis 2 is axis -2"},
     name="attention", title="the backward of scaled dot-product attention", paper="Section 3.2.1, Eq. 1",
     names={"softmax_backward(dp, p)": "dS (the softmax's backward of dP)",
            "xp.where(masked, xp.asarray(0, dtype=ds.dtype), ds)": "dS with the masked scores' entries zeroed",

@@ -52,6 +52,7 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="composition", rank=2,  # the encoder layer's backward and one more attention
     name="decoder_layer", title="the backward of a decoder layer", paper="Section 3.1, Figure 1",
     target=DecoderLayer.backward, layer=DecoderLayer, cases=cases, show=(DecoderLayer.forward,),
     mistakes=(memory_gradient_dropped, self_and_cross_attention_swapped, cross_attention_pair_unpacked_reversed),

@@ -37,6 +37,7 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="state",
     name="dropout", title="dropout's backward", paper="Section 5.4", target=dropout_backward, layer=Dropout,
     entry_sets=lambda a, shape: {"dropped": a["mask"] == 0} if a["mask"].shape == shape else {},
     symbols={"keep": lambda a: 1.0 / a["mask"].max()},  # 1 - p, the probability of keeping a unit

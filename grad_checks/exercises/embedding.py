@@ -81,6 +81,7 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="table",
     name="embedding", title="the embedding's backward", paper="Section 3.4", target=embedding_backward,
     symbols={"n": lambda a: a["ids"].size, "d": lambda a: a["dy"].shape[-1]},
     entry_sets=_entry_sets,

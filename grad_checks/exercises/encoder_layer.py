@@ -41,6 +41,7 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="composition", rank=1,  # composes the multi-head attention and the residual sub-layer
     name="encoder_layer", title="the backward of an encoder layer", paper="Section 3.1, Figure 1",
     target=EncoderLayer.backward, layer=EncoderLayer, cases=cases, show=(EncoderLayer.forward,),
     doc="dy (B, S, d_model) -> dx (B, S, d_model): Figure 1's encoder layer run backwards.",

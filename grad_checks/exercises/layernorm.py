@@ -68,6 +68,9 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="normalisation",
+    equivalent={"minus of `-1` dropped": "mean(axis=1) is mean(axis=-1): the layer hands layernorm_backward 2-d "
+                                         "(n, d) rows, whose axis 1 is the last one"},
     name="layernorm", title="LayerNorm's backward", paper="Section 3.1; Ba et al. 2016", target=layernorm_backward,
     names={"dxhat.mean(axis=-1, keepdims=True)": "mean(dxhat)", "dxhat * xhat": "dxhat * xhat",
            "(dxhat * xhat).mean(axis=-1, keepdims=True)": "mean(dxhat * xhat)"},

@@ -72,6 +72,7 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="table",
     name="learned_positions", title="the learned positional embedding's backward", paper="Section 3.5, Table 3 row E",
     symbols={"T": lambda a: a["dy"].shape[-2], "d": lambda a: a["dy"].shape[-1],
              "B": lambda a: a["dy"].reshape(-1, *a["dy"].shape[-2:]).shape[0]},

@@ -44,6 +44,7 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="matrix",
     name="linear", title="the backward of a linear map", paper="Section 3.3", target=linear_backward, layer=Linear,
     symbols={"n": lambda a: a["dy"].shape[0], "d_in": lambda a: a["x"].shape[1], "d_out": lambda a: a["dy"].shape[1]},
     cases=cases, outputs=("dx", "dW", "db"), swap="Linear",

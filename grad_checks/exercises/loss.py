@@ -68,6 +68,7 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="loss",
     name="loss", title="the backward of the label-smoothed cross-entropy", paper="Section 5.4",
     names={"p - eps / p.shape[1]": "p - eps / V", "dz[xp.arange(p.shape[0]), y] -= 1.0 - eps": "p - q"},
     symbols={"V": lambda a: a["p"].shape[1], "N": lambda a: a["p"].shape[0],

@@ -67,6 +67,7 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="composition",
     name="multihead", title="the backward of multi-head attention", paper="Section 3.2.2",
     target=MultiHeadAttention.backward, layer=MultiHeadAttention, cases=cases,
     show=(MultiHeadAttention._split, MultiHeadAttention._merge, MultiHeadAttention.forward),

@@ -43,6 +43,7 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="elementwise",
     name="relu", title="ReLU's backward", paper="Eq. 2", target=relu_backward, layer=ReLU, cases=cases,
     outputs=("dx",), mistakes=(no_mask, mask_without_dy, inverted_mask), show=(relu_forward,), swap="ReLU",
     notes="positive is the boolean array [x > 0] that forward kept; dy and the result have x's shape.",

@@ -88,6 +88,7 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="composition",
     name="residual", title="the backward of the residual sub-layer", paper="Section 3.1; Xiong et al. 2020",
     target=Residual.backward, layer=Residual, cases=cases, show=(Residual.forward,), swap="Residual",
     mistakes=(skip_path_dropped, skip_path_around_the_norm, norm_on_the_skip_path, dropout_skipped,

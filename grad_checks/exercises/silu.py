@@ -33,6 +33,7 @@ def relu_derivative(dy, x, s):
 
 
 EXERCISE = Exercise(
+    stage="elementwise",
     name="silu", title="SiLU's backward", paper="Eq. 2, Marian's swish", target=silu_backward, layer=SiLU,
     cases=cases, outputs=("dx",), show=(sigmoid, silu_forward), swap="SiLU",
     mistakes=(sigmoid_only, derivative_without_dy, sigmoid_derivative_taken_as_s, second_term_subtracted,

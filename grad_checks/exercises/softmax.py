@@ -43,6 +43,7 @@ def cases(cls, seed):
 
 
 EXERCISE = Exercise(
+    stage="row-wise",
     name="softmax", title="the backward of the softmax", paper="Eq. 1", target=softmax_backward,
     names={"dy * y": "dy * y, the row sum's summand", "(dy * y).sum(axis=-1, keepdims=True)": "s = rowsum(dy * y)",
            "dy - (dy * y).sum(axis=-1, keepdims=True)": "dy - s"},

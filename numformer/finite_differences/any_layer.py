@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backend import RandomState
-from ..module import Module, UndeclaredKinks
+from ..module import UndeclaredKinks, lacks_forward_mode
 from ..user_code import exception_line
 from .central_differences import GradCase, analytic_gradients, format_results, run_case
 from .kinks import undeclared
@@ -310,9 +310,7 @@ def _forward_mode(twin, module, case, float_names, float_kwargs: bool, loss: boo
     """The forward-mode rows of :func:`check` (numformer.finite_differences.tangent_checks) when the layer has
     ``jvp`` and ``backward_jvp`` of its own, else none and a note saying what that means: exact Hessian-vector
     products (numformer/curvature/hvp.py) refuse a model holding it."""
-    cls = type(twin)
-    own = all(callable(getattr(cls, f, None)) and getattr(cls, f) is not getattr(Module, f)
-              for f in ("jvp", "backward_jvp"))
+    own = not lacks_forward_mode(twin)
     if own and not all(hasattr(p, "set_tangents") for _, p in module.named_parameters()):
         notes.append("forward mode not checked: its parameters are not numformer Parameters (numformer.module."
                      "Parameter holds the tangents a jvp reads)")

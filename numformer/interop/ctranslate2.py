@@ -22,7 +22,9 @@ What maps to what (numformer name -> CTranslate2 spec), V the vocabulary, d = d_
 * **LayerNorms**: each :class:`~numformer.layers.sublayer.Residual`'s norm is the ``layer_norm`` of the
   sub-layer it wraps (``self_attention``, ``attention``, ``ffn``); CTranslate2 applies it before the sub-layer
   (pre-LN) or after the residual sum (post-LN, the paper's) as ``pre_norm`` says, as numformer does. A pre-LN
-  stack's ``final_norm`` is the stack's ``layer_norm``.
+  stack's ``final_norm`` is the stack's ``layer_norm``. The norm's row of :data:`numformer.norms.NORMS` gives
+  the stacks' keyword arguments (``ctranslate2``: none for LayerNorm) and its parameters, set as the
+  ``LayerNormSpec``'s ``gamma`` (``weight``) and ``beta`` (``bias``).
 * **embeddings**: the (V, d) matrices as they are (CTranslate2's embedding layout is numformer's), scaled by
   ``scale_embeddings`` = the model's own factor, sqrt(d_model) (:class:`~numformer.layers.embedding.Embedding`).
   Tied or untied, the encoder's, the decoder's and the projection's matrices are set apart (CTranslate2
@@ -46,7 +48,8 @@ What maps to what (numformer name -> CTranslate2 spec), V the vocabulary, d = d_
   id without a piece) is written as a unique placeholder (:func:`ct2_tokens`).
 
 What CTranslate2 cannot hold is refused in one line (:class:`~numformer.interop.InteropError`, naming the
-setting): d_k different from d_v (Table 3's row B: CTranslate2 gives queries, keys and values one head size).
+setting; :data:`REFUSALS`): d_k different from d_v (Table 3's row B: CTranslate2 gives queries, keys and values
+one head size), an activation or a norm whose table row names no CTranslate2 counterpart.
 Heads of d_k = d_v other than d_model / heads go in through the spec's ``head_dim``.
 
 Decoding through the engine as numformer decodes: :func:`numformer_search_options` is the one set of
@@ -68,6 +71,7 @@ import numpy as np
 
 from . import InteropError
 from ..activations import ACTIVATIONS
+from ..norms import NORMS
 from ..checkpoint.trained_model import load_model
 from ..files import atomic_folder
 from ..layers.positional import sinusoid_table
@@ -87,16 +91,31 @@ def _import_ctranslate2():
     return ctranslate2
 
 
+#: The LayerNormSpec's names of a norm's parameters (a row of numformer.norms.NORMS names numformer's).
+NORM_PARAMETERS = {"weight": "gamma", "bias": "beta"}
+
+#: What CTranslate2's Transformer cannot hold: (the config has it, the one line saying so), in order. A new
+#: setting it cannot hold is one row here; an activation or a norm is refused by its own table's row.
+REFUSALS = (
+    (lambda cfg: cfg.head_dim_k != cfg.head_dim_v,
+     lambda cfg: f"CTranslate2 cannot hold d_k {cfg.head_dim_k} != d_v {cfg.head_dim_v} (Table 3's row B): its "
+                 "attention gives queries, keys and values one head size"),
+    (lambda cfg: cfg.activation not in ACTIVATIONS or not ACTIVATIONS[cfg.activation].ctranslate2,
+     lambda cfg: "CTranslate2 export knows the activations "
+                 f"{', '.join(name for name, row in ACTIVATIONS.items() if row.ctranslate2)}, not {cfg.activation!r}"),
+    (lambda cfg: (cfg.norm not in NORMS or NORMS[cfg.norm].ctranslate2 is None
+                  or not set(NORMS[cfg.norm].parameters) <= set(NORM_PARAMETERS)),
+     lambda cfg: "CTranslate2 export knows the norms "
+                 f"{', '.join(name for name, row in NORMS.items() if row.ctranslate2 is not None)}, not {cfg.norm!r}"),
+)
+
+
 def check_exportable(cfg) -> None:
-    """InteropError (one line, naming the setting) unless CTranslate2's Transformer can hold a model of ``cfg``
-    (a :class:`~numformer.presets.ModelConfig`)."""
-    if cfg.head_dim_k != cfg.head_dim_v:
-        raise InteropError(f"CTranslate2 cannot hold d_k {cfg.head_dim_k} != d_v {cfg.head_dim_v} (Table 3's row B): "
-                           "its attention gives queries, keys and values one head size")
-    activation = getattr(cfg, "activation", "relu")
-    if activation not in ACTIVATIONS or not ACTIVATIONS[activation].ctranslate2:
-        known = ", ".join(name for name, row in ACTIVATIONS.items() if row.ctranslate2)
-        raise InteropError(f"CTranslate2 export knows the activations {known}, not {activation!r}")
+    """InteropError (one line, naming the setting: :data:`REFUSALS`) unless CTranslate2's Transformer can hold a
+    model of ``cfg`` (a :class:`~numformer.presets.ModelConfig`)."""
+    for applies, why in REFUSALS:
+        if applies(cfg):
+            raise InteropError(why(cfg))
 
 
 def ct2_tokens(vocab) -> list[str]:
@@ -189,8 +208,10 @@ def _fused(spec, state, prefix: str, names) -> None:
 
 
 def _layer_norm(spec, state, prefix: str) -> None:
-    spec.gamma = np.asarray(state[f"{prefix}.weight"], dtype=np.float32)
-    spec.beta = np.asarray(state[f"{prefix}.bias"], dtype=np.float32)
+    """A numformer norm ``prefix`` (its parameters: its row's, LayerNorm's weight and bias) -> a LayerNormSpec."""
+    for ours, theirs in NORM_PARAMETERS.items():
+        if f"{prefix}.{ours}" in state:
+            setattr(spec, theirs, np.asarray(state[f"{prefix}.{ours}"], dtype=np.float32))
 
 
 def _attention(spec, state, prefix: str, norm: str, cross: bool) -> None:
@@ -237,18 +258,14 @@ def transformer_spec(cfg, state: dict, vocab, embedding_scale: float | None = No
     check_exportable(cfg)
     if vocab.size != cfg.vocab_size:
         raise InteropError(f"the vocabulary has {vocab.size} pieces, the model {cfg.vocab_size} rows")
-    activation = getattr(common_spec.Activation, ACTIVATIONS[getattr(cfg, "activation", "relu")].ctranslate2)
-    n_dec = cfg.n_decoder_layers
-    head_dim = None if cfg.head_dim_k * cfg.heads == cfg.d_model else cfg.head_dim_k
-    if head_dim is None:
-        spec = ts.TransformerSpec.from_config((cfg.layers, n_dec), cfg.heads, pre_norm=cfg.pre_norm,
-                                              activation=activation)
-    else:  # heads of d_k != d_model / heads (Table 3's rows A and C set d_k explicitly): from_config has no head_dim
-        spec = ts.TransformerSpec(
-            ts.TransformerEncoderSpec(cfg.layers, cfg.heads, pre_norm=cfg.pre_norm, activation=activation,
-                                      head_dim=head_dim),
-            ts.TransformerDecoderSpec(n_dec, cfg.heads, pre_norm=cfg.pre_norm, activation=activation,
-                                      head_dim=head_dim))
+    # the stacks' settings, said once for both: heads of d_k != d_model / heads (Table 3's rows A and C set d_k
+    # explicitly) through head_dim (None: d_model / heads), the norm's own keywords from its row
+    activation = getattr(common_spec.Activation, ACTIVATIONS[cfg.activation].ctranslate2)
+    stack = dict(pre_norm=cfg.pre_norm, activation=activation,
+                 head_dim=None if cfg.head_dim_k * cfg.heads == cfg.d_model else cfg.head_dim_k,
+                 **NORMS[cfg.norm].ctranslate2)
+    spec = ts.TransformerSpec(ts.TransformerEncoderSpec(cfg.layers, cfg.heads, **stack),
+                              ts.TransformerDecoderSpec(cfg.n_decoder_layers, cfg.heads, **stack))
     scale = float(np.sqrt(cfg.d_model)) if embedding_scale is None else float(embedding_scale)
     enc, dec = spec.encoder, spec.decoder
 
@@ -275,7 +292,7 @@ def transformer_spec(cfg, state: dict, vocab, embedding_scale: float | None = No
     if cfg.pre_norm:
         _layer_norm(dec.layer_norm, state, "decoder.final_norm")
     dec.projection.weight = np.asarray(state.get("generator.weight", state["src_embed.weight"]), dtype=np.float32)
-    if getattr(cfg, "logits_bias", False):
+    if cfg.logits_bias:
         dec.projection.bias = np.asarray(state["final_logits_bias"], dtype=np.float32).reshape(-1)
 
     tokens = ct2_tokens(vocab)
@@ -358,6 +375,6 @@ def export_ctranslate2(model_file_or_run, out_dir, quantization: str | None = No
     return export_model(model, vocab, out_dir, quantization)
 
 
-__all__ = ["QUANTIZATIONS", "RAW_SCORE_PENALTY", "check_exportable", "ct2_tokens", "suppressed",
+__all__ = ["QUANTIZATIONS", "RAW_SCORE_PENALTY", "NORM_PARAMETERS", "REFUSALS", "check_exportable", "ct2_tokens", "suppressed",
            "numformer_search_options", "position_table", "transformer_spec", "converter_class",
            "convert", "export_model", "export_ctranslate2"]

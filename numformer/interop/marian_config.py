@@ -18,6 +18,7 @@ from . import InteropError
 from ..activations import ACTIVATIONS as TABLE, from_transformers, transformers_names
 from ..data.hf_files import BOOLEAN, INTEGER, NUMBER, STRING, TOKEN_ID, check_value, field, shown
 from ..errors import UsageError, first_line
+from ..norms import NORMS
 from ..presets import ModelConfig
 
 #: The model folder's configuration file.
@@ -26,6 +27,7 @@ CONFIG = "config.json"
 #: the activations' table (numformer.activations: each row's transformers names).
 ACTIVATIONS = {name: from_transformers(name).name for name in transformers_names()}
 #: numformer's activation -> the name written into an exported config.json (the row's first: opus-mt's swish).
+#: A view of the table, for reading; the import and the export read the table itself when they run.
 MARIAN_ACTIVATION = {row.name: row.transformers[0] for row in TABLE.values()}
 #: transformers' LayerNorm eps (``nn.LayerNorm``'s default; MarianConfig has no setting for it).
 MARIAN_LN_EPS = 1e-5
@@ -67,8 +69,10 @@ def model_config_from_marian(config: dict, where="the model", path=None) -> Mode
         raise InteropError(f"{where} is not a Marian model: its config.json says model_type "
                            f"{shown(model_type)} (numformer imports MarianMTModel, model_type 'marian')")
     act = field(c, "activation_function", STRING, path, default="gelu")  # MarianConfig's own default
-    if act not in ACTIVATIONS:
-        refuse(where, f"activation_function {act!r}", f"numformer's feed-forward block has {', '.join(ACTIVATIONS)}")
+    row = from_transformers(act)  # the activations' table, read now
+    if row is None:
+        refuse(where, f"activation_function {act!r}",
+               f"numformer's feed-forward block has {', '.join(transformers_names())}")
     if not field(c, "scale_embedding", BOOLEAN, path, default=False):
         refuse(where, "scale_embedding false", "numformer always scales the embeddings by sqrt(d_model)")
     if not field(c, "share_encoder_decoder_embeddings", BOOLEAN, path, default=True):
@@ -115,7 +119,7 @@ def model_config_from_marian(config: dict, where="the model", path=None) -> Mode
             dropout=float(dropouts["dropout"]), attn_dropout=float(dropouts["attention_dropout"]),
             relu_dropout=float(dropouts["activation_dropout"]), pre_norm=False, tie_embeddings=True,
             max_len=max_len, positional="sinusoidal", ln_eps=MARIAN_LN_EPS, pad_id=pad,
-            activation=ACTIVATIONS[act], logits_bias=True, pad_row_gradient=False)
+            activation=row.name, logits_bias=True, pad_row_gradient=False)
         return cfg.checked()
     except (UsageError, TypeError, ValueError) as exc:
         raise InteropError(f"{path} does not make a numformer model: {first_line(exc)}") from None
@@ -125,27 +129,43 @@ def _ids_of(cfg: ModelConfig, vocab) -> dict:
     return {"pad": vocab.pad_id, "eos": vocab.eos_id, "bos": vocab.bos_id, "unk": vocab.unk_id}
 
 
+#: What a Marian ``config.json`` has no place for, in the order a refusal names it: (the model's setting is one
+#: of these, why: the line's end). Each test reads the ModelConfig and the vocabulary; a new setting Marian
+#: cannot hold is one row here (an activation or a norm: its table's row says it, and the rows below read it).
+EXPORT_REFUSALS = (
+    (lambda cfg, vocab: cfg.pre_norm,
+     lambda cfg, vocab: "it is pre-LN, and transformers' Marian is post-LN only: its layers normalise after the "
+                        "residual sum and its stacks have no final LayerNorm, so no weights reproduce a pre-LN model"),
+    (lambda cfg, vocab: cfg.positional != "sinusoidal",
+     lambda cfg, vocab: f"its positions are {cfg.positional}; Marian's are fixed sinusoids"),
+    (lambda cfg, vocab: not cfg.tie_embeddings,
+     lambda cfg, vocab: "its embeddings are untied; the export writes Marian's one shared embedding"),
+    (lambda cfg, vocab: cfg.head_dim_k * cfg.heads != cfg.d_model or cfg.head_dim_v != cfg.head_dim_k,
+     lambda cfg, vocab: f"its heads are d_k {cfg.head_dim_k}, d_v {cfg.head_dim_v}; Marian's are d_model / heads"),
+    (lambda cfg, vocab: not NORMS[cfg.norm].marian,
+     lambda cfg, vocab: f"its norm is {cfg.norm}; Marian's is "
+                        f"{', '.join(name for name, row in NORMS.items() if row.marian)}"),
+    (lambda cfg, vocab: cfg.ln_eps != MARIAN_LN_EPS,
+     lambda cfg, vocab: f"its LayerNorm eps is {cfg.ln_eps}; Marian's is {MARIAN_LN_EPS}"),
+    (lambda cfg, vocab: cfg.d_model % 2, lambda cfg, vocab: f"its d_model {cfg.d_model} is odd"),
+    (lambda cfg, vocab: cfg.activation not in TABLE or not TABLE[cfg.activation].transformers,
+     lambda cfg, vocab: f"its activation is {cfg.activation}"),
+    (lambda cfg, vocab: cfg.pad_id != vocab.pad_id,
+     lambda cfg, vocab: f"its pad id {cfg.pad_id} is not its vocabulary's {vocab.pad_id}"),
+)
+
+
+def export_refusal(cfg: ModelConfig, vocab) -> str | None:
+    """Why a Marian ``config.json`` cannot hold ``cfg`` (the first row of :data:`EXPORT_REFUSALS` that applies), or
+    None."""
+    return next((why(cfg, vocab) for applies, why in EXPORT_REFUSALS if applies(cfg, vocab)), None)
+
+
 def marian_config_from_numformer(cfg: ModelConfig, vocab) -> dict:
     """numformer's ModelConfig and vocabulary -> a Marian ``config.json`` (a dict); an InteropError naming what
-    Marian has no place for (pre-LN, learned positions, untied embeddings, heads of another width, an eps)."""
-    why = None
-    if cfg.pre_norm:
-        why = ("it is pre-LN, and transformers' Marian is post-LN only: its layers normalise after the residual "
-               "sum and its stacks have no final LayerNorm, so no weights reproduce a pre-LN model")
-    elif cfg.positional != "sinusoidal":
-        why = f"its positions are {cfg.positional}; Marian's are fixed sinusoids"
-    elif not cfg.tie_embeddings:
-        why = "its embeddings are untied; the export writes Marian's one shared embedding"
-    elif cfg.head_dim_k * cfg.heads != cfg.d_model or cfg.head_dim_v != cfg.head_dim_k:
-        why = f"its heads are d_k {cfg.head_dim_k}, d_v {cfg.head_dim_v}; Marian's are d_model / heads"
-    elif cfg.ln_eps != MARIAN_LN_EPS:
-        why = f"its LayerNorm eps is {cfg.ln_eps}; Marian's is {MARIAN_LN_EPS}"
-    elif cfg.d_model % 2:
-        why = f"its d_model {cfg.d_model} is odd"
-    elif getattr(cfg, "activation", "relu") not in MARIAN_ACTIVATION:
-        why = f"its activation is {cfg.activation}"
-    elif cfg.pad_id != vocab.pad_id:
-        why = f"its pad id {cfg.pad_id} is not its vocabulary's {vocab.pad_id}"
+    Marian has no place for (:data:`EXPORT_REFUSALS`: pre-LN, learned positions, untied embeddings, heads of
+    another width, a norm or an activation transformers' Marian does not compute, an eps)."""
+    why = export_refusal(cfg, vocab)
     if why:
         raise InteropError(f"cannot export this model as a Hugging Face Marian model: {why}")
     ids = _ids_of(cfg, vocab)
@@ -155,7 +175,7 @@ def marian_config_from_numformer(cfg: ModelConfig, vocab) -> dict:
         "encoder_layers": cfg.layers, "decoder_layers": cfg.n_decoder_layers,
         "encoder_attention_heads": cfg.heads, "decoder_attention_heads": cfg.heads,
         "encoder_ffn_dim": cfg.d_ff, "decoder_ffn_dim": cfg.d_ff,
-        "activation_function": MARIAN_ACTIVATION[getattr(cfg, "activation", "relu")],
+        "activation_function": TABLE[cfg.activation].transformers[0],
         "dropout": cfg.dropout, "attention_dropout": cfg.attn_dropout, "activation_dropout": cfg.relu_dropout,
         "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0,
         "max_position_embeddings": cfg.max_len, "scale_embedding": True,
@@ -175,5 +195,6 @@ def generation_config(cfg: ModelConfig, vocab) -> dict:
             "forced_eos_token_id": ids["eos"], "bad_words_ids": banned, "max_length": cfg.max_len}
 
 
-__all__ = ["CONFIG", "ACTIVATIONS", "MARIAN_ACTIVATION", "MARIAN_LN_EPS", "refuse", "marian_special_ids",
+__all__ = ["CONFIG", "ACTIVATIONS", "EXPORT_REFUSALS", "MARIAN_ACTIVATION", "MARIAN_LN_EPS", "export_refusal",
+           "refuse", "marian_special_ids",
            "model_config_from_marian", "marian_config_from_numformer", "generation_config"]

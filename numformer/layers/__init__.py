@@ -2,11 +2,13 @@
 
 Each is registered once in :mod:`numformer.layers.registry`, where the model reads the classes it builds: the
 layers below by ``@registered`` on their classes (importing them here registers them), each activation by its row of
-:mod:`numformer.activations` (its module imported, its class registered and exported here, by the row alone).
+:mod:`numformer.activations` and each norm by its row of :mod:`numformer.norms` (its module imported, its class
+registered and exported here, by the row alone).
 """
 from importlib import import_module
 
 from ..activations import ACTIVATIONS
+from ..norms import NORMS
 from .attention import MultiHeadAttention, ScaledDotProductAttention
 from .dropout import Dropout
 from .embedding import Embedding
@@ -25,7 +27,8 @@ __all__ = [
 ]
 
 
-for _row in ACTIVATIONS.values():  # ReLU, SiLU, ...: the table's rows, each class registered and exported by name
-    globals()[_row.layer] = registered(getattr(import_module(_row.module), _row.layer))
-    __all__.append(_row.layer)
+for _row in (*ACTIVATIONS.values(), *NORMS.values()):  # ReLU, SiLU, ..., LayerNorm, ...: each table's rows, each
+    globals()[_row.layer] = registered(getattr(import_module(_row.module), _row.layer))  # class registered by name
+    if _row.layer not in __all__:
+        __all__.append(_row.layer)
 del _row

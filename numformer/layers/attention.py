@@ -199,6 +199,13 @@ class MultiHeadAttention(Module):
         self.w_o = layer_class("Linear")(heads * d_v, d_model, rng=rng, dtype=dtype, init=init, role="out")
         self._cross = False
 
+    @classmethod
+    def from_config(cls, cfg, rng=None, dropout_rng=None, dtype=DEFAULT_DTYPE):
+        """The multi-head attention of a model config (numformer.presets.ModelConfig: ``d_model``, ``heads``,
+        ``d_k``, ``d_v``, ``attn_dropout``, ``init``); weights drawn from ``rng``, the attention dropout's masks
+        from ``dropout_rng``."""
+        return cls(cfg.d_model, cfg.heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, rng, dropout_rng, dtype, cfg.init)
+
     def _split(self, x):
         """(B, T, h*d) -> (B, h, T, d) (a view)."""
         b, t, hd = x.shape

@@ -31,6 +31,13 @@ class FeedForward(Module):
         self.dropout = layer_class("Dropout")(relu_dropout, dropout_rng)
         self.w_2 = layer_class("Linear")(d_ff, d_model, rng=rng, dtype=dtype, init=init)
 
+    @classmethod
+    def from_config(cls, cfg, rng=None, dropout_rng=None, dtype=DEFAULT_DTYPE):
+        """The feed-forward network of a model config (numformer.presets.ModelConfig: ``d_model``, ``d_ff``,
+        ``relu_dropout``, ``init``, ``activation``); weights drawn from ``rng``, the dropout's masks from
+        ``dropout_rng``."""
+        return cls(cfg.d_model, cfg.d_ff, cfg.relu_dropout, rng, dropout_rng, dtype, cfg.init, activation=cfg.activation)
+
     def forward(self, x):
         """x (..., d_model) -> (..., d_model)."""
         return self.w_2(self.dropout(self.activation(self.w_1(x))))

@@ -1,7 +1,7 @@
 """The layer classes the model builds, by name: the one place a user's class can stand in for numformer's.
 
-Every place numformer builds one of these layers reads its class here, ``layer_class("LayerNorm")(d_model)``,
-instead of naming the class, so putting another class under a name (:func:`replaced`, what
+Every place numformer builds one of these layers reads its class here, ``layer_class("LayerNorm")(d_model)``
+(or, from a model config, ``built("Residual", cfg, ...)``: the class's ``from_config``), instead of naming the class, so putting another class under a name (:func:`replaced`, what
 ``train.py --swap`` and :mod:`numformer.swap` do) reaches every use of that layer at once::
 
     with replaced({"LayerNorm": MyLayerNorm}):
@@ -62,6 +62,17 @@ def layer_class(name: str) -> type:
     """The class numformer builds as ``name`` now: the one put in by :func:`replaced`, else numformer's own."""
     _known(name)
     return _REPLACED.get(name, _OWN[name])
+
+
+def built(name: str, cfg, *args, **kwargs):
+    """The layer ``name`` built from a model config (a :class:`numformer.presets.ModelConfig`):
+    ``layer_class(name).from_config(cfg, *args, **kwargs)``, the class's own reading of the fields it needs. A
+    class put in numformer's place that has no ``from_config`` (one written against the constructor alone) is
+    built by numformer's reading, run with that class: it gets the arguments numformer's constructor gets."""
+    cls = layer_class(name)
+    if hasattr(cls, "from_config"):
+        return cls.from_config(cfg, *args, **kwargs)
+    return _OWN[name].from_config.__func__(cls, cfg, *args, **kwargs)
 
 
 def numformer_classes() -> dict:

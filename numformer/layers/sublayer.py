@@ -2,7 +2,8 @@
 
 Post-LN, the paper's form:  ``y = LayerNorm(x + Dropout(Sublayer(x)))``.
 Pre-LN (Xiong et al. 2020), selectable: ``y = x + Dropout(Sublayer(LayerNorm(x)))``;
-a pre-LN stack then ends with one more LayerNorm (see Encoder and Decoder).
+a pre-LN stack then ends with one more LayerNorm (see Encoder and Decoder). The norm is the model's
+(``ModelConfig.norm``, a row of :data:`numformer.norms.NORMS`): LayerNorm unless another is chosen.
 
 The Residual owns the LayerNorm and the Dropout, not the sub-layer: the sub-layer
 (attention or feed-forward) is passed to ``forward`` and ``backward`` so its
@@ -16,7 +17,20 @@ from __future__ import annotations
 
 from ..backend import DEFAULT_DTYPE
 from ..module import Module
+from ..norms import norm as norm_row
 from .registry import layer_class, registered
+
+
+def norm_layer(norm: str, d_model: int, eps: float = 1e-5, dtype=DEFAULT_DTYPE):
+    """The norm called ``norm`` (a name of :data:`numformer.norms.NORMS`) over a last axis of ``d_model``: its row's
+    class, as the registry holds it now. ValueError naming the choices for an unknown name."""
+    return layer_class(norm_row(norm).layer)(d_model, eps=eps, dtype=dtype)
+
+
+def norm_from_config(cfg, dtype=DEFAULT_DTYPE):
+    """The model's norm (a :class:`numformer.presets.ModelConfig`'s ``norm``, ``d_model`` and ``ln_eps``): every
+    Residual's, and a pre-LN stack's final norm."""
+    return norm_layer(cfg.norm, cfg.d_model, cfg.ln_eps, dtype)
 
 
 @registered
@@ -26,11 +40,17 @@ class Residual(Module):
     kinks = False  # a sum; its norm and dropout are children (Module.kinks: the layer contract)
 
     def __init__(self, d_model: int, dropout: float = 0.1, pre_norm: bool = False, rng=None,
-                 eps: float = 1e-5, dtype=DEFAULT_DTYPE):
+                 eps: float = 1e-5, dtype=DEFAULT_DTYPE, norm: str = "layernorm"):
         super().__init__()
         self.pre_norm = pre_norm
-        self.norm = layer_class("LayerNorm")(d_model, eps=eps, dtype=dtype)
+        self.norm = norm_layer(norm, d_model, eps, dtype)
         self.dropout = layer_class("Dropout")(dropout, rng)
+
+    @classmethod
+    def from_config(cls, cfg, rng=None, dtype=DEFAULT_DTYPE):
+        """The residual sub-layer of a model config (numformer.presets.ModelConfig: ``d_model``, ``dropout``,
+        ``pre_norm``, ``ln_eps``, ``norm``); ``rng`` the dropout's RandomState."""
+        return cls(cfg.d_model, cfg.dropout, cfg.pre_norm, rng, cfg.ln_eps, dtype, norm=cfg.norm)
 
     def forward(self, x, sublayer, *args, **kwargs):
         """x (B, T, d_model); ``sublayer(x_in, *args, **kwargs)`` returns (B, T, d_model)."""

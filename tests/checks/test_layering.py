@@ -15,11 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "numformer"
 
 # The math files and what they may import from numformer (docs/layout.md, "THE MATH"): the ground floor (the
-# activations' table among it), the other layers, and the machinery only through its one switch,
+# activations' and the norms' tables among it), the other layers, and the machinery only through its one switch,
 # ``numformer.kernels`` itself.
 MATH_FILES = sorted(PACKAGE.glob("layers/*.py")) + [PACKAGE / "loss.py", PACKAGE / "optim.py"]
 MATH_MAY_IMPORT = ("numformer.backend", "numformer.module", "numformer.parameter_buffer", "numformer.errors",
-                   "numformer.activations",
+                   "numformer.activations", "numformer.norms",
                    "numformer.kernels", "numformer.layers", "numformer.layers.*")
 
 

@@ -48,10 +48,12 @@ from numformer.layers import (Dropout, Embedding, FeedForward, LayerNorm, Learne
                               MultiHeadAttention, OutputProjection, PositionalEncoding, ReLU, Residual,
                               ScaledDotProductAttention)
 from numformer.layers.registry import layer_class
+from numformer.layers.sublayer import norm_layer
 from numformer.kernels import kernel_mode
 from numformer.loss import LabelSmoothedCrossEntropy
 from numformer.model import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer
 from numformer.module import Module
+from numformer.norms import NORMS
 from numformer.optim import Adam, NoamSchedule, clip_grad_norm
 from numformer.presets import ModelConfig
 from grad_checks.cases import (B, D, DFF, HEADS, MARIAN_PAD, PAD, S, T, V, Holder, SoftmaxFunction, as_marian_ids,
@@ -254,6 +256,31 @@ def case_layernorm(rng, dt):
     return Case(m, {"x": 3.0 * rng.standard_normal((B, S, D)) + 1.0},
                 lambda m, i: {"y": m(i["x"])}, lambda m, g: {"x": m.backward(g["y"])},
                 lambda P, i, d: {"y": tm.layer_norm(P, "", i["x"], 1e-5)})
+
+
+def case_norm(rng, dt, name):
+    """A norm of numformer's table (numformer.norms) against the function of ``torch.nn.functional`` the table
+    names for the mirror, every parameter random (LayerNorm's own case: case_layernorm)."""
+    m = norm_layer(name, D, eps=1e-5, dtype=dt)
+    for p in m.parameters():
+        p.data[:] = rng.standard_normal(p.shape)
+    return Case(m, {"x": 3.0 * rng.standard_normal((B, S, D)) + 1.0},
+                lambda m, i: {"y": m(i["x"])}, lambda m, g: {"x": m.backward(g["y"])},
+                lambda P, i, d: {"y": tm.normalise(P, "", i["x"], name, 1e-5)})
+
+
+def norm_cases() -> dict:
+    """The cases made from the norms' table, read now: each norm but LayerNorm (which has its own) alone and in the
+    whole model, post-LN and pre-LN (every residual's norm and the final norms), dropout replayed."""
+    made = {}
+    for name in (n for n in NORMS if n != "layernorm"):
+        layer = NORMS[name].layer
+        made[layer] = lambda r, d, n=name: case_norm(r, d, n)
+        made[f"Transformer-{layer}-post-LN-dropout"] = lambda r, d, n=name: _transformer_case(r, d, norm=n,
+                                                                                              dropout=0.1)
+        made[f"Transformer-{layer}-untied-pre-LN"] = lambda r, d, n=name: _transformer_case(
+            r, d, norm=n, pre_norm=True, tie_embeddings=False)
+    return made
 
 
 def case_softmax(rng, dt):
@@ -513,6 +540,7 @@ CASES = {
     "Transformer-learned-positions-untied-pre-LN": lambda r, d: _transformer_case(
         r, d, positional="learned", tie_embeddings=False, pre_norm=True),
     "Transformer-Marian-start-from-pad-dropout": lambda r, d: _marian_case(r, d, dropout=0.1),
+    **norm_cases(),
 }
 
 

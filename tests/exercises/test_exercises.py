@@ -4,6 +4,7 @@ too, an oracle that does not trust numformer's backward), the unsolved file says
 student errors (shapes, NaN, exceptions, syntax) are one line each; the command line's own errors exit 2."""
 import inspect
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,7 +67,28 @@ def test_list_is_in_the_order_to_learn_them(capsys):
     assert grad_checks_main(["exercise", "--list"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in out] == list(exercises.ORDER)
-    assert len(exercises.ORDER) == 12 + len(ACTIVATIONS)  # one per activation of the table
+    # one per exercise file of grad_checks/exercises/ and one per activation of the table, each once: counted
+    # from the folder and the table, not by hand
+    folder = Path(exercises.__file__).parent
+    files = {p.stem for p in folder.glob("*.py") if "EXERCISE = Exercise(" in p.read_text()}
+    assert len(exercises.ORDER) == len(set(exercises.ORDER)) == len(files | set(ACTIVATIONS))
+    assert set(exercises.ORDER) == files | set(ACTIVATIONS)
+
+
+def test_each_exercise_says_its_place_and_the_order_follows():
+    """The order comes from each exercise's stage and rank: a stage out of STAGES is refused, and the numbering
+    is the stages' order."""
+    places = [(exercises.STAGES.index(exercises.get(n).stage), n) for n in exercises.ORDER]
+    assert [p for p, _ in places] == sorted(p for p, _ in places)
+    assert exercises.ORDER[0] == next(iter(ACTIVATIONS)) and exercises.ORDER[-1] == "decoder_layer"
+    ex = exercises.get("relu")
+    original = ex.stage
+    try:
+        ex.stage = "somewhere"
+        with pytest.raises(ValueError, match="give it one of elementwise, matrix"):
+            exercises._place("relu")
+    finally:
+        ex.stage = original
 
 
 def test_exercise_names_accept_the_layer_class_name(tmp_path):

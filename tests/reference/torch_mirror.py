@@ -6,7 +6,8 @@ is an independent second implementation of the paper (Vaswani et al. 2017):
 * torch's own building blocks where their semantics match numformer's:
   ``F.linear``, ``F.embedding``, ``F.layer_norm``, ``torch.softmax``, ``F.relu``, and for another feed-forward
   activation the function of ``torch.nn.functional`` its row of numformer's activations table names (``F.silu``,
-  ``F.gelu``: the table is read, numformer's code is not called),
+  ``F.gelu``: the table is read, numformer's code is not called), and for the residual sub-layers' norm the one
+  its row of numformer's norms table names (``F.layer_norm``);
   ``F.cross_entropy(label_smoothing=eps)`` (eps spread as eps/V over all V classes,
   the same convention as numformer's loss);
 * what a Marian (opus-mt) model computes besides, as PyTorch and transformers' ``MarianMTModel`` do it:
@@ -43,48 +44,44 @@ and the comparison measures numformer's arithmetic, not where a near-zero value 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from numformer.activations import ACTIVATIONS
+from numformer.norms import NORMS
 
 MASKED_SCORE = -1e9
 
 
-@dataclass(frozen=True)
 class Arch:
-    """The architecture numbers the mirror needs (read from a numformer ModelConfig by the tests)."""
+    """The architecture the mirror reads: numformer's ModelConfig itself, each field under its own name (a field
+    added to ModelConfig is read here with no change to this class), and the short names the mirror's functions
+    use for five derived values: ``d_k`` and ``d_v`` the heads' widths (``head_dim_k``, ``head_dim_v``: resolved
+    when the config leaves them unset), ``n_enc``, ``n_dec`` the stacks' depths, ``tie`` for ``tie_embeddings``."""
 
-    d_model: int
-    heads: int
-    d_k: int
-    d_v: int
-    n_enc: int
-    n_dec: int
-    pre_norm: bool = False
-    tie: bool = True
-    ln_eps: float = 1e-5
-    pad_id: int = 0
-    label_smoothing: float = 0.1
-    positional: str = "sinusoidal"  # or "learned" (Table 3 row E): the tables src_pos.weight, tgt_pos.weight
-    activation: str = "relu"        # or another row of numformer.activations.ACTIVATIONS ("silu": Marian's swish)
-    logits_bias: bool = False       # the frozen final_logits_bias added to the logits (MirrorParams.frozen)
-    pad_row_gradient: bool = True   # False: F.embedding(padding_idx=pad_id), torch's nn.Embedding(padding_idx)
+    def __init__(self, cfg):
+        object.__setattr__(self, "cfg", cfg)
 
     @classmethod
     def from_config(cls, cfg) -> "Arch":
-        """From any object with ModelConfig's field names (plain attribute reads)."""
-        d_k = cfg.d_k if cfg.d_k is not None else cfg.d_model // cfg.heads
-        d_v = cfg.d_v if cfg.d_v is not None else d_k
-        n_dec = cfg.decoder_layers if cfg.decoder_layers is not None else cfg.layers
-        return cls(d_model=cfg.d_model, heads=cfg.heads, d_k=d_k, d_v=d_v, n_enc=cfg.layers, n_dec=n_dec,
-                   pre_norm=cfg.pre_norm, tie=cfg.tie_embeddings, ln_eps=cfg.ln_eps, pad_id=cfg.pad_id,
-                   label_smoothing=cfg.label_smoothing, positional=cfg.positional,
-                   activation=getattr(cfg, "activation", "relu"), logits_bias=getattr(cfg, "logits_bias", False),
-                   pad_row_gradient=getattr(cfg, "pad_row_gradient", True))
+        """The mirror's view of ``cfg`` (a numformer ModelConfig; nothing is copied)."""
+        return cls(cfg)
+
+    def __getattr__(self, name):  # every field of the config (and its properties) by its own name
+        if name == "cfg":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.cfg, name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("the mirror's Arch is read-only: change the ModelConfig it views")
+
+    d_k = property(lambda self: self.cfg.head_dim_k)
+    d_v = property(lambda self: self.cfg.head_dim_v)
+    n_enc = property(lambda self: self.cfg.layers)
+    n_dec = property(lambda self: self.cfg.n_decoder_layers)
+    tie = property(lambda self: self.cfg.tie_embeddings)
 
 
 class MirrorParams:
@@ -229,6 +226,15 @@ def layer_norm(P, prefix: str, x, eps: float):
     return F.layer_norm(x, (x.shape[-1],), P[_join(prefix, "weight")], P[_join(prefix, "bias")], eps)
 
 
+def normalise(P, prefix: str, x, kind: str = "layernorm", eps: float = 1e-5):
+    """The residual sub-layers' norm ``kind``: the function of ``torch.nn.functional`` its row of numformer's norms
+    table names, ``F.<torch>(x, (d,), *the row's parameters, eps=eps)`` (``F.layer_norm`` for LayerNorm)."""
+    if kind not in NORMS:
+        raise ValueError(f"unknown norm {kind!r}")
+    row = NORMS[kind]
+    return getattr(F, row.torch)(x, (x.shape[-1],), *(P[_join(prefix, p)] for p in row.parameters), eps=eps)
+
+
 def attention(q, k, v, mask=None, drop=None):
     """Eq. 1: softmax(Q K^T / sqrt(d_k)) V; masked scores replaced by -1e9; optional replayed dropout on P."""
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
@@ -262,17 +268,18 @@ def feed_forward(P, prefix: str, x, replay=None, kind: str = "relu"):
     return linear(P, _join(prefix, "w_2"), h)
 
 
-def residual(P, prefix: str, x, sublayer, *, pre_norm: bool, eps: float, replay=None):
-    """Post-LN LN(x + Dropout(F(x))) or pre-LN x + Dropout(F(LN(x))); ``prefix`` names the residual."""
-    norm, drop = _join(prefix, "norm"), _join(prefix, "dropout")
+def residual(P, prefix: str, x, sublayer, *, pre_norm: bool, eps: float, replay=None, norm: str = "layernorm"):
+    """Post-LN LN(x + Dropout(F(x))) or pre-LN x + Dropout(F(LN(x))); ``prefix`` names the residual; ``norm`` the
+    norm of the table in LayerNorm's place."""
+    name, drop = _join(prefix, "norm"), _join(prefix, "dropout")
     if pre_norm:
-        return x + dropout(replay, drop, sublayer(layer_norm(P, norm, x, eps)))
-    return layer_norm(P, norm, x + dropout(replay, drop, sublayer(x)), eps)
+        return x + dropout(replay, drop, sublayer(normalise(P, name, x, norm, eps)))
+    return normalise(P, name, x + dropout(replay, drop, sublayer(x)), norm, eps)
 
 
 def encoder_layer(P, prefix: str, x, mask, arch: Arch, replay=None):
     kw = dict(heads=arch.heads, d_k=arch.d_k, d_v=arch.d_v, replay=replay)
-    res = dict(pre_norm=arch.pre_norm, eps=arch.ln_eps, replay=replay)
+    res = dict(pre_norm=arch.pre_norm, eps=arch.ln_eps, replay=replay, norm=arch.norm)
     x = residual(P, _join(prefix, "self_attn_residual"), x,
                  lambda h: multi_head(P, _join(prefix, "self_attn"), h, mask=mask, **kw), **res)
     return residual(P, _join(prefix, "ffn_residual"), x,
@@ -281,7 +288,7 @@ def encoder_layer(P, prefix: str, x, mask, arch: Arch, replay=None):
 
 def decoder_layer(P, prefix: str, y, memory, self_mask, cross_mask, arch: Arch, replay=None):
     kw = dict(heads=arch.heads, d_k=arch.d_k, d_v=arch.d_v, replay=replay)
-    res = dict(pre_norm=arch.pre_norm, eps=arch.ln_eps, replay=replay)
+    res = dict(pre_norm=arch.pre_norm, eps=arch.ln_eps, replay=replay, norm=arch.norm)
     y = residual(P, _join(prefix, "self_attn_residual"), y,
                  lambda h: multi_head(P, _join(prefix, "self_attn"), h, mask=self_mask, **kw), **res)
     y = residual(P, _join(prefix, "cross_attn_residual"), y,
@@ -293,13 +300,13 @@ def decoder_layer(P, prefix: str, y, memory, self_mask, cross_mask, arch: Arch, 
 def encoder(P, prefix: str, x, mask, arch: Arch, replay=None):
     for i in range(arch.n_enc):
         x = encoder_layer(P, _join(prefix, f"layers.{i}"), x, mask, arch, replay)
-    return layer_norm(P, _join(prefix, "final_norm"), x, arch.ln_eps) if arch.pre_norm else x
+    return normalise(P, _join(prefix, "final_norm"), x, arch.norm, arch.ln_eps) if arch.pre_norm else x
 
 
 def decoder(P, prefix: str, y, memory, self_mask, cross_mask, arch: Arch, replay=None):
     for i in range(arch.n_dec):
         y = decoder_layer(P, _join(prefix, f"layers.{i}"), y, memory, self_mask, cross_mask, arch, replay)
-    return layer_norm(P, _join(prefix, "final_norm"), y, arch.ln_eps) if arch.pre_norm else y
+    return normalise(P, _join(prefix, "final_norm"), y, arch.norm, arch.ln_eps) if arch.pre_norm else y
 
 
 # -- masks, model, loss ------------------------------------------------------------

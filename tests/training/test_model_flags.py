@@ -11,8 +11,11 @@ from numformer.training.config import RESUMED_MODEL_FIELDS, VALUE_FLAGS, settle
 from numformer.training.model_flags import MODEL_FLAGS, TRAINING_ONLY
 from support import assert_one_line_error, run_main
 
-VALUES = {"--dropout": "0.25", "--label-smoothing": "0.05", "--positional": "learned", "--init": "xavier",
-          "--activation": "gelu"}
+#: the value each value flag is tried with: written here for a number; a flag of choices (--positional,
+#: --activation, ...) takes its first choice other than the default, so a new one needs no line here
+VALUES = {"--dropout": "0.25", "--label-smoothing": "0.05"}
+VALUES.update({f.flag: next(c for c in f.parser["choices"] if c != getattr(ModelConfig(), f.field))
+               for f in MODEL_FLAGS if "choices" in f.parser})
 
 
 def _typed(f):
