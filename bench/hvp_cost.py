@@ -44,7 +44,7 @@ PROG = "bench/hvp_cost.py"  # the name its one-line errors start with
 sys.path.insert(0, str(ROOT / "bench"))
 
 from train_step import PRESETS  # noqa: E402  (the same shapes as the step benchmark)
-from worker_process import run_worker  # noqa: E402  (a worker's failure passed on in its own line)
+from worker_process import side_result  # noqa: E402  (a side in a child; a failure passed on in its own line)
 
 SIDES = ("gradients", "exact", "torch")
 
@@ -136,13 +136,7 @@ def worker_torch(args, s) -> list:
 
 
 def run_child(args, side, shape) -> dict:
-    env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = str(args.threads)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--shape", json.dumps(shape),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
-    proc = run_worker(cmd, f"{side} worker", env=env, cwd=ROOT)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return side_result(Path(__file__).resolve(), side, shape, args, ROOT)
 
 
 @command_line(PROG)

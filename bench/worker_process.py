@@ -9,8 +9,11 @@ printing the worker's whole stderr or a traceback of its own; a worker killed by
 """
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
+import sys
 
 from numformer.errors import NumformerError
 
@@ -37,6 +40,19 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def side_result(script, side: str, shape: dict, args, root) -> dict:
+    """One side of a bench run in a child of its own: ``script --worker SIDE --shape JSON`` with ``args``' steps,
+    warm-up and threads (the BLAS and OpenMP thread variables set to them), in ``root``; -> the JSON object of its
+    last line of output."""
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(args.threads)
+    cmd = [sys.executable, str(script), "--worker", side, "--shape", json.dumps(shape), "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    proc = run_worker(cmd, f"{side} worker", env=env, cwd=root)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def run_worker(cmd, what: str, **kwargs) -> subprocess.CompletedProcess:

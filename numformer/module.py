@@ -385,11 +385,8 @@ class Module:
         several: a tuple), and everything kept is freed. A backward without a training forward is a bug of
         the caller, said as such."""
         saved, self._saved = self._saved, {}
-        missing = [n for n in names if n not in saved]
-        if missing:
-            raise RuntimeError(f"{type(self).__name__}.backward without a forward in training mode before it "
-                               f"(nothing saved as {missing[0]!r})")
-        return saved[names[0]] if len(names) == 1 else tuple(saved[n] for n in names)
+        return _kept(saved, names, f"{type(self).__name__}.backward without a forward in training mode before it "
+                                   "(nothing saved as {!r})")
 
     def release_saved(self) -> None:
         """Forget what forward and jvp kept (the memory goes back)."""
@@ -400,11 +397,8 @@ class Module:
         """What a training forward kept, by name, *without* freeing it (one name: the array; several: a tuple):
         ``jvp`` reads the forward's tensors and leaves them to backward. Missing: the caller's bug, said as
         such."""
-        missing = [n for n in names if n not in self._saved]
-        if missing:
-            raise RuntimeError(f"{type(self).__name__}.jvp without a forward in training mode before it "
-                               f"(nothing saved as {missing[0]!r})")
-        return self._saved[names[0]] if len(names) == 1 else tuple(self._saved[n] for n in names)
+        return _kept(self._saved, names, f"{type(self).__name__}.jvp without a forward in training mode before it "
+                                         "(nothing saved as {!r})")
 
     def save_tangents(self, **tensors) -> None:
         """``jvp``'s side of :meth:`save_for_backward`: keep the tangents of saved tensors (``x_dot``, ...) for
@@ -420,11 +414,8 @@ class Module:
         """``backward_jvp``'s side of :meth:`save_tangents`: the named tangents (one name: the array itself;
         several: a tuple), all of them freed. None kept: the caller ran backward_jvp without a jvp."""
         kept, self._tangents = self._tangents, {}
-        missing = [n for n in names if n not in kept]
-        if missing:
-            raise RuntimeError(f"{type(self).__name__}.backward_jvp without a jvp after the forward before it "
-                               f"(no tangent kept as {missing[0]!r})")
-        return kept[names[0]] if len(names) == 1 else tuple(kept[n] for n in names)
+        return _kept(kept, names, f"{type(self).__name__}.backward_jvp without a jvp after the forward before it "
+                                  "(no tangent kept as {!r})")
 
     @contextlib.contextmanager
     def tap(self, forward=None, backward=None):
@@ -527,6 +518,15 @@ class Module:
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(f"shape mismatch for {name}: checkpoint {tuple(value.shape)}, model {tuple(target.shape)}")
             target[...] = to_xp(value, get_array_module(target), target.dtype)  # in place: the array the layer holds
+
+
+def _kept(store: dict, names, missing: str):
+    """``store``'s values of ``names`` (one name: the value itself; several: a tuple); the first name missing is
+    the caller's bug, a RuntimeError of ``missing`` with that name."""
+    absent = [n for n in names if n not in store]
+    if absent:
+        raise RuntimeError(missing.format(absent[0]))
+    return store[names[0]] if len(names) == 1 else tuple(store[n] for n in names)
 
 
 def _no_forward_mode(layer, method: str) -> str:
