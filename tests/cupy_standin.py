@@ -484,8 +484,9 @@ def _finish(name, result, inputs, rerun, wrote=()):
     return to_device(result)
 
 
-def _run(name, fn, args, kwargs):
-    """Call numpy's ``fn`` on plain views of device arrays, as the device operation ``name``; ``out=`` kept."""
+def _run(name, fn, args, kwargs, owner=None):
+    """Call numpy's ``fn`` on plain views of device arrays, as the device operation ``name``; ``out=`` kept;
+    ``owner``: the (plain) array whose method ``fn`` is (a result viewing it is a view)."""
     out = kwargs.get("out")
     pargs = _plain_all(args)
     pkwargs = {k: (tuple(_plain(x) for x in v) if isinstance(v, tuple) else _plain(v)) for k, v in kwargs.items()}
@@ -503,7 +504,8 @@ def _run(name, fn, args, kwargs):
     finally:
         _State.depth -= 1
     wrote = _arrays_in([pkwargs["out"]]) if out is not None else ()
-    device = _finish(name, result, _arrays_in(pargs) + _arrays_in(pkwargs.values()), rerun, wrote)
+    inputs = _arrays_in(pargs) + _arrays_in(pkwargs.values()) + ([owner] if owner is not None else [])
+    device = _finish(name, result, inputs, rerun, wrote)
     return out if out is not None else device
 
 
@@ -577,7 +579,7 @@ class DeviceArray(np.ndarray):
                 return value(*args, **kwargs)
             if name in WRITE_FIRST:
                 _writes(plain)
-            return _run(name, getattr(plain, name), args, kwargs)
+            return _run(name, getattr(plain, name), args, kwargs, owner=plain)
         return method
 
     # -- reads back to the host (each one a device sync on a GPU) --------------------------
