@@ -107,3 +107,22 @@ def test_free_all_blocks_refuses_while_a_graph_of_the_pool_lives(xp):
     del graph
     pool.free_all_blocks()
     assert pool.total_bytes() == 0
+
+
+def test_bench_gpu_launches_counts_a_tiny_step():
+    """bench/gpu_launches.py (the launch counts docs/gpu.md reports) on tiny shapes: the eager step with the fused
+    kernels, and the captured body on numformer's handle (no CuPy GEMM left in it)."""
+    import json  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "bench/gpu_launches.py", "--shape", "quick", "--json"], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    eager, body = res["eager"], res["graph body"]
+    assert eager["total"] > 100 and body["total"] > 100
+    assert eager["by_kind"]["fused kernels"] == body["by_kind"]["fused kernels"] > 0
+    assert "CuPy matmul and its copies" not in body["by_kind"] and body["by_kind"]["cuBLAS (numformer's handle)"] > 0
