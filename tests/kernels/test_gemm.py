@@ -140,3 +140,26 @@ def test_under_a_capture_only_a_handle_bound_to_the_capturing_stream_is_accepted
     a[...] = 2 * np.eye(3, dtype=np.float32)
     graph.launch(stream=stream)
     np.testing.assert_array_equal(np.asarray(c).view(np.ndarray), 2 * np.arange(9, dtype=np.float32).reshape(3, 3))
+
+
+@pytest.mark.parametrize("planted", ["transpose flag", "leading dimension"])
+def test_a_planted_argument_bug_is_caught(standin, monkeypatch, planted):
+    """The check can fail: a transposed view passed without its flag, or a row-major leading dimension taken from
+    the wrong stride, gives another product than ``@``."""
+    xp, cs = standin
+    real = gemm._matrix
+
+    def wrong(a):
+        op, ld = real(a)
+        if planted == "transpose flag":
+            return gemm.OP_N, ld
+        return op, a.shape[-1] if op == gemm.OP_N else ld
+    monkeypatch.setattr(gemm, "_matrix", wrong)
+    rng = np.random.default_rng(3)
+    x, w = (rng.standard_normal(s).astype(np.float32) for s in ((6, 8), (5, 8)))
+    a, b = (device(xp, x)[:, :4], device(xp, w)[:, :4].T) if planted == "leading dimension" else \
+        (device(xp, x), device(xp, w).T)
+    handle = gemm.Handle(xp)
+    handle.bind(0)
+    got = np.asarray(handle.matmul(a, b)).view(np.ndarray)
+    assert not np.array_equal(got, np.asarray(a).view(np.ndarray) @ np.asarray(b).view(np.ndarray))
