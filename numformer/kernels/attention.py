@@ -16,7 +16,8 @@ Same inputs and outputs as :func:`numformer.layers.attention.attention_forward` 
 
 With attention dropout (not in the paper, off by default) host arrays go to the plain math.
 
-**On a GPU** (cupy arrays; issue 60, item 2) the two GEMMs stay cupy's and what lies between them is one CUDA
+**On a GPU** (cupy arrays; issue 60, item 2) the GEMMs are :func:`numformer.backend.product`'s (CuPy's ``@``, or inside
+a captured training step numformer's own cuBLAS handle: numformer/kernels/gemm.py) and what lies between them is one CUDA
 kernel each way (:data:`ATTENTION_CUDA`), where the plain math launches half a dozen passes over the
 (B, h, Tq, Tk) scores:
 
