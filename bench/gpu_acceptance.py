@@ -2,33 +2,34 @@
 """The GPU acceptance run: one command that proves the CuPy path and measures it.
 
     bash bench/gpu_run.sh OUT                                                 # on the GPU machine: the one command
-    python3 bench/gpu_acceptance.py OUT --corpus-dir .gpu_carry/bible-en-es   # what it runs: one GPU, 5 minutes
-    python3 bench/gpu_acceptance.py OUT --parts train_step,decode ...         # a rerun of the named parts only
+    python3 bench/gpu_acceptance.py OUT --corpus-dir .gpu_carry/bible-en-es   # what it runs: one GPU, 500 s
+    python3 bench/gpu_acceptance.py OUT --parts proofs,train_step ...         # a rerun of the named parts only
     python3 bench/gpu_acceptance.py OUT --device cpu --quick                  # the dry run (seconds a part; CI)
 
 Parts, each in its own child process with its own time box (a part that fails or runs
-out of time is recorded as such and the others still run):
+out of time is recorded as such and the others still run), in the order that matters:
 
     env           nvidia-smi, driver/CUDA/cupy/torch versions, the device's name
-    gpu_tests     python -m pytest -m gpu tests/ (tests/device/test_gpu_parity.py apart, see torch_parity);
-                  its tests/device/test_cuda_*.py prove the CUDA kernels at the hashes summary.json's
-                  cuda_sources lists (what numformer/kernels/cuda_proofs.json then records)
+    proofs        each fused kernel's GPU tests alone, one child each (tests/device/test_cuda_*.py), then
+                  numformer's cuBLAS handle and the captured step; each recorded as it ends with its source's
+                  hash and verdict (summary.json's cuda_proofs: the entries numformer/kernels/cuda_proofs.json takes)
+    train_step    bench/gpu_train_step.py: base, 25,000 target tokens, fp32/tf32/fp16, numformer eager, numformer
+                  as CUDA graphs and PyTorch eager, each a child printing as it ends
+    breakdown     bench/step_breakdown.py: where base's fp32 step goes, layer by layer, Adam and the norm included
+    launches      bench/gpu_launches.py: base's kernel launches by kernel, counted on the CuPy stand-in
+    gpu_tests     python -m pytest -m gpu tests/ (the proofs' files and tests/device/test_gpu_parity.py apart)
     grad_checks   every grad_checks case on the device in float64 (bench/gpu_grad_checks.py)
     torch_parity  python -m pytest -m gpu tests/device/test_gpu_parity.py (whole model on cupy vs the torch mirror)
     kernels       NUMFORMER_TEST_DEVICE=<device> python -m pytest tests/kernels/test_kernels.py ('missing' if absent)
     train         train.py --preset base --device cuda --max-minutes 1.25 on the corpus: validation loss curve
-    train_step    bench/gpu_train_step.py: base, 25,000 target tokens, fp32/tf32/fp16, numformer vs PyTorch
-    breakdown     bench/step_breakdown.py: where base's fp32 step goes, layer by layer, Adam and the norm included
     decode        greedy and beam 4 on 100 test sentences: a fresh small model and the base model of the train part
 
-A GPU lease is about 15 minutes in all, start-up and any rerun included, so the whole run is
-cut to fit 300 s (``--budget-s``), most important first: after env, the correctness parts
-(gpu_tests, torch_parity, grad_checks, kernels) run side by side with the short base run
-in the background, each recorded the moment it ends; then train_step, breakdown and decode, each alone
-on the device, so that their timings are clean. Parts not started by the budget's end are
-recorded as 'out of time'; summary.json is rewritten after every part, so a run cut short
-still says what passed. ``--parts`` reruns only the named parts (decode without train reads
-no trained model: it decodes a fresh base one).
+One device call is 10 minutes, so the whole run is cut to fit 500 s (``--budget-s``: no part starts after it, a
+running part's box is cut to it), most important first: the proofs alone, then the step's figures alone on the
+device (clean timings), then the rest as time allows (the other correctness parts side by side with the short
+base run, then decode). summary.json is rewritten after every part (and after every proof), so a run cut short
+still says what passed. ``--parts`` reruns only the named parts (decode without train reads no trained model: it
+decodes a fresh base one).
 
 Output (at most 8 files, no sub-folders; the format is described in docs/gpu.md ("The acceptance run")):
 
@@ -66,7 +67,21 @@ from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see 
 
 PROG = "bench/gpu_acceptance.py"  # the name its one-line errors start with
 FORMAT = "numformer-gpu-acceptance/1"
-PARTS = ("env", "gpu_tests", "grad_checks", "torch_parity", "kernels", "train", "train_step", "breakdown", "decode")
+PARTS = ("env", "proofs", "train_step", "breakdown", "launches", "gpu_tests", "grad_checks", "torch_parity", "kernels",
+         "train", "decode")
+# Each fused kernel's proof (numformer/kernels/cuda_sources.py: the source whose SHA-256 cuda_proofs.json records)
+# and the capture route's: (name, pytest targets and selection). Run first, one child each, each recorded as it ends.
+PROOFS = (
+    ("adam", ["tests/device/test_cuda_kernels.py"]),
+    ("layernorm", ["tests/device/test_cuda_layers.py", "-k", "layernorm or switch"]),
+    ("linear", ["tests/device/test_cuda_layers.py", "-k", "bias_gradient or linear"]),
+    ("loss", ["tests/device/test_cuda_layers.py", "-k", "loss"]),
+    ("dropout", ["tests/device/test_cuda_dropout_attention.py", "-k", "cuda_words or dropout and not attention"]),
+    ("attention", ["tests/device/test_cuda_dropout_attention.py", "-k", "attention"]),
+    ("gemm handle", ["tests/device/test_gemm_on_gpu.py"]),          # the capture route: no CUDA source of its own
+    ("step graphs", ["tests/device/test_step_graphs_on_gpu.py"]),
+)
+PROOF_FILES = sorted({targets[0] for _, targets in PROOFS})
 OUT_OF_TIME = {"status": "out of time", "seconds": 0.0}  # a part the budget left no time to start
 PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
 
@@ -79,7 +94,9 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="tiny shapes and a few steps per part")
     ap.add_argument("--corpus-dir", help="folder with {train,valid,test}.{src,tgt} (default: the bible-en-es cache)")
     ap.add_argument("--work", help="scratch folder for the run folder and vocabulary (default: a temporary one)")
-    ap.add_argument("--budget-s", type=positive_float, default=None, help="stop starting parts after this (default 300)")
+    ap.add_argument("--budget-s", type=positive_float, default=None,
+                    help="stop starting parts after this, and cut a running part's box to it (default 500: the device "
+                         "call's 10 minutes with a minute to spare)")
     ap.add_argument("--box-scale", type=positive_float, default=1.0,
                     help="multiply every part's time box (the CPU dry run's test uses 10: a slow machine is no failure)")
     ap.add_argument("--train-minutes", type=positive_float, default=1.25, help="training budget of the train part (default 1.25)")
@@ -89,7 +106,7 @@ def parse_args(argv=None):
     ap.add_argument("--vocab", help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    args.budget_s = args.budget_s or 300.0
+    args.budget_s = args.budget_s or 500.0
     args.sentences = args.sentences or (8 if args.quick else 100)
     unknown = set(args.parts.split(",")) - set(PARTS)
     if unknown:
@@ -283,9 +300,15 @@ def _json_part(name, cmd, box, ok=lambda res: True, env=None) -> Part:
 
 
 def gpu_tests_part(args):
-    # 180 s: the fused kernels' tests (numformer/kernels/cuda_sources.py) compile each source once and run it at
-    # base's sizes beside the layer, model and decoding tests
-    return _pytest_part("gpu_tests", ["tests/"], 180, ["-m", "gpu", "--ignore=tests/device/test_gpu_parity.py"])
+    # the layer, model, decoding and precision tests on the device; the proofs ran first (the proofs part)
+    ignored = [f"--ignore={path}" for path in ["tests/device/test_gpu_parity.py", *PROOF_FILES]]
+    return _pytest_part("gpu_tests", ["tests/"], 150, ["-m", "gpu", *ignored])
+
+
+def proof_part(args, name, targets):
+    """One kernel's proof (or the capture route's): its GPU tests, named as they pass (-v)."""
+    return _pytest_part(f"proof {name}", targets, 40 if name != "step graphs" else 60, ["-m", "gpu", "-v"],
+                        env=KERNELS_ON)
 
 
 # The timing parts run the fused CUDA kernels whether or not cuda_proofs.json proves them yet: this same run's
@@ -322,7 +345,8 @@ def train_step_part(args):
     # then also the step as CUDA graphs (a capture and 5 replays: about 5 s more)
     cmd += ["--quick", "--steps", "1", "--warmup", "1"] if args.quick else ["--steps", "5", "--warmup", "2",
                                                                              "--timeout", "60"]
-    return _json_part("train_step", cmd, 100 if args.quick else 170, ok=lambda res: all(
+    # each of the nine children prints as it ends: a box that ends (or a child that crashes) keeps every figure before
+    return _json_part("train_step", cmd, 100 if args.quick else 200, ok=lambda res: all(
         r["numformer"].get("status") in ("ok", "not on cpu") for r in res["rows"]), env=KERNELS_ON)
 
 
@@ -332,6 +356,15 @@ def breakdown_part(args):
     cmd = [sys.executable, "bench/step_breakdown.py", "--device", args.device, "--json"]
     cmd += ["--quick", "--steps", "1", "--warmup", "1"] if args.quick else ["--steps", "3", "--warmup", "2"]
     return _json_part("breakdown", cmd, 40 if args.quick else 60, ok=lambda res: bool(res.get("rows")), env=KERNELS_ON)
+
+
+def launches_part(args):
+    """Kernel launches of one base step by kernel, counted on the CuPy stand-in (bench/gpu_launches.py: CPU work,
+    needs g++ for the host emulator): the host's share of the step, launch by launch."""
+    cmd = [sys.executable, "bench/gpu_launches.py", "--json", "--top", "60"] + (["--shape", "quick"] if args.quick
+                                                                               else [])
+    return _json_part("launches", cmd, 60 if args.quick else 90,
+                      ok=lambda res: "eager" in res or res.get("status") == "skipped")  # skipped: no cupy
 
 
 def decode_part(args, vocab: Path, run_dir: Path, corpus: Path):
@@ -502,8 +535,20 @@ def main(argv=None) -> int:
     # 1. what the machine is
     if "env" in wanted:
         record_from("env", lambda: part_env(run, args, out) if run.left() >= 5 else dict(OUT_OF_TIME))
-    # 2. the correctness parts side by side, with the short base run in the background: a part that ends is
-    #    recorded at once (the device's memory holds them all; their timings are not figures)
+    # 2. the proofs first and alone: each kernel's tests, its source's hash and verdict recorded as it ends (the
+    #    entries numformer/kernels/cuda_proofs.json takes, in summary["cuda_proofs"])
+    if "proofs" in wanted:
+        run_proofs(args, run, summary, record)
+    # 3. one training step against PyTorch's, alone on the device (clean timings): eager, captured, PyTorch, each
+    #    its own child printing as it ends; then where the step goes, and its launches by kernel
+    if "train_step" in wanted:
+        alone(train_step_part(args))
+    if "breakdown" in wanted:
+        alone(breakdown_part(args))
+    if "launches" in wanted:
+        alone(launches_part(args))
+    # 4. the rest as time allows: the other correctness parts side by side, with the short base run in the
+    #    background (the device's memory holds them all; their timings are not figures)
     side_by_side = [make(args) for name, make in (("gpu_tests", gpu_tests_part), ("torch_parity", torch_parity_part),
                                                    ("grad_checks", grad_checks_part), ("kernels", kernels_part))
                     if name in wanted]
@@ -524,12 +569,7 @@ def main(argv=None) -> int:
             children.append(run.start(part.name, part.cmd, part.box, part.env))
     for child, ended in run.wait_each(children):
         record_parsed(by_name[child["name"]], ended)
-    # 3. one training step against PyTorch's, alone on the device (clean timings)
-    if "train_step" in wanted:
-        alone(train_step_part(args))
-    if "breakdown" in wanted:
-        alone(breakdown_part(args))
-    # 4. decoding, alone again: a fresh small model and the base model the train part left
+    # 5. decoding, alone again: a fresh small model and the base model the train part left
     if "decode" in wanted:
         if corpus is None or not vocab.exists():
             record("decode", dict(no_corpus))
@@ -538,6 +578,43 @@ def main(argv=None) -> int:
     save()
     print(report(summary))
     return 0 if summary["ok"] else 1
+
+
+def run_proofs(args, run: Runner, summary: dict, record) -> None:
+    """Each proof in its own child, one after another, alone on the device; after each, summary.json says its
+    verdict (the tests passed, by name) and, for a kernel that passed, the entry cuda_proofs.json records."""
+    verdicts, summary["cuda_proofs"] = {}, {}
+    hashes, started = summary["cuda_sources"], time.monotonic()
+    gpu = None
+    for name, targets in PROOFS:
+        if run.left() < 5:
+            verdicts[name] = dict(OUT_OF_TIME)
+            continue
+        part = proof_part(args, name, targets)
+        rc, output, secs = run.wait(run.start(part.name, part.cmd, part.box, part.env))
+        result = part.parse(rc, output, secs)
+        result["passed_tests"] = [ln.split(" PASSED")[0].split("::", 1)[-1] for ln in output.splitlines()
+                                  if " PASSED" in ln][:80]
+        if name in hashes:
+            result["sha256"] = hashes[name]
+            if result["status"] == "ok":
+                gpu = gpu or (summary["parts"].get("env") or {}).get("device")
+                summary["cuda_proofs"][name] = {"sha256": hashes[name], "date": time.strftime("%Y-%m-%d"),
+                                                "gpu": gpu, "commit": summary["commit"]}
+        verdicts[name] = result
+        record("proofs", {"status": _proofs_status(verdicts), "seconds": round(time.monotonic() - started, 1),
+                          "kernels": dict(verdicts)})
+    record("proofs", {"status": _proofs_status(verdicts), "seconds": round(time.monotonic() - started, 1),
+                      "kernels": dict(verdicts)})
+
+
+def _proofs_status(verdicts: dict) -> str:
+    statuses = {v["status"] for v in verdicts.values()}
+    if statuses <= {"ok"}:
+        return "ok"
+    if statuses <= {"skipped"}:
+        return "skipped"
+    return "failed" if statuses & {"failed", "timeout", "no tests"} else "out of time"
 
 
 def cuda_source_hashes() -> dict:
@@ -568,7 +645,12 @@ def report(summary) -> str:
              f"{'OK' if summary['ok'] else 'NOT OK'} in {summary['wall_s']} s"]
     for name, p in summary["parts"].items():
         extra = ""
-        if "counts" in p:
+        if name == "proofs" and "kernels" in p:
+            extra = ", ".join(f"{k} {v['status']}" for k, v in p["kernels"].items())
+        elif name == "launches" and "eager" in p:
+            extra = (f"eager {p['eager']['total']} a step" +
+                     (f", graph body {p['graph body']['total']}" if "graph body" in p else ""))
+        elif "counts" in p:
             extra = ", ".join(f"{v} {k}" for k, v in p["counts"].items())
         elif name == "grad_checks" and "checks" in p:
             extra = f"{p['checks']} tensors, {p['failed']} failed, worst {p['max_rel_error']:.1e}"

@@ -14,8 +14,10 @@ count against the other). Precisions (``--precision fp32,tf32,fp16``):
 numformer's step is the trainer's (``numformer.training.trainer.Trainer.step`` without the data
 loader): forward, loss with ``overwrite_logits``, backward (scaled in fp16, the weights' float16 copies made
 once), unscale, the global gradient norm read back with the loss in one transfer, ``Adam.step(zero_grad=True)``.
-With ``--graphs`` the same process then times the step as ``train.py --cuda-graphs`` runs it
-(:mod:`numformer.training.step_graphs`: captured once, replayed), reported as the row's ``numformer_graphs``.
+With ``--graphs`` a child of its own then times the step as ``train.py --cuda-graphs`` runs it
+(:mod:`numformer.training.step_graphs`: captured once, replayed), reported as the row's ``numformer_graphs``
+(with the graphs' pool bytes). Each child's figures are printed the moment it ends (``--json``: one line of
+everything so far after each child), so a child that crashes, or a time box that ends, loses none measured before.
 The fused CUDA kernels run where ``numformer/kernels/cuda_proofs.json`` proves them or
 ``NUMFORMER_CUDA_UNPROVEN=1`` is set (the acceptance run sets it once its kernel tests passed).
 Reported per side: median ms/step of the counted steps (device synchronised before each
@@ -65,7 +67,7 @@ def parse_args(argv=None):
     ap.add_argument("--graphs", action="store_true", help="numformer also as CUDA graphs (train.py --cuda-graphs)")
     ap.add_argument("--timeout", type=positive_float, default=240, help="seconds per child process")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--worker", choices=["numformer", "torch"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["numformer", "graphs", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.steps = args.steps or (2 if args.quick else 10)
@@ -86,14 +88,15 @@ def _result(times, s, peak_mb, loss, backend):
             "final_loss": loss, "backend": backend, "steps": len(times)}
 
 
-def worker_numformer(args, s):
+def _setup(args, s):
+    """numformer's side of a child: the precision set, the benched model, Adam, loss, scaler, two device batches and
+    the device's sync. -> (xp, model, opt, crit, scaler, batches, sync)."""
     sys.path.insert(0, str(ROOT))
     import numpy as np  # noqa: PLC0415
 
-    from numformer.backend import describe, to_xp, xp_for  # noqa: PLC0415
-    from numformer.precision import half_weights, set_matmul_precision  # noqa: PLC0415
+    from numformer.backend import to_xp, xp_for  # noqa: PLC0415
+    from numformer.precision import set_matmul_precision  # noqa: PLC0415
     from numformer.training.loss_scaling import DynamicLossScaler  # noqa: PLC0415
-    from numformer.backend import read_scalars  # noqa: PLC0415
     from train_step import benched_model  # noqa: PLC0415  (bench/ is on the path: this script's folder)
 
     set_matmul_precision(args.mode, args.device)  # before the model moves: TF32 is read at the first GEMM
@@ -106,6 +109,18 @@ def worker_numformer(args, s):
                for _ in range(2)]
     on_gpu = xp is not np
     sync = (lambda: xp.cuda.get_current_stream().synchronize()) if on_gpu else (lambda: None)
+    return xp, model, opt, crit, scaler, batches, sync
+
+
+def worker_numformer(args, s):
+    """The eager step with the fused kernels, as Trainer.train_step runs it."""
+    import numpy as np  # noqa: PLC0415
+
+    xp, model, opt, crit, scaler, batches, sync = _setup(args, s)
+    from numformer.backend import describe, read_scalars  # noqa: PLC0415
+    from numformer.precision import half_weights  # noqa: PLC0415
+
+    on_gpu = xp is not np
     times, host, loss_host = [], [], float("nan")
     for i in range(args.warmup + args.steps):
         src, tgt_in, tgt_out = batches[i % len(batches)]
@@ -126,12 +141,14 @@ def worker_numformer(args, s):
     peak = xp.get_default_memory_pool().total_bytes() / 2 ** 20 if on_gpu else _peak_rss_mb()
     # host time to issue forward and backward: near the step's whole time, the step waits on Python and kernel
     # launches, not on the GPU's arithmetic
-    result = {**_result(times, s, peak, loss_host, describe(xp) + f", precision {args.mode}"),
-              "host_issue_ms": round(statistics.median(host) * 1e3, 2)}
-    if args.graphs:
-        result["graphs"] = graph_steps(args, s, xp, model, opt, crit, scaler, [_host_batch(b) for b in batches],
-                                       sync)
-    return result
+    return {**_result(times, s, peak, loss_host, describe(xp) + f", precision {args.mode}"),
+            "host_issue_ms": round(statistics.median(host) * 1e3, 2)}
+
+
+def worker_graphs(args, s):
+    """The step as ``train.py --cuda-graphs`` runs it, in a child of its own (a crash here loses no eager figure)."""
+    xp, model, opt, crit, scaler, batches, sync = _setup(args, s)
+    return graph_steps(args, s, xp, model, opt, crit, scaler, [_host_batch(b) for b in batches], sync)
 
 
 def _eager_passes(model, crit, opt, scaler, src, tgt_in, tgt_out):
@@ -214,7 +231,8 @@ def _timed_graph_steps(args, s, xp, batches, sync, graphs, said) -> dict:
     on_gpu = xp is not np
     peak = xp.get_default_memory_pool().total_bytes() / 2 ** 20 if on_gpu else _peak_rss_mb()
     return {"status": "ok", **_result(times, s, peak, loss_host, "CUDA graphs" if on_gpu else "rehearsed (CPU)"),
-            "host_issue_ms": round(statistics.median(host) * 1e3, 2)}
+            "host_issue_ms": round(statistics.median(host) * 1e3, 2),
+            "graph_memory_mb": round(graphs.memory_bytes() / 2 ** 20, 1), "graphs": len(graphs.steps)}
 
 
 def worker_torch(args, s):
@@ -259,8 +277,7 @@ def worker_torch(args, s):
 
 def run_child(args, kind, mode):
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--mode", mode, "--device", args.device,
-           "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--quick"] if args.quick else []) + \
-        (["--graphs"] if args.graphs and kind == "numformer" else [])
+           "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--quick"] if args.quick else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -268,7 +285,7 @@ def run_child(args, kind, mode):
     if proc.returncode != 0:
         return {"status": "failed", "error": proc.stderr.strip().splitlines()[-1:] or ["?"],
                 "stderr_tail": proc.stderr[-2000:]}
-    return {"status": "ok", **json.loads(proc.stdout.strip().splitlines()[-1])}
+    return {"status": "ok", **json.loads(proc.stdout.strip().splitlines()[-1])}  # a worker's own status wins
 
 
 @command_line(PROG)
@@ -276,32 +293,40 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     shape = SHAPES["quick" if args.quick else "base"]
     if args.worker:
-        result = worker_numformer(args, shape) if args.worker == "numformer" else worker_torch(args, shape)
-        print(json.dumps(result))
+        worker = {"numformer": worker_numformer, "graphs": worker_graphs, "torch": worker_torch}[args.worker]
+        print(json.dumps(worker(args, shape)))
         return 0
     on_cpu = args.device == "cpu"
     modes = args.precision.split(",") if args.precision else (["fp32", "fp16"] if on_cpu else ["fp32", "tf32", "fp16"])
     rows = []
+    summary = {"device": args.device, "shape": shape, "target_tokens_per_step": shape["batch"] * shape["tgt_len"],
+               "steps": args.steps, "warmup": args.warmup, "rows": rows}
+
+    def report():
+        """Each child's figures the moment it ends: one JSON line of everything so far (--json; the acceptance run
+        keeps the last one, so a child that crashes or a box that ends loses no figure already measured)."""
+        if args.json:
+            print(json.dumps(summary), flush=True)
+
     for mode in modes:
         row = {"precision": mode}
-        if on_cpu and mode == "tf32":
-            row["numformer"] = {"status": "not on cpu"}
-        else:
-            row["numformer"] = run_child(args, "numformer", mode)
+        rows.append(row)
+        # 1. numformer eager with the fused kernels, 2. the same step captured, 3. PyTorch eager: each its own child
+        row["numformer"] = {"status": "not on cpu"} if on_cpu and mode == "tf32" else run_child(args, "numformer", mode)
+        report()
+        if args.graphs and not (on_cpu and mode == "tf32"):
+            row["numformer_graphs"] = run_child(args, "graphs", mode)
+            report()
         row["torch"] = run_child(args, "torch", mode) if args.torch else {"status": "skipped"}
-        nf, pt = row["numformer"], row["torch"]
+        nf, pt, graphs = row["numformer"], row["torch"], row.get("numformer_graphs") or {}
         if nf.get("status") == "ok" and pt.get("status") == "ok":
             row["ratio_step_time"] = round(nf["median_step_ms"] / pt["median_step_ms"], 3)
             row["ratio_peak_memory"] = round(nf["peak_memory_mb"] / pt["peak_memory_mb"], 3)
-        graphs = nf.get("graphs") or {}
         if graphs.get("status") == "ok":
-            row["numformer_graphs"] = graphs
             row["graphs_host_issue_share"] = round(graphs["host_issue_ms"] / graphs["median_step_ms"], 3)
             if pt.get("status") == "ok":
                 row["ratio_step_time_graphs"] = round(graphs["median_step_ms"] / pt["median_step_ms"], 3)
-        elif graphs:
-            row["numformer_graphs"] = graphs
-        rows.append(row)
+        report()
         if not args.json:
             for side in ("numformer", "torch"):
                 r = row[side]
@@ -313,16 +338,12 @@ def main(argv=None) -> int:
             g = row.get("numformer_graphs")
             if g and g.get("status") == "ok":
                 print(f"{mode:5s} {'graphs':9s} {g['median_step_ms']:9.1f} ms/step  "
-                      f"host issue {g['host_issue_ms']:.1f} ms")
+                      f"host issue {g['host_issue_ms']:.1f} ms, graph memory {g['graph_memory_mb']:.0f} MB")
             elif g:
-                print(f"{mode:5s} {'graphs':9s} {g.get('status')}: {g.get('why')}")
+                print(f"{mode:5s} {'graphs':9s} {g.get('status')}: {g.get('why') or g.get('error')}")
             if "ratio_step_time" in row:
                 print(f"{mode:5s} ratio numformer/PyTorch: step time {row['ratio_step_time']:.2f}x, "
                       f"peak memory {row['ratio_peak_memory']:.2f}x")
-    summary = {"device": args.device, "shape": shape, "target_tokens_per_step": shape["batch"] * shape["tgt_len"],
-               "steps": args.steps, "warmup": args.warmup, "rows": rows}
-    if args.json:
-        print(json.dumps(summary))
     return 0
 
 

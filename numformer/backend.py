@@ -252,15 +252,33 @@ def describe(xp) -> str:
 
 # -- the GEMM --------------------------------------------------------------------------------------
 _gemm = None  # None: plain ``a @ b``; else the lower-precision product numformer.precision set
+# None: device products are CuPy's ``@``; inside a captured training step's body, numformer's own cuBLAS handle's
+# (numformer.kernels.gemm.owned_gemms: CuPy refuses every cuBLAS call while a stream captures)
+_device_gemm = None
+
+
+def product(a, b):
+    """``a @ b`` of two arrays of two or more axes; device arrays on the installed device GEMM when one is (the
+    captured step's own cuBLAS handle, :func:`numformer.kernels.gemm.owned_gemms`), else ``@``."""
+    if _device_gemm is not None and is_cupy_array(a):
+        return _device_gemm(a, b)
+    return a @ b
+
+
+def set_device_gemm(gemm):
+    """Install ``gemm(a, b)`` as :func:`product`'s for device arrays (None: ``@``); returns the previous one."""
+    global _device_gemm
+    previous, _device_gemm = _device_gemm, gemm
+    return previous
 
 
 def matmul(a, b):
     """``a @ b``: a (m, k), b (k, n) -> (m, n), in the process's matmul arithmetic.
 
-    fp32 (the default) is exactly ``a @ b``; the opt-in tf32 and fp16 modes of
+    fp32 (the default) is exactly ``a @ b`` (:func:`product`); the opt-in tf32 and fp16 modes of
     :mod:`numformer.precision` compute the same product with lower-precision operands.
     """
-    return a @ b if _gemm is None else _gemm(a, b)
+    return product(a, b) if _gemm is None else _gemm(a, b)
 
 
 def set_gemm(product) -> None:

@@ -95,7 +95,7 @@ def _matmul_fp16(a, b):
     if is_cupy_array(a) or is_cupy_array(b):
         # cuBLAS: float16 in, CUBLAS_COMPUTE_32F, float16 out; astype keeps a transposed
         # view's order, which cuBLAS takes as a transpose flag (no extra copy)
-        return xp.matmul(_half(a), _half(b)).astype(xp.float32)
+        return backend.product(_half(a), _half(b)).astype(xp.float32)
     f32 = xp.float32
     # casting to float16 warns on overflow (inf) and underflow (0): both are the point here
     with xp.errstate(over="ignore", under="ignore"):
@@ -155,7 +155,7 @@ def _matmul_tf32(a, b):
     if a.dtype == _F32 and not (is_cupy_array(a) or is_cupy_array(b)):
         raise PrecisionError("matmul precision 'tf32' needs --device cuda (TF32 runs on NVIDIA tensor cores); "
                              "on the CPU use fp32")
-    return a @ b
+    return backend.product(a, b)
 
 
 # -- the mode --------------------------------------------------------------------------

@@ -311,7 +311,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ("skip", "writes .gpu_carry/ into the git checkout and reads its history: run by hand before a device call"),
     'bash bench/gpu_run.sh "$OUT"':
         ("skip", "needs a GPU (its dry run, through the same script, is tests/device/test_gpu_acceptance.py's)"),
-    'bash bench/gpu_run.sh "$OUT" --parts gpu_tests,train_step': ("skip", "needs a GPU"),
+    'bash bench/gpu_run.sh "$OUT" --parts proofs,train_step': ("skip", "needs a GPU"),
+    "python3 bench/gpu_launches.py": ("run", "python3 bench/gpu_launches.py --shape quick"),  # base's: 30 s
     "python3 bench/gpu_acceptance.py OUT --device cpu --quick":
         ("run", "python3 bench/gpu_acceptance.py OUT --device cpu --quick"),
     # -- Hugging Face Marian in and out (docs/interop.md): the Hub is not reachable here -----------------------------

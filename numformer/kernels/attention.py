@@ -16,7 +16,8 @@ Same inputs and outputs as :func:`numformer.layers.attention.attention_forward` 
 
 With attention dropout (not in the paper, off by default) host arrays go to the plain math.
 
-**On a GPU** (cupy arrays; issue 60, item 2) the two GEMMs stay cupy's and what lies between them is one CUDA
+**On a GPU** (cupy arrays; issue 60, item 2) the GEMMs are :func:`numformer.backend.product`'s (CuPy's ``@``, or inside
+a captured training step numformer's own cuBLAS handle: numformer/kernels/gemm.py) and what lies between them is one CUDA
 kernel each way (:data:`ATTENTION_CUDA`), where the plain math launches half a dozen passes over the
 (B, h, Tq, Tk) scores:
 
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import MASKED_SCORE, get_array_module, is_cupy_array
+from ..backend import MASKED_SCORE, get_array_module, is_cupy_array, product
 from .cuda_sources import cuda_source, kernel_function, may_run
 from .twins import replaces
 from .host.threads import parallel_ranges
@@ -278,23 +279,21 @@ def attention_forward_cuda(q, k, v, masked, scale: float, dropout=None):
     """:func:`numformer.layers.attention.attention_forward` on cupy arrays (numpy under the host emulator): the
     two GEMMs as the plain math's, the scale, mask and softmax between them in one kernel, ``dropout`` (the
     layer) on P as the plain math calls it."""
-    xp = get_array_module(q)
-    p = attention_softmax_cuda(_contiguous(xp.matmul(q, k.swapaxes(-1, -2))), masked, scale)
+    p = attention_softmax_cuda(_contiguous(product(q, k.swapaxes(-1, -2))), masked, scale)
     p_used = p if dropout is None else dropout(p)
-    return xp.matmul(p_used, v), p, p_used
+    return product(p_used, v), p, p_used
 
 
 def attention_backward_cuda(dout, q, k, v, p, p_used, masked, scale: float, dropout_backward=None):
     """:func:`numformer.layers.attention.attention_backward` on cupy arrays (numpy under the host emulator): the
     GEMMs as the plain math's, ``dropout_backward`` on dP as the plain math calls it, the softmax backward, mask
     and scale in one kernel."""
-    xp = get_array_module(dout)
-    dv = xp.matmul(p_used.swapaxes(-1, -2), dout)
-    dp = xp.matmul(dout, v.swapaxes(-1, -2))
+    dv = product(p_used.swapaxes(-1, -2), dout)
+    dp = product(dout, v.swapaxes(-1, -2))
     if dropout_backward is not None:
         dp = dropout_backward(dp)
     ds = attention_softmax_backward_cuda(_contiguous(dp), _contiguous(p), masked, scale)
-    return xp.matmul(ds, k), xp.matmul(ds.swapaxes(-1, -2), q), dv
+    return product(ds, k), product(ds.swapaxes(-1, -2), q), dv
 
 
 def _forward_runs_here(q, k, v, masked, scale, dropout=None) -> bool:

@@ -555,6 +555,12 @@ def _dims(value, what: str, function: str) -> tuple:
     return tuple(int(v) for v in value) + (1,) * (3 - len(value))
 
 
+# Called as LAUNCH_OBSERVER(name, function, run, written) for each launch in place of run() (which launches it;
+# written: the arrays of its non-const pointer parameters): the tests' cupy stand-in counts launches and records
+# them for a captured graph's replay (tests/cupy_standin.py).
+LAUNCH_OBSERVER = None
+
+
 class HostKernel:
     """One emulated kernel function, called as cupy's RawKernel is: ``kernel(grid, block, args)``."""
 
@@ -589,9 +595,16 @@ class HostKernel:
             raise CudaEmulatorArgumentError(f"kernel {where} takes {len(self.parameters)} arguments ({listed}), "
                                             f"got {len(args)}")
         values = [self._argument(p, a, i, where) for i, (p, a) in enumerate(zip(self.parameters, args))]
-        status = self._launch(*grid, *block, *values)
-        if status:
-            raise CudaEmulatorError(f"kernel {where}: could not map {block[0] * block[1] * block[2]} fiber stacks")
+
+        def run():
+            if self._launch(*grid, *block, *values):
+                raise CudaEmulatorError(f"kernel {where}: could not map {block[0] * block[1] * block[2]} fiber "
+                                        "stacks")
+        if LAUNCH_OBSERVER is None:
+            run()
+        else:
+            LAUNCH_OBSERVER(self.name, self.function, run,
+                            [a for p, a in zip(self.parameters, args) if p.pointer and not p.const])
 
     @staticmethod
     def _argument(p: Parameter, value, index: int, where: str):

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_acceptance.py"
 RUN_SCRIPT = ROOT / "bench" / "gpu_run.sh"  # the one command run on the GPU machine
 GPU_MACHINE = Path(__file__).resolve().parent / "gpu_machine"
-PARTS = ["env", "gpu_tests", "grad_checks", "torch_parity", "kernels", "train", "train_step", "breakdown", "decode"]
+PARTS = ["env", "proofs", "train_step", "breakdown", "launches", "gpu_tests", "grad_checks", "torch_parity", "kernels",
+         "train", "decode"]  # the order that matters: the proofs alone first, then the step's figures, then the rest
 STATUSES = {"ok", "failed", "timeout", "skipped", "missing", "no tests", "out of time"}
 
 
@@ -53,6 +54,12 @@ def test_quick_cpu_dry_run_writes_the_documented_summary(tmp_path):
     p = s["parts"]
     assert p["env"]["status"] == "ok" and p["env"]["numpy"]
     assert p["gpu_tests"]["status"] == "skipped" and p["gpu_tests"]["counts"]["skipped"] > 0  # no GPU here
+    proofs = p["proofs"]["kernels"]  # one child per kernel, each recorded with its source's hash as it ends
+    assert list(proofs) == ["adam", "layernorm", "linear", "loss", "dropout", "attention", "gemm handle", "step graphs"]
+    assert all(v["status"] == "skipped" and v["counts"]["skipped"] > 0 for v in proofs.values()), proofs
+    assert all(proofs[k]["sha256"] == s["cuda_sources"][k] for k in s["cuda_sources"])
+    assert s["cuda_proofs"] == {}  # nothing proven without a GPU
+    assert p["launches"]["status"] == "skipped"  # the GPU machine's cupy is not installed here (test_standin_capture)
     assert p["grad_checks"]["status"] == "ok" and p["grad_checks"]["checks"] > 100 and p["grad_checks"]["failed"] == 0
     assert p["grad_checks"]["dtype"] == "float64"
     assert p["torch_parity"]["status"] == "skipped"
@@ -66,6 +73,7 @@ def test_quick_cpu_dry_run_writes_the_documented_summary(tmp_path):
         nf = r["numformer"]
         assert nf["status"] == "ok" and nf["median_step_ms"] > 0 and nf["target_tokens_per_s"] > 0
         assert nf["peak_memory_mb"] > 0 and r["torch"]["status"] == "ok" and r["ratio_step_time"] > 0
+        assert r["numformer_graphs"]["status"] == "ok" and r["numformer_graphs"]["median_step_ms"] > 0
     breakdown = p["breakdown"]
     assert breakdown["status"] == "ok" and breakdown["plain_step_ms"] > 0
     assert {"Adam", "gradient norm and read-back"} <= {r["layer"] for r in breakdown["rows"]}
