@@ -128,13 +128,13 @@ def parse_args(argv=None):
 
 
 class _Output:
-    """Standard output, or a file written atomically (:func:`numformer.files.atomic_write_bytes`) only when
-    all is translated; a device or a pipe given as --output is written as it is. Whether a file can be
-    created beside the target was tried before any work (:func:`numformer.cli.preflight.check_output`)."""
+    """Standard output, or a file written only when all is translated (:func:`numformer.files.atomic_write_bytes`,
+    which writes a regular file atomically, a symbolic link through to its target, and a device, a named pipe or
+    a socket into as it is). Whether the output can be written was tried before any work
+    (:func:`numformer.cli.preflight.check_output`)."""
 
     def __init__(self, path):
         self.path = Path(path) if path else None
-        self.atomic = self.path is not None and (not self.path.exists() or self.path.is_file())
 
     def write(self, data: bytes) -> None:
         try:
@@ -150,11 +150,8 @@ class _Output:
             sys.stdout.flush()
             sys.stdout.buffer.write(data)  # UTF-8 whatever the locale says
             sys.stdout.buffer.flush()
-        elif self.atomic:
-            atomic_write_bytes(self.path, data)
         else:
-            with open(self.path, "wb") as f:
-                f.write(data)
+            atomic_write_bytes(self.path, data)
 
 
 def _interactive(args) -> bool:
