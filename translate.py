@@ -26,7 +26,7 @@ tune_host(blas=False)  # glibc's allocator; OpenBLAS keeps its spin, which decod
 
 from numformer import run_file_names
 from numformer.backend import resolve_device, xp_for
-from numformer.cli.arguments import OneLineParser, nonneg_float, nonneg_int, positive_int
+from numformer.cli.arguments import NUMBERS, OneLineParser, beam_size, nonneg_int, positive_int
 from numformer.cli.front import command_line
 from numformer.checkpoint.run_model_file import newest_model_file, run_folder_of
 from numformer.cli.preflight import check_output
@@ -92,16 +92,16 @@ def parse_args(argv=None):
                          "tokenised BLEU with compound splitting (Moses tokens, ##AT##; needs --target-lang and "
                          "pip install sacremoses), each labelled")
     ap.add_argument("--target-lang", metavar="LANG", help="the reference's language for --bleu paper (de, fr, ...)")
-    ap.add_argument("--beam", type=positive_int, help=f"beam size (default {DEFAULTS.beam}, Section 6.1)")
+    ap.add_argument("--beam", type=beam_size, help=f"beam size (default {DEFAULTS.beam}, Section 6.1)")
     ap.add_argument("--greedy", action="store_true", help="greedy search (same as --beam 1)")
-    ap.add_argument("--alpha", type=nonneg_float, default=None,
+    ap.add_argument("--alpha", type=NUMBERS["length penalty"], default=None,
                     help=f"length penalty ((5+len)/6)^alpha (default: the one train.py chose on the validation "
                          f"split, in the run's {run_file_names.DECODING}; else the paper's {DEFAULTS.alpha})")
-    ap.add_argument("--max-len-a", type=nonneg_float, default=DEFAULTS.max_len_a,
+    ap.add_argument("--max-len-a", type=NUMBERS["length factor"], default=DEFAULTS.max_len_a,
                     help=f"output length limit: a * input length + b (default a = {DEFAULTS.max_len_a:g})")
-    ap.add_argument("--max-len-b", type=nonneg_int, default=DEFAULTS.max_len_b,
+    ap.add_argument("--max-len-b", type=NUMBERS["output length"], default=DEFAULTS.max_len_b,
                     help=f"output length limit: a * input length + b (default b = {DEFAULTS.max_len_b})")
-    ap.add_argument("--nbest", type=positive_int, default=DEFAULTS.nbest, help="print the N best hypotheses, tab-separated")
+    ap.add_argument("--nbest", type=beam_size, default=DEFAULTS.nbest, help="print the N best hypotheses, tab-separated")
     ap.add_argument("--max-tokens", type=positive_int, default=DEFAULTS.max_tokens,
                     help=f"source tokens per decoding batch (default {DEFAULTS.max_tokens})")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
