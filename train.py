@@ -46,11 +46,14 @@ from numformer.checkpoint import load_checkpoint
 from numformer.checkpoint.trained_model import load_model
 from numformer.cli.arguments import NUMBERS, OneLineParser, beam_size, positive_int
 from numformer.cli.front import command_line
+from numformer.cli.standard_streams import output_that_may_go
 from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
 from numformer.decoding.valid_choice import choose_alpha, write_choice
 from numformer.errors import UsageError, first_line
 from numformer.stop_signals import exit_status as stop_exit_status
+from numformer.stop_signals import stops_say
+from numformer.file_kinds import shown
 from numformer.files import atomic_write_text, write_json
 from numformer.model import Transformer
 from numformer.precision import MODES as PRECISIONS
@@ -231,12 +234,15 @@ def train_with(trainer_class, argv=None, prog: str = "train.py") -> int:
     (bench/torch_trainer.py: the same flow, data, schedule, checkpoints and beam search around a PyTorch step).
     """
     args = parse_on_rank0(functools.partial(parse_args, prog=prog), argv)
-    with processes(prog, args.device) as procs, swapped_from_specs(args.swap, grade=grade_swap,
-                                                                               expand=solved_specs):
+    phase = RunPhase(prog, args)  # what a stop at any moment says is saved, and the command that goes on
+    goes_on = ("the run goes on (the progress bar on standard error; every logged step in the run folder's "
+               f"{run_file_names.METRICS}), what it would print dropped")
+    with processes(prog, args.device) as procs, stops_say(phase.line), output_that_may_go(prog, goes_on), \
+            swapped_from_specs(args.swap, grade=grade_swap, expand=solved_specs):
         world, device = procs.world, procs.device
         xp = xp_for(world.device if world.size > 1 else device)  # cuda asked for but missing: one line, now
         preset = args.preset or default_preset(device, args.corpus)
-        out = Path(args.out) if args.out else default_out(vars(args), preset)
+        out = phase.out = Path(args.out) if args.out else default_out(vars(args), preset)
         opened = world.on_main(open_run, args, device, out, world.size, procs.report)  # rank 0: locked, prepared
         folder = opened.folder if opened is not None else None  # the other ranks never touch the run folder
         try:
@@ -251,8 +257,8 @@ def train_with(trainer_class, argv=None, prog: str = "train.py") -> int:
                 load_init_weights(model, run.init_from, out)
             model = model.to(xp)
             print_plan(model, run, tcfg, args, device, world)
-            trainer = trainer_class(model, data, tcfg, folder if folder is not None else out,
-                              progress=not args.no_progress, world=world, name=run.preset)
+            trainer = phase.trainer = trainer_class(model, data, tcfg, folder if folder is not None else out,
+                                                    progress=not args.no_progress, world=world, name=run.preset)
             if args.resume and not trainer.resume():
                 print("no checkpoint to resume from: starting fresh")
             if world.is_main:
@@ -261,17 +267,45 @@ def train_with(trainer_class, argv=None, prog: str = "train.py") -> int:
             if trainer.done():
                 print(f"already at step {trainer.optimizer.step_count}: nothing left to train "
                       "(raise --max-steps or --max-minutes to train on)")
+            phase.now = "training"
             trainer.train()
             if trainer.interrupted:  # no averaging or test translation after a stop: the scheduler's kill follows
                 wait_for_every_rank(world)  # mpirun ends the job at the first rank that exits 130
                 return stop_exit_status(trainer.stop_signal)  # 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
             if world.is_main:
-                finish(args, trainer, model, data, out)
+                finish(args, trainer, model, data, out, phase)
             world.barrier()  # the other ranks wait, without spinning, while rank 0 tests
             return 0
         finally:
             if folder is not None:
                 folder.close()
+
+
+class RunPhase:
+    """Where a run stands, for the one line a stop (Ctrl-C, SIGTERM, SIGHUP) ends it with anywhere outside the
+    training loop, whose own line the trainer prints (numformer/training/trainer.py): what is saved and the command
+    that finishes the job. ``now``: "before training", "training" (a second signal, which stops at once), then the
+    steps after it (the final validation, the checkpoint averaging, the length penalty's choice, the test
+    translation: all done again by ``--resume``, which finds the training done)."""
+
+    def __init__(self, prog: str, args):
+        self.prog, self.resume, self.now, self.out, self.trainer = prog, args.resume, "before training", None, None
+
+    def line(self, what: str) -> str | None:
+        if self.out is None:
+            return None
+        again = f"{self.prog} --out {shown(self.out)} --resume"
+        newest = self.trainer.checkpoints()[-1] if self.trainer is not None and self.trainer.checkpoints() else None
+        if self.now == "before training":
+            return (f"{what} before training started: nothing new was trained; continue with {again}" if self.resume
+                    else f"{what} before training started: nothing was trained; run the same command again")
+        if self.now == "training":
+            step = self.trainer.optimizer.step_count
+            return (f"{what} again, before the checkpoint of step {step} was complete: "
+                    + (f"the newest checkpoint is {shown(newest)}; continue with {again}" if newest else
+                       "no checkpoint was written yet: run the same command again"))
+        return (f"{what} during {self.now}: training is done, its last step saved in {shown(newest)}; finish the "
+                f"run (the final validation, averaging and test translation) with {again}")
 
 
 def open_run(args, device: str, out: Path, processes: int, report):
@@ -386,11 +420,15 @@ def print_plan(model, run, tcfg, args, device: str, world) -> None:
               f"{tcfg.accum} batches of up to {tcfg.max_tokens} tokens")
 
 
-def finish(args, trainer, model, data, out) -> None:
-    """After training (rank 0): validation loss, checkpoint averaging (Section 6.1), test translation and scores."""
+def finish(args, trainer, model, data, out, phase: RunPhase | None = None) -> None:
+    """After training (rank 0): validation loss, checkpoint averaging (Section 6.1), test translation and scores.
+    ``phase``: told each step, so that a stop says where it came (a --resume does them all again)."""
+    phase = phase or RunPhase("train.py", argparse.Namespace(resume=True))
+    phase.now = "the final validation"
     final = trainer.evaluate("valid", 0)
     print(f"trained {trainer.optimizer.step_count} steps in {trainer.elapsed / 60:.1f} min; "
           f"valid loss {final.get('valid_loss', float('nan')):.3f}, ppl {final.get('valid_ppl', float('nan')):.2f}")
+    phase.now = "the checkpoint averaging"
     averaged = trainer.average()
     if averaged is not None:
         last_state = model.state_dict()
@@ -407,7 +445,9 @@ def finish(args, trainer, model, data, out) -> None:
                 print("the average is worse on validation than the last checkpoint: testing the last checkpoint")
                 model.load_state_dict(last_state)
                 averaged.unlink()
+    phase.now = "the choice of the length penalty"
     alpha, alpha_from = decoding_alpha(args, trainer, model, data, out)
+    phase.now = "the test translation"
     if not args.no_test and data.text.get("test") and data.text["test"][0]:
         src, ref = data.text["test"]
         t1 = time.perf_counter()
