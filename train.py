@@ -328,6 +328,8 @@ def _open_run(args, device: str, out: Path, processes: int, report):
         folder, report.crash_folder = RunFolder(out), out
         folder.check_new_run(source_of(run.source))
     before = saved if saved is not None else folder.read_settings()  # a new run: what an earlier attempt left
+    if saved is not None:  # a vocabulary lost from the run is its checkpoints' own, not one trained anew
+        folder.restore_vocabulary()
     folder.settle_vocabulary(args.vocab_size, args.resume, (before or {}).get("vocab_size_requested"))
     if saved is not None and saved.get("processes", 1) != processes:
         print(f"note: {out} was trained with {saved.get('processes', 1)} process(es), now {processes}: "

@@ -146,7 +146,7 @@ class _Block:
         _ACTIVE.append(self)
         return self
 
-    def _put_back(self):
+    def put_back(self):
         try:
             self.moved_to = os.getcwd()
         except OSError:  # the code removed the folder it moved into
@@ -230,11 +230,11 @@ def contained(file, doing: str):
     try:
         yield block
     except BaseException as exc:
-        block._put_back()
+        block.put_back()
         said = block.left(exc)
         if said is not None:
             raise said from None
         raise
-    said = block.after(block._put_back())
+    said = block.after(block.put_back())
     if said is not None:
         raise said

@@ -50,6 +50,7 @@ def check_output(out, flag: str = "--out", inputs=(), kind: str = FILE, new_fold
     folders above ``out`` may be created (False: they must exist, as for a file a Unix tool writes). Nothing is
     created."""
     shown_out = f"{flag} {shown(out)}"
+    _refuse_too_long(Path(out), shown_out)  # first: a name too long fails every look at the path
     what = output_kind(out)
     if what == LOOP:  # before anything resolves the path (pathlib calls a loop a RuntimeError)
         raise UsageError(f"{shown_out} is a symbolic link that loops (it never reaches a file): remove it or give "
@@ -77,28 +78,25 @@ def check_output(out, flag: str = "--out", inputs=(), kind: str = FILE, new_fold
     if not new_folders and not place.exists():
         raise UsageError(f"{shown_out}: cannot write: the folder {shown(place)} does not exist: create it or choose "
                          "another place (nothing was written)")
-    _refuse_too_long(target, shown_out)
+    _refuse_too_long(target, shown_out)  # the link's target's name too
     _refuse_unwritable(place, target, shown_out)
     return out
 
 
 def _refuse_too_long(target: Path, shown_out: str) -> None:
-    """A name (the output's, or a folder's above it not yet made) longer than its file system takes is said to be
-    one, not taken for a place that cannot be written."""
-    for path in (target, *target.parents):
-        if path.exists():
-            return
-        size, limit = len(os.fsencode(path.name)), name_limit(path.parent)
+    """A name in the output's path (its own, or a folder's above it) longer than its file system takes is said to
+    be one, not taken for a place that cannot be written. Read from the words of the path, before any look at it
+    (every stat of such a path fails)."""
+    folder = Path(target.anchor) if target.is_absolute() else Path(".")
+    limit = name_limit(folder)
+    for part in target.parts[1 if target.is_absolute() else 0:]:
+        size = len(os.fsencode(part))
         if size > limit:
-            raise UsageError(f"{shown_out}: the name {shown(path.name[:40])}... is {size} bytes, longer than the "
-                             f"{limit} the file system of {shown(_existing(path.parent))} takes: choose a shorter "
-                             "name (nothing was written)")
-
-
-def _existing(folder: Path) -> Path:
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return folder
+            raise UsageError(f"{shown_out}: the name {shown(part[:24])}... is {size} bytes, longer than the {limit} "
+                             f"the file system of {shown(folder)} takes: choose a shorter name (nothing was written)")
+        folder = folder / part
+        if folder.is_dir():
+            limit = name_limit(folder)
 
 
 def _run_file(out: Path) -> str | None:

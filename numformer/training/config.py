@@ -190,12 +190,36 @@ def source_of(source: dict) -> str:
     return f"corpus:{source['corpus']}" if source.get("corpus") is not None else f"task:{source['task']}"
 
 
-def _saved_source(text: str) -> dict:
+def _saved_source(text, where: str = "run.json") -> dict:
     """'corpus:NAME' / 'data:DIR' / 'task:NAME' (run.json's "data") -> the matching flag."""
-    kind, _, value = text.partition(":")
+    kind, _, value = text.partition(":") if isinstance(text, str) else ("", "", "")
     if kind not in SOURCE_FLAGS or not value:
-        raise UsageError(f"run.json names an unknown data source {text!r}: pass --corpus, --data or --task")
+        raise UsageError(f"{where}'s data is {text!r}, not a data source (corpus:NAME, data:DIR or task:NAME): correct "
+                         "that file, or resume with the run's --corpus, --data or --task given")
     return {"corpus": None, "data": None, "task": None, kind: value}
+
+
+def check_saved_run(saved: dict, where: str) -> None:
+    """Refuse, in one line naming ``WHERE's FIELD``, a run.json field a resume reads that is of the wrong type or out
+    of range (a hand-edited file): its preset, settings groups, the vocabulary size it asked for, its process count,
+    the model it fine-tunes. train_config's and model_config's fields are checked where they are read
+    (:meth:`TrainConfig.checked`, :func:`check_saved_model_values`)."""
+    preset = saved.get("preset")
+    if preset is not None and preset not in PRESETS:
+        raise UsageError(f"{where}'s preset is {preset!r}, not a preset (one of {', '.join(PRESETS)}): correct that "
+                         "file to the run's preset")
+    for group in ("train_config", "model_config"):
+        if saved.get(group) is not None and not isinstance(saved[group], dict):
+            raise UsageError(f"{where}'s {group} is {saved[group]!r}, not the run's settings: restore that file, or "
+                             "start a new run with another --out")
+    for field, numbers in (("vocab_size_requested", NUMBERS["count"]), ("processes", NUMBERS["count"])):
+        if saved.get(field) is not None:
+            refused = numbers.refusal(f"{where}'s {field}", saved[field])
+            if refused is not None:
+                raise UsageError(f"{refused}: correct that file")
+    if saved.get("init_from") is not None and not isinstance(saved["init_from"], str):
+        raise UsageError(f"{where}'s init_from is {saved['init_from']!r}, not the path of the model it fine-tunes: "
+                         "correct that file")
 
 
 @dataclass
@@ -239,7 +263,8 @@ def settle(flags: dict, device: str, saved: dict | None, out, processes: int = 1
     source = {k: flags.get(k) for k in SOURCE_FLAGS}
     preset = flags.get("preset")
     if saved is not None:
-        old = _saved_source(str(saved.get("data", "")))
+        check_saved_run(saved, run_json_of(out))
+        old = _saved_source(saved.get("data", ""), run_json_of(out))
         if all(v is None for v in source.values()):
             source = old
         else:
