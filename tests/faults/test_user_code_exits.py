@@ -121,12 +121,17 @@ def train_with_swap(path, tmp_path, steps=2):
                     f"LayerNorm={path}:LayerNorm"], cwd=tmp_path, timeout=300)
 
 
-def test_a_swapped_file_that_exits_at_import_is_one_line(tmp_path):
-    path = swap_file(tmp_path, "        return super().backward(dy)\n\n\nimport sys\nsys.exit(0)\n")
-    code, out, err = train_with_swap(path, tmp_path)
+@pytest.mark.parametrize("body, words", [
+    ("        return super().backward(dy)\n\n\nimport sys\nsys.exit(0)\n", "called sys.exit(0) while importing"),
+    ("        import os\n        os._exit(0)\n", "called os._exit(0) while its backward was graded"),
+    ("        import threading, time\n        threading.Thread(target=time.sleep, args=(1000,)).start()\n"
+     "        return super().backward(dy)\n", "started a thread"),
+], ids=["sys.exit at import", "os._exit graded", "thread graded"])
+def test_a_swapped_file_that_leaves_by_another_door_is_one_line(body, words, tmp_path):
+    code, out, err = train_with_swap(swap_file(tmp_path, body), tmp_path)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, (code, err[-2000:])
-    assert "--swap LayerNorm" in lines[0] and "called sys.exit(0) while importing" in lines[0], lines
+    assert "--swap LayerNorm" in lines[0] and words in lines[0] and "graded ERROR" in lines[0], lines
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
