@@ -123,8 +123,10 @@ class _Block:
         return REAL_THREAD_START(thread)
 
     def sigint(self, signum, frame):
-        self.signalled = True
         handler = self.previous_sigint
+        if handler is signal.SIG_IGN:  # the command runs with Ctrl-C ignored (nohup, a background job): still so
+            return None
+        self.signalled = True
         if callable(handler):
             return handler(signum, frame)
         raise KeyboardInterrupt
@@ -158,7 +160,7 @@ class _Block:
         threading.Thread.start = REAL_THREAD_START
         if self.previous_sigint is not None:
             signal.signal(signal.SIGINT, self.previous_sigint)
-        moved = os.getcwd() != self.cwd
+        moved = self.moved_to != self.cwd
         if moved:
             REAL_CHDIR(self.cwd)  # the grading's paths are relative to where the command started
         return moved
