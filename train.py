@@ -44,17 +44,21 @@ from numformer import run_file_names
 from numformer.backend import xp_for
 from numformer.checkpoint import load_checkpoint
 from numformer.checkpoint.trained_model import load_model
-from numformer.cli.arguments import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
+from numformer.cli.arguments import NUMBERS, OneLineParser, beam_size, positive_int
 from numformer.cli.front import command_line
+from numformer.cli.standard_streams import output_that_may_go
 from numformer.decoding.paper_bleu import WHICH_FIGURE, paper_bleu
 from numformer.decoding.translation import DecodeOptions, score_translations, translate_lines
 from numformer.decoding.valid_choice import choose_alpha, write_choice
 from numformer.errors import UsageError, first_line
 from numformer.stop_signals import exit_status as stop_exit_status
+from numformer.stop_signals import stops_say
+from numformer.file_kinds import shown
 from numformer.files import atomic_write_text, write_json
 from numformer.model import Transformer
 from numformer.precision import MODES as PRECISIONS
 from numformer.precision import check_precision
+from numformer.data.batching import training_pair_sizes
 from numformer.data.prepared_dataset import prepare
 from numformer.data.sources import CORPORA
 from numformer.data.wmt14 import WMT14
@@ -62,6 +66,7 @@ from numformer.data.vocab_sample import DEFAULT_VOCAB_SAMPLE
 from numformer.presets import ModelConfig, get_preset
 from numformer.presets import PRESETS
 from numformer.swap import check_layout, swapped_from_specs
+from numformer.training.config import RANGES as R
 from numformer.training.config import (GPU_RECIPES, TrainConfig, default_out, default_preset, run_json_of,
                                        saved_model_config, settle, source_of)
 from numformer.training.processes import parse_on_rank0, processes, wait_for_every_rank
@@ -128,23 +133,23 @@ def parse_args(argv=None, prog: str = "train.py"):
                         "repeatable; all=DIR swaps in every layer whose exercise file in DIR checks exact (and "
                         "refuses a folder holding one that does not); see docs/exercises.md")
     t = ap.add_argument_group("training (defaults: the preset's recipe; with --resume, the run's settings)")
-    t.add_argument("--max-steps", type=positive_int)
-    t.add_argument("--max-minutes", type=positive_float,
+    t.add_argument("--max-steps", type=R["max_steps"])
+    t.add_argument("--max-minutes", type=R["max_minutes"],
                    help="training time budget (evaluation not counted); on a CPU small's batch size and checkpoint "
                    "interval follow it (numformer/training/budget_recipe.py)")
-    t.add_argument("--max-tokens", type=positive_int, help="tokens per batch, source + target, padding included")
-    t.add_argument("--accum", type=positive_int, help="batches accumulated per optimizer step (default: the "
+    t.add_argument("--max-tokens", type=R["max_tokens"], help="tokens per batch, source + target, padding included")
+    t.add_argument("--accum", type=R["accum"], help="batches accumulated per optimizer step (default: the "
                                                        "recipe's; base and big: as many as --step-tokens needs)")
-    t.add_argument("--step-tokens", type=nonneg_int,
+    t.add_argument("--step-tokens", type=R["step_tokens"],
                    help="tokens per optimizer step, source + target: the batches accumulated follow --max-tokens "
                         "(base and big: 50000, the paper's ~25k source + 25k target; 0: --accum as given)")
-    t.add_argument("--warmup", type=positive_int, help="warmup steps of Eq. 3")
-    t.add_argument("--lr-factor", type=positive_float, help="multiplies the learning rate of Eq. 3")
-    t.add_argument("--clip-norm", type=nonneg_float, help=f"clip the global gradient norm (default {TRAIN_DEFAULTS.clip_norm:g}: off)")
-    t.add_argument("--max-len", type=positive_int,
+    t.add_argument("--warmup", type=R["warmup"], help="warmup steps of Eq. 3")
+    t.add_argument("--lr-factor", type=R["lr_factor"], help="multiplies the learning rate of Eq. 3")
+    t.add_argument("--clip-norm", type=R["clip_norm"], help=f"clip the global gradient norm (default {TRAIN_DEFAULTS.clip_norm:g}: off)")
+    t.add_argument("--max-len", type=R["max_len"],
                    help=f"leave out training pairs longer than this many subwords (default {TRAIN_DEFAULTS.max_len}; counted in "
                         f"the log; at most the model's positional table, {MODEL_DEFAULTS.max_len})")
-    t.add_argument("--stop-after-nonfinite", dest="max_nonfinite_in_a_row", type=positive_int, metavar="N",
+    t.add_argument("--stop-after-nonfinite", dest="max_nonfinite_in_a_row", type=R["max_nonfinite_in_a_row"], metavar="N",
                    help=f"non-finite steps are skipped; stop training after N of them in a row "
                         f"(default {TRAIN_DEFAULTS.max_nonfinite_in_a_row})")
     t.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
@@ -155,7 +160,7 @@ def parse_args(argv=None, prog: str = "train.py"):
                    help="GPU: capture each batch shape's step once as a CUDA graph and replay it, so the host no "
                         "longer issues every operation (default off; batches padded to multiples of 8; steps "
                         "that cannot be captured run as usual and say why once); see docs/gpu.md")
-    t.add_argument("--seed", type=nonneg_int, help=f"seed of weights, dropout and data order (default {TRAIN_DEFAULTS.seed})")
+    t.add_argument("--seed", type=R["seed"], help=f"seed of weights, dropout and data order (default {TRAIN_DEFAULTS.seed})")
     t.add_argument("--dropout-rng", choices=["stream", "batch"],
                    help="dropout masks from one generator per run (stream, the default with one process) or "
                         "reseeded per batch from its data position (batch: the same masks with any number of "
@@ -165,14 +170,14 @@ def parse_args(argv=None, prog: str = "train.py"):
     r.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --out "
                         "(data, preset and settings default to the run's)")
-    r.add_argument("--save-every", type=nonneg_int, help="checkpoint every N steps (0: by time only)")
-    r.add_argument("--save-every-minutes", type=nonneg_float, help="checkpoint every N minutes (0: by steps only)")
-    r.add_argument("--keep-last", type=positive_int, help=f"checkpoints kept (default {TRAIN_DEFAULTS.keep_last})")
-    r.add_argument("--average-last", type=positive_int, help=f"checkpoints averaged at the end (default {TRAIN_DEFAULTS.average_last}; 1: none)")
-    r.add_argument("--eval-every", type=nonneg_int, help="validate every N steps (0: never during training)")
-    r.add_argument("--eval-sentences", type=nonneg_int, help=f"validation sentences decoded for BLEU (default {TRAIN_DEFAULTS.eval_sentences})")
-    r.add_argument("--log-every", type=positive_int, help=f"write a metrics line every N steps (default {TRAIN_DEFAULTS.log_every})")
-    r.add_argument("--log-grads", type=nonneg_int, metavar="N",
+    r.add_argument("--save-every", type=R["save_every"], help="checkpoint every N steps (0: by time only)")
+    r.add_argument("--save-every-minutes", type=R["save_every_minutes"], help="checkpoint every N minutes (0: by steps only)")
+    r.add_argument("--keep-last", type=R["keep_last"], help=f"checkpoints kept (default {TRAIN_DEFAULTS.keep_last})")
+    r.add_argument("--average-last", type=R["average_last"], help=f"checkpoints averaged at the end (default {TRAIN_DEFAULTS.average_last}; 1: none)")
+    r.add_argument("--eval-every", type=R["eval_every"], help="validate every N steps (0: never during training)")
+    r.add_argument("--eval-sentences", type=R["eval_sentences"], help=f"validation sentences decoded for BLEU (default {TRAIN_DEFAULTS.eval_sentences})")
+    r.add_argument("--log-every", type=R["log_every"], help=f"write a metrics line every N steps (default {TRAIN_DEFAULTS.log_every})")
+    r.add_argument("--log-grads", type=R["log_grads"], metavar="N",
                    help="every N steps write per-tensor gradient, weight, update and activation statistics and the "
                         "gradient noise scale (per tensor, layer type and in total, from per-sentence gradients) to "
                         "OUT/grad_stats.jsonl (0: off; default off); draw them with python -m numformer.plot OUT")
@@ -181,12 +186,12 @@ def parse_args(argv=None, prog: str = "train.py"):
                         "gradient histograms per layer; attention images at each validation); view them with "
                         "tensorboard --logdir OUT (default off; with --resume, the run's). Needs pip install "
                         "'numformer[tensorboard]'; see docs/tensorboard.md")
-    r.add_argument("--beam", type=positive_int, default=DECODE_DEFAULTS.beam,
+    r.add_argument("--beam", type=beam_size, default=DECODE_DEFAULTS.beam,
                    help=f"beam size for the final test translation (default {DECODE_DEFAULTS.beam})")
-    r.add_argument("--alpha", type=nonneg_float, default=None,
+    r.add_argument("--alpha", type=NUMBERS["length penalty"], default=None,
                    help="length penalty for the final test translation (default: chosen on the validation split "
                         f"when --tune-seconds allows, else the paper's {DECODE_DEFAULTS.alpha})")
-    r.add_argument("--tune-seconds", type=nonneg_float, default=None, metavar="S",
+    r.add_argument("--tune-seconds", type=NUMBERS["seconds or 0"], default=None, metavar="S",
                    help="after training, choose the length penalty on validation sentences for about S seconds "
                         f"(written to the run's {run_file_names.DECODING}; translate.py uses it; 0: the paper's "
                         f"{DECODE_DEFAULTS.alpha}). Default: {TUNE_SHARE * 100:.0f}%% of the training time for runs of "
@@ -229,12 +234,15 @@ def train_with(trainer_class, argv=None, prog: str = "train.py") -> int:
     (bench/torch_trainer.py: the same flow, data, schedule, checkpoints and beam search around a PyTorch step).
     """
     args = parse_on_rank0(functools.partial(parse_args, prog=prog), argv)
-    with processes(prog, args.device) as procs, swapped_from_specs(args.swap, grade=grade_swap,
-                                                                               expand=solved_specs):
+    phase = RunPhase(prog, args)  # what a stop at any moment says is saved, and the command that goes on
+    goes_on = ("the run goes on (the progress bar on standard error; every logged step in the run folder's "
+               f"{run_file_names.METRICS}), what it would print dropped")
+    with processes(prog, args.device) as procs, stops_say(phase.line), output_that_may_go(prog, goes_on), \
+            swapped_from_specs(args.swap, grade=grade_swap, expand=solved_specs):
         world, device = procs.world, procs.device
         xp = xp_for(world.device if world.size > 1 else device)  # cuda asked for but missing: one line, now
         preset = args.preset or default_preset(device, args.corpus)
-        out = Path(args.out) if args.out else default_out(vars(args), preset)
+        out = phase.out = Path(args.out) if args.out else default_out(vars(args), preset)
         opened = world.on_main(open_run, args, device, out, world.size, procs.report)  # rank 0: locked, prepared
         folder = opened.folder if opened is not None else None  # the other ranks never touch the run folder
         try:
@@ -249,8 +257,8 @@ def train_with(trainer_class, argv=None, prog: str = "train.py") -> int:
                 load_init_weights(model, run.init_from, out)
             model = model.to(xp)
             print_plan(model, run, tcfg, args, device, world)
-            trainer = trainer_class(model, data, tcfg, folder if folder is not None else out,
-                              progress=not args.no_progress, world=world, name=run.preset)
+            trainer = phase.trainer = trainer_class(model, data, tcfg, folder if folder is not None else out,
+                                                    progress=not args.no_progress, world=world, name=run.preset)
             if args.resume and not trainer.resume():
                 print("no checkpoint to resume from: starting fresh")
             if world.is_main:
@@ -259,17 +267,45 @@ def train_with(trainer_class, argv=None, prog: str = "train.py") -> int:
             if trainer.done():
                 print(f"already at step {trainer.optimizer.step_count}: nothing left to train "
                       "(raise --max-steps or --max-minutes to train on)")
+            phase.now = "training"
             trainer.train()
             if trainer.interrupted:  # no averaging or test translation after a stop: the scheduler's kill follows
                 wait_for_every_rank(world)  # mpirun ends the job at the first rank that exits 130
                 return stop_exit_status(trainer.stop_signal)  # 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
             if world.is_main:
-                finish(args, trainer, model, data, out)
+                finish(args, trainer, model, data, out, phase)
             world.barrier()  # the other ranks wait, without spinning, while rank 0 tests
             return 0
         finally:
             if folder is not None:
                 folder.close()
+
+
+class RunPhase:
+    """Where a run stands, for the one line a stop (Ctrl-C, SIGTERM, SIGHUP) ends it with anywhere outside the
+    training loop, whose own line the trainer prints (numformer/training/trainer.py): what is saved and the command
+    that finishes the job. ``now``: "before training", "training" (a second signal, which stops at once), then the
+    steps after it (the final validation, the checkpoint averaging, the length penalty's choice, the test
+    translation: all done again by ``--resume``, which finds the training done)."""
+
+    def __init__(self, prog: str, args):
+        self.prog, self.resume, self.now, self.out, self.trainer = prog, args.resume, "before training", None, None
+
+    def line(self, what: str) -> str | None:
+        if self.out is None:
+            return None
+        again = f"{self.prog} --out {shown(self.out)} --resume"
+        newest = self.trainer.checkpoints()[-1] if self.trainer is not None and self.trainer.checkpoints() else None
+        if self.now == "before training":
+            return (f"{what} before training started: nothing new was trained; continue with {again}" if self.resume
+                    else f"{what} before training started: nothing was trained; run the same command again")
+        if self.now == "training":
+            step = self.trainer.optimizer.step_count
+            return (f"{what} again, before the checkpoint of step {step} was complete: "
+                    + (f"the newest checkpoint is {shown(newest)}; continue with {again}" if newest else
+                       "no checkpoint was written yet: run the same command again"))
+        return (f"{what} during {self.now}: training is done, its last step saved in {shown(newest)}; finish the "
+                f"run (the final validation, averaging and test translation) with {again}")
 
 
 def open_run(args, device: str, out: Path, processes: int, report):
@@ -292,6 +328,8 @@ def _open_run(args, device: str, out: Path, processes: int, report):
         folder, report.crash_folder = RunFolder(out), out
         folder.check_new_run(source_of(run.source))
     before = saved if saved is not None else folder.read_settings()  # a new run: what an earlier attempt left
+    if saved is not None:  # a vocabulary lost from the run is its checkpoints' own, not one trained anew
+        folder.restore_vocabulary()
     folder.settle_vocabulary(args.vocab_size, args.resume, (before or {}).get("vocab_size_requested"))
     if saved is not None and saved.get("processes", 1) != processes:
         print(f"note: {out} was trained with {saved.get('processes', 1)} process(es), now {processes}: "
@@ -316,7 +354,21 @@ def _open_run(args, device: str, out: Path, processes: int, report):
         mcfg = saved_model_config(saved, out)
     else:
         mcfg = get_preset(run.preset, vocab_size=data.vocab.size, pad_id=data.vocab.pad_id, **run.model)
+    refuse_a_budget_no_pair_fits(run.train, data, args.max_tokens is None and saved is not None, out)
     return OpenedRun(folder, SharedRun(run, mcfg, data))
+
+
+def refuse_a_budget_no_pair_fits(train, data, from_run: bool, out) -> None:
+    """A token budget smaller than every training pair (``--max-tokens 1``) would train on pairs one at a time,
+    each over the budget, without a word: refused in one line naming the smallest budget that holds a pair (a
+    refusal here, inside open_run, leaves the run folder as it was found)."""
+    sizes = training_pair_sizes(*data.ids["train"].lengths, train.max_len)
+    if not sizes.size or int(sizes.min()) <= train.max_tokens:
+        return
+    name = f"{run_json_of(out)}'s train_config.max_tokens" if from_run else "--max-tokens"
+    raise UsageError(f"{name} {train.max_tokens} holds no training pair: the smallest takes {int(sizes.min())} "
+                     f"tokens (source + target with BOS and EOS), the largest {int(sizes.max())}: give at least "
+                     f"{int(sizes.min())} (a pair larger than the budget is a batch of its own)")
 
 
 def load_init_weights(model, init_from: str, out: Path) -> None:
@@ -370,11 +422,15 @@ def print_plan(model, run, tcfg, args, device: str, world) -> None:
               f"{tcfg.accum} batches of up to {tcfg.max_tokens} tokens")
 
 
-def finish(args, trainer, model, data, out) -> None:
-    """After training (rank 0): validation loss, checkpoint averaging (Section 6.1), test translation and scores."""
+def finish(args, trainer, model, data, out, phase: RunPhase | None = None) -> None:
+    """After training (rank 0): validation loss, checkpoint averaging (Section 6.1), test translation and scores.
+    ``phase``: told each step, so that a stop says where it came (a --resume does them all again)."""
+    phase = phase or RunPhase("train.py", argparse.Namespace(resume=True))
+    phase.now = "the final validation"
     final = trainer.evaluate("valid", 0)
     print(f"trained {trainer.optimizer.step_count} steps in {trainer.elapsed / 60:.1f} min; "
           f"valid loss {final.get('valid_loss', float('nan')):.3f}, ppl {final.get('valid_ppl', float('nan')):.2f}")
+    phase.now = "the checkpoint averaging"
     averaged = trainer.average()
     if averaged is not None:
         last_state = model.state_dict()
@@ -391,7 +447,9 @@ def finish(args, trainer, model, data, out) -> None:
                 print("the average is worse on validation than the last checkpoint: testing the last checkpoint")
                 model.load_state_dict(last_state)
                 averaged.unlink()
+    phase.now = "the choice of the length penalty"
     alpha, alpha_from = decoding_alpha(args, trainer, model, data, out)
+    phase.now = "the test translation"
     if not args.no_test and data.text.get("test") and data.text["test"][0]:
         src, ref = data.text["test"]
         t1 = time.perf_counter()

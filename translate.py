@@ -26,7 +26,7 @@ tune_host(blas=False)  # glibc's allocator; OpenBLAS keeps its spin, which decod
 
 from numformer import run_file_names
 from numformer.backend import resolve_device, xp_for
-from numformer.cli.arguments import OneLineParser, nonneg_float, nonneg_int, positive_int
+from numformer.cli.arguments import NUMBERS, OneLineParser, beam_size, nonneg_int, positive_int
 from numformer.cli.front import command_line
 from numformer.checkpoint.run_model_file import newest_model_file, run_folder_of
 from numformer.cli.preflight import check_output
@@ -92,16 +92,16 @@ def parse_args(argv=None):
                          "tokenised BLEU with compound splitting (Moses tokens, ##AT##; needs --target-lang and "
                          "pip install sacremoses), each labelled")
     ap.add_argument("--target-lang", metavar="LANG", help="the reference's language for --bleu paper (de, fr, ...)")
-    ap.add_argument("--beam", type=positive_int, help=f"beam size (default {DEFAULTS.beam}, Section 6.1)")
+    ap.add_argument("--beam", type=beam_size, help=f"beam size (default {DEFAULTS.beam}, Section 6.1)")
     ap.add_argument("--greedy", action="store_true", help="greedy search (same as --beam 1)")
-    ap.add_argument("--alpha", type=nonneg_float, default=None,
+    ap.add_argument("--alpha", type=NUMBERS["length penalty"], default=None,
                     help=f"length penalty ((5+len)/6)^alpha (default: the one train.py chose on the validation "
                          f"split, in the run's {run_file_names.DECODING}; else the paper's {DEFAULTS.alpha})")
-    ap.add_argument("--max-len-a", type=nonneg_float, default=DEFAULTS.max_len_a,
+    ap.add_argument("--max-len-a", type=NUMBERS["length factor"], default=DEFAULTS.max_len_a,
                     help=f"output length limit: a * input length + b (default a = {DEFAULTS.max_len_a:g})")
-    ap.add_argument("--max-len-b", type=nonneg_int, default=DEFAULTS.max_len_b,
+    ap.add_argument("--max-len-b", type=NUMBERS["output length"], default=DEFAULTS.max_len_b,
                     help=f"output length limit: a * input length + b (default b = {DEFAULTS.max_len_b})")
-    ap.add_argument("--nbest", type=positive_int, default=DEFAULTS.nbest, help="print the N best hypotheses, tab-separated")
+    ap.add_argument("--nbest", type=beam_size, default=DEFAULTS.nbest, help="print the N best hypotheses, tab-separated")
     ap.add_argument("--max-tokens", type=positive_int, default=DEFAULTS.max_tokens,
                     help=f"source tokens per decoding batch (default {DEFAULTS.max_tokens})")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
@@ -128,13 +128,13 @@ def parse_args(argv=None):
 
 
 class _Output:
-    """Standard output, or a file written atomically (:func:`numformer.files.atomic_write_bytes`) only when
-    all is translated; a device or a pipe given as --output is written as it is. Whether a file can be
-    created beside the target was tried before any work (:func:`numformer.cli.preflight.check_output`)."""
+    """Standard output, or a file written only when all is translated (:func:`numformer.files.atomic_write_bytes`,
+    which writes a regular file atomically, a symbolic link through to its target, and a device, a named pipe or
+    a socket into as it is). Whether the output can be written was tried before any work
+    (:func:`numformer.cli.preflight.check_output`)."""
 
     def __init__(self, path):
         self.path = Path(path) if path else None
-        self.atomic = self.path is not None and (not self.path.exists() or self.path.is_file())
 
     def write(self, data: bytes) -> None:
         try:
@@ -150,11 +150,8 @@ class _Output:
             sys.stdout.flush()
             sys.stdout.buffer.write(data)  # UTF-8 whatever the locale says
             sys.stdout.buffer.flush()
-        elif self.atomic:
-            atomic_write_bytes(self.path, data)
         else:
-            with open(self.path, "wb") as f:
-                f.write(data)
+            atomic_write_bytes(self.path, data)
 
 
 def _interactive(args) -> bool:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser, nonneg_int, positive_int  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, seed_int, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 
 if str(ROOT / "bench") not in sys.path:  # bench/worker_process.py, however this file was loaded
@@ -108,6 +108,8 @@ def corpus_sizes(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"expected sizes separated by commas, got {item!r} in {text!r}") from None
         if size < 1:
             raise argparse.ArgumentTypeError(f"a corpus of {item} pairs has nothing to train on: give sizes of at least 1")
+        if size not in positive_int:
+            raise argparse.ArgumentTypeError(f"sizes must be {positive_int.words()}, got {item}")
         sizes.append(size)
     return sizes
 
@@ -120,7 +122,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab-size", type=positive_int, default=8000, help="the same for every size (and the baseline)")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--steps", type=positive_int, default=3)
-    ap.add_argument("--seed", type=nonneg_int, default=0, help="of the synthetic corpus")
+    ap.add_argument("--seed", type=seed_int, default=0, help="of the synthetic corpus")
     ap.add_argument("--threads", type=positive_int, help="sentencepiece threads (default: every core)")
     ap.add_argument("--work", help="folder for the corpora (default: a temporary one)")
     ap.add_argument("--json", action="store_true")

@@ -67,7 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser, nonneg_float, nonneg_int, positive_int  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import NUMBERS, OneLineParser, nonneg_int, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 from numformer.errors import UsageError  # noqa: E402
 from worker_process import run_worker  # noqa: E402  (a worker's failure passed on in its own line)
@@ -87,7 +87,7 @@ def parse_args(argv=None):
                          "default input: its test.tgt; 'none' leaves BLEU out)")
     ap.add_argument("--sentences", type=nonneg_int, default=500, help="decode the first N non-empty lines (default 500; 0 = all)")
     ap.add_argument("--beam", type=positive_int, default=4, help="beam size of the beam-search run (default 4)")
-    ap.add_argument("--alpha", type=nonneg_float, default=0.6, help="length penalty (default 0.6)")
+    ap.add_argument("--alpha", type=NUMBERS["length penalty"], default=0.6, help="length penalty (default 0.6)")
     ap.add_argument("--max-tokens", type=positive_int, default=4000, help="source tokens per decoding batch (default 4000)")
     ap.add_argument("--no-greedy", dest="greedy", action="store_false", help="skip the greedy run")
     ap.add_argument("--step-batch", type=positive_int, default=64, help="batch size of the per-position timing (default 64)")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser, nonneg_int  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, seed_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 
 PROG = "bench/gpu_grad_checks.py"  # the name its one-line errors start with
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--layer", action="append", help="only this layer (repeatable; default all)")
-    ap.add_argument("--seed", type=nonneg_int, default=0)
+    ap.add_argument("--seed", type=seed_int, default=0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     summary = run(args.device, args.layer, args.seed)

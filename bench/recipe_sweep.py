@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from numformer.cli.arguments import OneLineParser, positive_float  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, positive_float, probability  # noqa: E402  (one-line usage errors)
+from numformer.training.config import RANGES as R  # noqa: E402  (train.py's own range of each flag)
 from numformer.checkpoint.run_model_file import step_of  # noqa: E402
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 from numformer.decoding.valid_choice import read_choice  # noqa: E402
@@ -43,8 +44,9 @@ from budget_race import machine  # noqa: E402  (the CPU, commit and versions a f
 
 PROG = "bench/recipe_sweep.py"  # the name its one-line errors start with
 #: train.py's flags a sweep may vary, and the type of their values.
-SWEEPABLE = {"warmup": int, "lr-factor": float, "max-tokens": int, "average-last": int, "save-every-minutes": float,
-             "dropout": float, "label-smoothing": float, "clip-norm": float}
+SWEEPABLE = {"warmup": R["warmup"], "lr-factor": R["lr_factor"], "max-tokens": R["max_tokens"],
+             "average-last": R["average_last"], "save-every-minutes": R["save_every_minutes"],
+             "dropout": probability, "label-smoothing": probability, "clip-norm": R["clip_norm"]}
 #: Decode at most MAX_SENTENCES validation sentences for the choice (valid_choice.py caps it there).
 TUNE_ALL = "100000"
 
@@ -56,8 +58,8 @@ def grid_axis(text: str) -> tuple[str, list]:
         raise argparse.ArgumentTypeError(f"expected NAME=V1,V2,... with NAME one of {', '.join(SWEEPABLE)}, got {text!r}")
     try:
         return name, [SWEEPABLE[name](v) for v in values.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{name}: {values!r} are not {SWEEPABLE[name].__name__} values") from None
+    except argparse.ArgumentTypeError as exc:  # train.py's own range for the flag (numformer/training/config.py)
+        raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
 
 
 def parse_args(argv=None):

@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser, nonneg_int, positive_int  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, seed_int, nonneg_int, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 from numformer.errors import UsageError  # noqa: E402
 
@@ -84,7 +84,7 @@ def parse_args(argv=None):
     ap.add_argument("--repeat", type=positive_int, default=1, help="alternate numformer/PyTorch runs this many times")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (both sides)")
     ap.add_argument("--threads", type=positive_int, default=2, help="threads for BLAS/OpenMP and torch (default 2)")
-    ap.add_argument("--seed", type=nonneg_int, default=0)
+    ap.add_argument("--seed", type=seed_int, default=0)
     ap.add_argument("--compare", dest="compare", action="store_true", default=True,
                     help="also run the PyTorch reference (default)")
     ap.add_argument("--no-torch", dest="compare", action="store_false", help="skip the PyTorch side")

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from numformer.cli.arguments import OneLineParser, nonneg_int, positive_int  # noqa: E402  (one-line usage errors)
+from numformer.cli.arguments import OneLineParser, seed_int, positive_int  # noqa: E402  (one-line usage errors)
 from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
 
 PROG = "bench/wmt_shaped_corpus.py"  # the name its one-line errors start with
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--pairs", type=positive_int, default=100000)
-    ap.add_argument("--seed", type=nonneg_int, default=0)
+    ap.add_argument("--seed", type=seed_int, default=0)
     args = ap.parse_args(argv)
     write(args.out, args.pairs, args.seed)
     print(f"wrote {args.pairs:,} training pairs and newstest2013/2014 (3,000 each) to {args.out}")

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from numformer.cli.arguments import OneLineParser
+from numformer.cli.arguments import NUMBERS, OneLineParser, seed_int
 from numformer.cli.front import command_line
 from numformer.errors import UsageError
 from numformer.finite_differences import run_case
@@ -57,9 +57,9 @@ def _table(argv) -> int:
                     help=f"check only this layer (repeatable): {', '.join(BUILDERS)}")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ap.add_argument("--verbose", action="store_true", help="show analytic and numerical values of a few probes")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the random weights, inputs and probes")
-    ap.add_argument("--step", type=float, default=1e-5, help="finite-difference step h (default 1e-5)")
-    ap.add_argument("--tolerance", type=float, default=1e-6, help="largest relative error that passes")
+    ap.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights, inputs and probes")
+    ap.add_argument("--step", type=NUMBERS["finite-difference step"], default=1e-5, help="finite-difference step h (default 1e-5)")
+    ap.add_argument("--tolerance", type=NUMBERS["tolerance"], default=1e-6, help="largest relative error that passes")
     ap.add_argument("--mode", choices=("both", "reverse", "forward"), default="both",
                     help="check the backward passes (reverse), the JVPs and the backward's tangents (forward), or "
                          "both (default)")

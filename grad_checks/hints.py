@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -70,7 +71,12 @@ def hint(path, step: int | None = None, every: bool = False) -> str:
         k = step
     else:
         k = min(shown_before(path) + 1, total)
-    atomic_write_text(state_file(path), f"{max(k, shown_before(path))}\n", durable=False)
+    try:
+        atomic_write_text(state_file(path), f"{max(k, shown_before(path))}\n", durable=False)
+    except OSError as exc:  # a read-only folder (a course's shared one): the hint still shown, the count not kept
+        print(f"python -m grad_checks hint: note: cannot keep the count of steps shown beside {path} "
+              f"({exc.strerror or exc}): the next hint shows step {k} again; --step K shows the steps up to K",
+              file=sys.stderr)
     lines = [f"{ex.title}: the derivation, step {k} of {total}"]
     for i, text in enumerate(ex.steps[:k], 1):
         lines.append(textwrap.fill(text, 100, initial_indent=f"{i}. ", subsequent_indent="   "))

@@ -23,7 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from numformer.cli.arguments import OneLineParser, nonneg_float, path_argument
+from numformer.cli.arguments import NUMBERS, OneLineParser, positive_int, path_argument, seed_int
 from numformer.cli.one_line_errors import one_line_errors
 from numformer.cli.preflight import FOLDER, check_output
 from numformer.files import atomic_write_text
@@ -55,12 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     _time_limit_flag(ex)
     hi = sub.add_parser("hint", help="the next step of an exercise's derivation")
     hi.add_argument("file", type=path_argument, help="the exercise file (my_layernorm.py)")
-    hi.add_argument("--step", type=int, metavar="K", help="show the steps up to K (default: one more than last time)")
+    hi.add_argument("--step", type=positive_int, metavar="K", help="show the steps up to K (default: one more than last time)")
     hi.add_argument("--all", action="store_true", help="show every step, the whole derivation")
     ck = sub.add_parser("check", help="grade an exercise file")
     ck.add_argument("file", type=path_argument, help="the exercise file (my_layernorm.py)")
     ck.add_argument("--exercise", metavar="NAME", help="the exercise the file answers (default: its EXERCISE line)")
-    ck.add_argument("--seed", type=int, default=0, help="seed of the weights, inputs and upstream gradients")
+    ck.add_argument("--seed", type=seed_int, default=0, help="seed of the weights, inputs and upstream gradients")
     _time_limit_flag(ck)
     mu = sub.add_parser("mutants", help="mutate the reference solutions and count how many the grading catches")
     mu.add_argument("--exercise", metavar="NAME", action="append", help="only this exercise (repeatable)")
@@ -69,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _time_limit_flag(ap) -> None:
-    ap.add_argument("--time-limit", type=nonneg_float, default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
+    ap.add_argument("--time-limit", type=NUMBERS["seconds or 0"], default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
                     help=f"stop a case of your code that has not returned after SECONDS (default "
                          f"{DEFAULT_TIME_LIMIT:g}; every case takes under a second when the code is right; "
                          "0: no limit, to step through it in a debugger)")

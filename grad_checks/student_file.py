@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from numformer.file_kinds import RUN_FOLDER, kind_of, shown
 from numformer.user_code import UserCodeError, load_file
 
 from . import exercises
 from numformer.user_code_clock import DEFAULT_TIME_LIMIT, deadline
+from numformer.user_code_exits import UserCodeLeft, contained
 from .grading import grade
 
 PROG = "python -m grad_checks"
@@ -42,10 +44,16 @@ def check_file(path: str, exercise: str | None = None, seed: int = 0, finite_dif
     (numformer/user_code_clock.py): code that does not return raises StudentCodeTimeout (exit status 2), naming the
     case and the line of the file it was at."""
     p = Path(path)
+    if p.is_dir():  # a folder given for a file: said to be one, with what to pass (not "no such file")
+        run = kind_of(p) is RUN_FOLDER
+        return None, 2, (f"{shown(p)} is {'a numformer run folder' if run else 'a folder'}, not an exercise file: give "
+                         f"the file {PROG} exercise NAME wrote (my_NAME.py); "
+                         + (f"to check a trained model's gradients: {PROG} --checkpoint {shown(p)}" if run else
+                            f"to grade every file in it: {PROG} exercise --status {shown(p)}"))
     if not p.is_file():
         return None, 2, f"{p}: no such file (write one with: {PROG} exercise NAME)"
-    try:
-        with deadline(time_limit, f"importing {p}", p):
+    try:  # an exit, a fork, a thread left running...: one line, graded ERROR (numformer/user_code_exits.py)
+        with contained(p, "while importing"), deadline(time_limit, f"importing {p}", p):
             module = load_file(p)
     except UserCodeError as exc:
         return None, 1, str(exc)
@@ -57,6 +65,11 @@ def check_file(path: str, exercise: str | None = None, seed: int = 0, finite_dif
         fn = student_code(module, ex)
     except UserCodeError as exc:
         return None, 1, f"{p}: {exc}"
-    result = grade(ex, fn, who=f"{ex.student_name} in {p}", file=p, seed=seed,
-                   check_command=f"{PROG} check {path}", finite_differences=finite_differences, time_limit=time_limit)
+    try:
+        with contained(p, "in the graded calls"):
+            result = grade(ex, fn, who=f"{ex.student_name} in {p}", file=p, seed=seed,
+                           check_command=f"{PROG} check {path}", finite_differences=finite_differences,
+                           time_limit=time_limit)
+    except UserCodeLeft as exc:
+        return None, 1, str(exc)
     return result, 0 if result.passed else 1, ""

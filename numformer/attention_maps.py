@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from . import run_file_names
-from .cli.arguments import positive_int
+from .cli.arguments import beam_size
 from .cli.front import command_line, parser
 from .cli.preflight import check_output
 from .decoding.translation import DecodeOptions, translate_ids
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", help=f"sentencepiece model (default: the run's {run_file_names.VOCAB})")
     ap.add_argument("--sentence", required=True, help="source sentence")
     ap.add_argument("--out", default="attention.png", help="PNG path; -encoder/-decoder/-cross are added")
-    ap.add_argument("--beam", type=positive_int, default=DecodeOptions.beam,
+    ap.add_argument("--beam", type=beam_size, default=DecodeOptions.beam,
                     help=f"beam size of the translation whose attention is drawn (default {DecodeOptions.beam})")
     args = ap.parse_args(argv)
     out = Path(args.out)  # the three pictures' places are checked before the model is loaded or run

@@ -7,20 +7,31 @@ or :func:`atomic_write_text`; a file too large to hold in memory is streamed wit
 folder (a Hugging Face or CTranslate2 model) is staged whole by :func:`atomic_folder`.
 
 The temporaries carry a recognisable name, ``.TARGET.numformer-partial-PID-XXXX``: the target they were
-for and the process writing them. A write killed outright (SIGKILL, a power cut) cannot remove its own,
+for and the process writing them (a target whose name leaves no room for that tail within the file system's
+limit is named by its start and a hash of the whole, :func:`beside_name`). A write killed outright (SIGKILL, a power cut) cannot remove its own,
 so every later write beside the same target first removes those whose process is gone, in one line on
 standard error (:func:`sweep_stale_partials`); one whose writer still runs is left alone.
 
 A full disk while writing is a one-line :class:`OutOfSpace` naming the file and how much it needed, and
 the target is left as it was.
+
+Outputs by what they are (:func:`output_kind`): a symbolic link is written through, its target replaced
+atomically and the link kept (a ``latest.txt`` pointing at today's file stays a link); a character or block
+device, a named pipe (FIFO) or a Unix socket is written into directly and never replaced (``--out
+/dev/stdout`` must not become a regular file under /dev, a FIFO's reader must get the bytes): there is no
+temporary beside such a target, so what its reader gets is not atomic.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import glob
+import hashlib
 import json
 import os
 import shutil
+import socket
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +51,75 @@ class OutOfSpace(NumformerError, OSError):
 _UMASK = os.umask(0)  # read once: mkstemp creates 0600 files, ours get the usual 0666 & ~umask
 os.umask(_UMASK)
 
+# -- outputs by what they are ----------------------------------------------------------------------------
+
+NEW = "new"              # nothing there yet: created
+FILE = "file"            # a regular file: replaced atomically
+FOLDER = "folder"
+DEVICE = "device"        # a character or block device (/dev/null, /dev/stdout's terminal): written into
+FIFO = "named pipe"      # a FIFO: written into, its reader gets the bytes
+SOCKET = "socket"        # a Unix socket: connected to and written into
+LOOP = "link loop"       # a symbolic link that never reaches a target
+#: The kinds written into as they are, never replaced (no temporary beside them).
+WRITTEN_INTO = (DEVICE, FIFO, SOCKET)
+
+
+def written_path(path) -> Path:
+    """The path a write of ``path`` lands on: ``path`` itself, or, when it is a symbolic link (a chain of
+    them), the file it points to, so that the target is replaced and the link kept. A dangling link's target is
+    created. Links in the folders above are followed too (the temporary is made beside the real target)."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def output_kind(path) -> str:
+    """What writing ``path`` meets, after any symbolic link: :data:`NEW`, :data:`FILE`, :data:`FOLDER`,
+    :data:`DEVICE`, :data:`FIFO`, :data:`SOCKET`, or :data:`LOOP` (a link that leads back to itself)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return NEW
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return LOOP
+        if exc.errno == errno.ENOTDIR:
+            return NEW  # a file above it: the preflight names that
+        raise
+    if stat.S_ISREG(mode):
+        return FILE
+    if stat.S_ISDIR(mode):
+        return FOLDER
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return DEVICE
+    if stat.S_ISFIFO(mode):
+        return FIFO
+    if stat.S_ISSOCK(mode):
+        return SOCKET
+    return DEVICE  # another special file (a door, a whiteout): written into, never replaced
+
+
+@contextlib.contextmanager
+def _written_into(path: Path, kind: str):
+    """A binary file object writing straight into the device, FIFO or socket ``path``; a full device
+    (/dev/full) is :class:`OutOfSpace` naming it."""
+    written = 0
+    try:
+        if kind == SOCKET:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(str(path))
+                with sock.makefile("wb") as f:
+                    yield f
+                    f.flush()
+        else:
+            with open(path, "wb") as f:
+                yield f
+                written = f.tell() if f.seekable() else 0
+                f.flush()
+    except OSError as exc:
+        if exc.errno in NO_SPACE_ERRNOS:
+            raise out_of_space(path, written) from None
+        raise
+
 
 @contextlib.contextmanager
 def atomic_file(path, durable: bool = True, needed: int | None = None):
@@ -49,7 +129,12 @@ def atomic_file(path, durable: bool = True, needed: int | None = None):
     ``durable``: fsync the file and its folder (what a crash must not undo); False for files that
     are cheap to rebuild. ``needed``: the file's size where known beforehand (a full disk names it).
     """
-    path = Path(path)
+    path = written_path(path)  # a symbolic link: its target is replaced, the link kept
+    kind = output_kind(path)
+    if kind in WRITTEN_INTO:  # a device, FIFO or socket: written into, never replaced by a regular file
+        with _written_into(path, kind) as f:
+            yield f
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with claim_output(path):  # a second process writing the same file is refused, not interleaved
         sweep_stale_partials(path.parent, path.name)
@@ -99,7 +184,10 @@ def atomic_folder(out, fill) -> Path:
     """Write the folder ``out`` whole or not at all: ``fill(stage)`` fills a staging folder beside it, which is
     then renamed into place (an empty ``out`` is replaced); on any failure the stage is removed. The stage gets
     the permissions a new folder would (mkdtemp makes it 0700)."""
-    out = Path(out)
+    out = written_path(out)  # a link to a (new or empty) folder: that folder is replaced, the link kept
+    if output_kind(out) in WRITTEN_INTO:
+        raise UsageError(f"{out} is a {output_kind(out)}: a folder cannot be written there: give a new or empty "
+                         "folder (nothing was written)")
     out.parent.mkdir(parents=True, exist_ok=True)
     with claim_output(out):  # a second export into the same folder is refused, not mixed into it
         sweep_stale_partials(out.parent, out.name)
@@ -130,16 +218,52 @@ def _removed_on_failure(stage: Path, target: Path):
         raise
 
 
+#: The longest file name most file systems take (ext4, XFS, btrfs, tmpfs: 255 bytes); the folder's own limit is
+#: asked where it can be (:func:`name_limit`).
+NAME_MAX = 255
+# What a temporary's name holds after its mark: the PID (up to 7 digits), a dash, mkstemp's 8 random characters.
+_TAIL = 16
+
+
+def name_limit(folder) -> int:
+    """The longest file name, in bytes, the file system of ``folder`` (or the nearest folder above that exists)
+    takes."""
+    folder = Path(folder)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return NAME_MAX
+
+
+def beside_name(name: str, mark: str, limit: int = NAME_MAX) -> str:
+    """The hidden name of something numformer keeps beside the target ``name`` (``.NAME`` + ``mark``: a
+    temporary, a claim), short enough that, with a temporary's tail, it fits in ``limit`` bytes: a name too
+    long for that (one the file system takes, but not with the tail) keeps its start and gets the first 12 hex
+    digits of its SHA-256, so that every writer of the same target still meets on the same name."""
+    whole = f".{name}{mark}"
+    if len(os.fsencode(whole)) + _TAIL <= limit:
+        return whole
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+    room = limit - _TAIL - len(os.fsencode(f".~{digest}{mark}"))
+    start = os.fsencode(name)[:max(room, 0)].decode("utf-8", "ignore")
+    return f".{start}~{digest}{mark}"
+
+
 def partial_prefix(target) -> str:
     """The name a temporary for ``target`` starts with (mkstemp adds a random tail): hidden, naming its
-    target and this process."""
-    return f".{Path(target).name}{PARTIAL_MARK}{os.getpid()}-"
+    target and this process (:func:`beside_name`: a long target name is shortened to fit)."""
+    target = Path(target)
+    return f"{beside_name(target.name, PARTIAL_MARK, name_limit(target.parent))}{os.getpid()}-"
 
 
 def stale_partials(folder, name: str | None = None) -> list:
     """The temporaries in ``folder`` (for the target ``name``, or any) whose writing process is gone."""
     found = []
-    for path in Path(folder).glob(f".{name if name is not None else '*'}{PARTIAL_MARK}*"):
+    start = (glob.escape(beside_name(name, PARTIAL_MARK, name_limit(folder))) if name is not None
+             else f".*{PARTIAL_MARK}")
+    for path in Path(folder).glob(f"{start}*"):
         pid = path.name.rsplit(PARTIAL_MARK, 1)[1].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             found.append(path)
@@ -258,7 +382,7 @@ class OutputInUse(NumformerError):
 def claim_path(target) -> Path:
     """The claim file of ``target``: hidden, beside it, one name per target (so two writers meet on it)."""
     target = Path(target)
-    return target.with_name(f".{target.name}{CLAIM_MARK}")
+    return target.with_name(beside_name(target.name, CLAIM_MARK, name_limit(target.parent)))
 
 
 @contextlib.contextmanager
@@ -339,12 +463,13 @@ def atomic_files(targets, write) -> list:
     name, so a killed writer's stage is swept like any temporary); each file is then fsynced and renamed onto
     its target, in the order given (the file that matters first), and the stage removed. On any failure the
     stage is removed and the targets keep their old bytes. Returns the targets."""
-    targets = [Path(t) for t in targets]
+    targets = [written_path(t) for t in targets]  # a link: its target replaced, the link kept
     first = targets[0]
     first.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as claims:
         for target in targets:
-            claims.enter_context(claim_output(target))
+            if output_kind(target) not in WRITTEN_INTO:  # no claim file beside a device (in /dev)
+                claims.enter_context(claim_output(target))
         for target in targets:
             sweep_stale_partials(target.parent, target.name)
         stage = Path(tempfile.mkdtemp(prefix=partial_prefix(first), dir=first.parent))
@@ -355,6 +480,11 @@ def atomic_files(targets, write) -> list:
                 raise RuntimeError(f"the writer did not write {', '.join(missing)}")  # a bug: ours to report
             for target in targets:
                 staged = stage / target.name
+                kind = output_kind(target)
+                if kind in WRITTEN_INTO:  # a device or a pipe given as the file: its bytes written into it
+                    with open(staged, "rb") as f, _written_into(target, kind) as out:
+                        shutil.copyfileobj(f, out)
+                    continue
                 with open(staged, "rb") as f:
                     os.fsync(f.fileno())
                 os.chmod(staged, 0o666 & ~_UMASK)

@@ -20,7 +20,7 @@ from .training.config import TrainConfig
 @command_line("python -m numformer.prepare")
 def main(argv=None) -> int:
     """``python -m numformer.prepare``: prepare a corpus into a run folder; train.py --out that folder reuses it."""
-    from .cli.arguments import OneLineParser, positive_int  # noqa: PLC0415
+    from .cli.arguments import OneLineParser, positive_int, seed_int  # noqa: PLC0415
 
     ap = OneLineParser(prog="python -m numformer.prepare", description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", help=f"a corpus the project builds itself: {', '.join(CORPORA)}")
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab-sample", type=positive_int, default=DEFAULT_VOCAB_SAMPLE,
                     help=f"sentences the vocabulary is trained on, at most (default {DEFAULT_VOCAB_SAMPLE:,})")
     seed = TrainConfig().seed
-    ap.add_argument("--seed", type=int, default=seed, help=f"the run's --seed (default {seed}, train.py's)")
+    ap.add_argument("--seed", type=seed_int, default=seed, help=f"the run's --seed (default {seed}, train.py's)")
     ap.add_argument("--threads", type=positive_int, help="sentencepiece threads (default: every core)")
     args = ap.parse_args(argv)
     from .training.run_lock import lock_run_folder, refusal_leaves_folder_as_found  # noqa: PLC0415

@@ -50,6 +50,21 @@ def exit_status(signum: int | None) -> int:
     return STOP_SIGNALS[signum][1] if signum in STOP_SIGNALS else INTERRUPTED_EXIT
 
 
+@contextlib.contextmanager
+def stops_say(said):
+    """``with stops_say(lambda what: f"{what} during X: ... saved; continue with ..."):`` a stop inside the block
+    (Ctrl-C, SIGTERM, SIGHUP: a KeyboardInterrupt) ends the command with the line ``said(what)`` returns (``what``:
+    :func:`what_stopped`'s ``terminated (SIGTERM)``...), which says what is saved and what finishes the job, instead
+    of a bare ``terminated``; the exit status stays the signal's. ``said`` returning None leaves the line as it was."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        line = said(what_stopped(getattr(exc, "signum", None)))
+        if line:
+            exc.what = line
+        raise
+
+
 def ignored_from_start(signum: int) -> bool:
     """Whether the process runs with ``signum`` ignored (``nohup`` for SIGHUP): such a signal stays ignored."""
     return signal.getsignal(signum) is signal.SIG_IGN

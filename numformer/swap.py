@@ -27,6 +27,7 @@ numformer's own code re-bound to the new function, not copies, so they cannot go
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import types
 from pathlib import Path
@@ -34,7 +35,8 @@ from pathlib import Path
 from . import user_code_clock
 from .errors import UsageError, mark_collective
 from .layers import registry
-from .user_code import UserCodeError, exception_line, load_file
+from .user_code import UserCodeError, exception_line, load_file, where
+from .user_code_exits import UserCodeLeft, contained
 
 
 class SwapError(UsageError):
@@ -123,25 +125,75 @@ def unswapped():
 
 # -- --swap LAYER=FILE.py:CLASS ----------------------------------------------------------------------
 
+def _inputs_of(args) -> tuple:
+    """What a forward's positional arguments are, for its backward's check: (shape, dtype) of each array, None for
+    anything else (a sub-layer, an offset)."""
+    return tuple((tuple(a.shape), a.dtype) if hasattr(a, "shape") and hasattr(a, "dtype") else None for a in args)
+
+
+def returned_gradients_misfit(inputs: tuple, result, names) -> str | None:
+    """What is wrong with a backward's ``result`` against its forward's ``inputs`` (:func:`_inputs_of`), or None.
+
+    The layer contract: backward returns dL/d(input) for the forward's array inputs, in their order (one array, or a
+    tuple: attention's (dq, dk, dv), cross-attention's (dx, dmemory)), each of its input's shape and dtype; None
+    where there is none (an embedding's ids). A gradient of another shape that numpy would broadcast ((B, T, 1)
+    into (B, T, 128)) trains on without an error, on wrong numbers: so shapes are compared, not merely used.
+    ``names``: the forward's argument names, for the message."""
+    if result is None:
+        return None
+    grads = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    for i, grad in enumerate(grads):
+        expected = inputs[i] if i < len(inputs) else None
+        if expected is None or grad is None:
+            continue
+        name = names[i] if i < len(names) else f"argument {i + 1}"
+        shape, dtype = expected
+        if not (hasattr(grad, "shape") and hasattr(grad, "dtype")):
+            return f"returned {type(grad).__name__} for the input {name} of shape {shape} {dtype}"
+        if tuple(grad.shape) != shape or grad.dtype != dtype:
+            return (f"returned a gradient of shape {tuple(grad.shape)} {grad.dtype} for the input {name} of shape "
+                    f"{shape} {dtype}")
+    return None
+
+
 def _attributed(cls: type, name: str, path: Path) -> type:
-    """``cls`` with the methods it defines itself wrapped so that an exception they raise while training
-    becomes one line naming the user's file (a SwapError: exit 2, checkpoints kept), not a report of a
-    bug in numformer."""
+    """``cls`` with the methods it defines itself wrapped so that an exception they raise while training (a call of
+    ``sys.exit`` among them) becomes one line naming the user's file (a SwapError: exit 2, checkpoints kept), not a
+    report of a bug in numformer, and with every gradient its backward returns checked against the shape and dtype
+    of the input it is the gradient of (:func:`returned_gradients_misfit`), from the first call on: a wrong one is
+    one line naming the class, the method and both shapes."""
     original = swappable()[name]
+    names = list(inspect.signature(original.forward).parameters)[1:]
+    inputs: dict = {}  # id(layer) -> what its last forward was given
     wrapped = {}
     for method in ("forward", "backward"):
         fn = getattr(cls, method, None)
-        if fn is None or fn is getattr(original, method, None):
+        mine = fn is not None and fn is not getattr(original, method, None)
+        if not mine and not (method == "forward" and cls.backward is not getattr(original, "backward", None)):
             continue
 
-        def guarded(self, *args, _fn=fn, _method=method, **kwargs):
+        def guarded(self, *args, _fn=fn, _method=method, _mine=mine, **kwargs):
+            if _method == "forward":
+                inputs[id(self)] = _inputs_of(args)
             try:
-                return _fn(self, *args, **kwargs)
+                result = _fn(self, *args, **kwargs)
             except SwapError:
                 raise
+            except SystemExit as exc:  # the user's code ending the process: not while a run is to be saved
+                raise SwapError(f"your {cls.__name__}.{_method} from {path} called sys.exit({exc.code!r}) at "
+                                f"{where(exc, path)}: a layer's methods return; remove that") from None
             except Exception as exc:  # noqa: BLE001  (the user's code)
+                if not _mine:
+                    raise
                 raise SwapError(f"your {name}.{_method} from {path} raised "
                                 f"{exception_line(exc, path)}") from exc
+            if _method == "backward":
+                wrong = returned_gradients_misfit(inputs.get(id(self), ()), result, names)
+                if wrong is not None:
+                    raise SwapError(f"your {cls.__name__}.backward from {path} (swapped in for {name}) {wrong}: a "
+                                    f"backward returns the gradient of each input with that input's shape and dtype; "
+                                    f"check it with python -m grad_checks check {path}")
+            return result
         guarded.__name__ = method
         wrapped[method] = guarded
     if not wrapped:
@@ -165,9 +217,11 @@ def load_class(path, class_name: str, layer: str | None = None) -> type:
     known = swappable()
     if layer not in known:
         raise SwapError(f"unknown layer {layer!r} for --swap: choose from {', '.join(known)}")
-    try:  # the file's own top-level code runs here: under the clock, as the grading runs its layers
-        with user_code_clock.deadline(user_code_clock.DEFAULT_TIME_LIMIT, f"importing {Path(path).name}", path,
-                                      advice=f"fix it, and check it with python -m grad_checks check {path}"):
+    try:  # the file's own top-level code runs here: under the clock, as the grading runs its layers, and kept from
+        # leaving by another door (an exit, a fork, a thread left running: numformer/user_code_exits.py)
+        with contained(path, "while importing"), user_code_clock.deadline(
+                user_code_clock.DEFAULT_TIME_LIMIT, f"importing {Path(path).name}", path,
+                advice=f"fix it, and check it with python -m grad_checks check {path}"):
             module = load_file(path)
     except (UserCodeError, user_code_clock.StudentCodeTimeout) as exc:
         raise SwapError(f"--swap {layer}: {exc}") from None
@@ -199,7 +253,10 @@ def describe(swaps: dict, files: dict, grade=None) -> list:
             lines.append(f"swap: {layer} <- {files[layer]} (not graded)")
             continue
         try:
-            lines.append(grade(layer, getattr(cls, "user_class", cls), files[layer]))
+            with contained(files[layer].rpartition(":")[0], "while its backward was graded"):
+                lines.append(grade(layer, getattr(cls, "user_class", cls), files[layer]))
+        except UserCodeLeft as exc:  # an exit, a fork, a thread left running: named, never trained with
+            raise mark_collective(SwapError(f"--swap {layer}: {exc}")) from None
         except SwapError as exc:  # every process of a data-parallel run stops here alike
 
             raise mark_collective(exc) from None

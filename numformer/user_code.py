@@ -41,7 +41,8 @@ def load_file(path) -> object:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look their module up here
-    sys.path.insert(0, str(path.resolve().parent))
+    folder = str(path.resolve().parent)  # resolved now: the file's code may change the working directory
+    sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
@@ -51,7 +52,7 @@ def load_file(path) -> object:
         sys.modules.pop(name, None)
         raise UserCodeError(f"{path} does not import: {exception_line(exc, path)}") from None
     finally:
-        sys.path.remove(str(path.resolve().parent))
+        sys.path.remove(folder)
     return module
 
 

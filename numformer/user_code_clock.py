@@ -42,6 +42,7 @@ from pathlib import Path
 
 from numformer.errors import UsageError
 from numformer.user_code import library_dirs
+from numformer.user_code_exits import REAL_EXIT
 
 DEFAULT_TIME_LIMIT = 10.0  # seconds per case: 10x the slowest right answer (the module docstring)
 ADVICE = "fix it, or give it longer with --time-limit SECONDS (0: no limit)"
@@ -156,5 +157,5 @@ def _end_process(error: StudentCodeTimeout) -> None:
         except Exception:  # noqa: BLE001, S110  (a closed stream: the line below is what matters)
             pass
     os.write(2, f"{_prog()}: error: {error}\n".encode("utf-8", "replace"))
-    os._exit(error.exit_code)
+    REAL_EXIT(error.exit_code)  # the real one: inside a user_code_exits block os._exit is the code's trap
 

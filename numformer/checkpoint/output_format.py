@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import CheckpointError
 from ..file_kinds import shown
+from ..files import WRITTEN_INTO, output_kind
 
 #: The one-file formats, by the suffix that names them.
 FILE_SUFFIXES = {".npz": "npz", ".safetensors": "safetensors"}
@@ -31,6 +32,15 @@ def output_format(out, fmt: str | None = None, allowed=("npz", "safetensors", *F
     by_suffix = FILE_SUFFIXES.get(path.suffix.lower())
     one_file = [f for f in allowed if f not in FOLDER_FORMATS]
     files = " or ".join(f".{f}" for f in one_file)
+    into = output_kind(path)
+    if into in WRITTEN_INTO:  # a device, a named pipe, a socket: written into; its name need not say the format
+        fmt = fmt or by_suffix or (one_file[0] if len(one_file) == 1 else None)
+        if fmt is None:
+            raise CheckpointError(f"{flag} {shown(out)} is a {into}, whose name does not say a format: give --format "
+                                  f"{'|'.join(one_file)}")
+        if fmt in FOLDER_FORMATS or fmt not in allowed:
+            raise CheckpointError(f"{flag} {shown(out)} is a {into}: it takes one file ({files}), not {fmt}")
+        return fmt
     if fmt is None:
         if by_suffix is None:
             folders = [f for f in allowed if f in FOLDER_FORMATS]

@@ -17,7 +17,10 @@ Every command a user runs (train.py, translate.py, ``python -m numformer.checkpo
   (:mod:`numformer.cli.standard_streams`: closed, unable to encode a character, read by a process that has
   gone);
 * SIGTERM and SIGHUP are handled as Ctrl-C is (:mod:`numformer.stop_signals`): one line, what was half
-  written removed, exit 143 or 129 (130 for Ctrl-C).
+  written removed, exit 143 or 129 (130 for Ctrl-C);
+* NumPy's floating-point warnings (``overflow encountered in multiply``...) never reach the user: what they
+  would say is said by the command where it matters (a non-finite training step is counted, and a run of them
+  is training's one exit-3 line), so they are switched off for the command (``np.errstate(all="ignore")``).
 
 A command is wrapped once, here, rather than each growing its own ``try``/``except``: a new command gets
 all three by the decorator alone, and tests/cli/test_one_front.py finds every module with a
@@ -27,6 +30,8 @@ from __future__ import annotations
 
 import functools
 import sys
+
+import numpy as np
 
 from .. import environment
 from ..stop_signals import stop_signals_as_interrupts
@@ -51,7 +56,8 @@ def command_line(prog: str):
         @functools.wraps(main)
         def run(argv=None) -> int:
             try:
-                with streams_that_print_anything(), stop_signals_as_interrupts(), one_line_errors(prog):
+                with streams_that_print_anything(), stop_signals_as_interrupts(), one_line_errors(prog), \
+                        np.errstate(all="ignore"):
                     check_standard_streams(prog)
                     environment.check_all()
                     status = main(argv)

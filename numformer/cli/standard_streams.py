@@ -10,11 +10,16 @@ process that has gone. Each is answered in one line or by a quiet exit, never as
   page): the character is printed as an escape (``\\xe9``) rather than failing the line.
 * **A reader that has gone** (``... | head -1``): see
   :func:`numformer.cli.one_line_errors.one_line_errors`, which exits quietly with 141 as a tool killed by
-  SIGPIPE does.
+  SIGPIPE does: nothing is lost by stopping a translation whose reader left. A training run is another matter:
+  a day's work must not end at ``train.py ... | head -5`` (with ``PYTHONUNBUFFERED=1`` that was step 5, with no
+  checkpoint and no word) or at a standard output that is full (``> /dev/full``): inside
+  :func:`output_that_may_go`, standard output failing is said once on standard error and what would have been
+  printed is dropped, while the command goes on.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 
@@ -71,3 +76,68 @@ def streams_that_print_anything():
         for stream, errors in undo:
             with contextlib.suppress(ValueError, OSError):
                 stream.reconfigure(errors=errors)
+
+
+class _OutputThatMayGo:
+    """Standard output for a command that must outlive it: a write or flush that fails (its reader gone, a full
+    device, an I/O error) is said once on standard error and the stream becomes os.devnull; everything else is the
+    stream's own."""
+
+    def __init__(self, stream, prog: str, goes_on: str):
+        self._stream, self._prog, self._goes_on, self.gone = stream, prog, goes_on, False
+
+    def write(self, text):
+        if not self.gone:
+            try:
+                return self._stream.write(text)
+            except OSError as exc:
+                self._went(exc)
+        return len(text)
+
+    def flush(self):
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except OSError as exc:
+                self._went(exc)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def _went(self, exc: OSError) -> None:
+        self.gone = True
+        why = "its reader has gone" if exc.errno == errno.EPIPE else (exc.strerror or str(exc))
+        _point_at_devnull(self._stream)
+        try:
+            print(f"{self._prog}: standard output cannot be written any more ({why}): {self._goes_on}",
+                  file=sys.stderr, flush=True)
+        except (OSError, ValueError):  # standard error gone too: the exit status will speak
+            pass
+
+
+def _point_at_devnull(stream) -> None:
+    """Descriptor ``stream`` writes to, pointed at os.devnull: what is still buffered for it is dropped there, so
+    that no later flush (the interpreter's last one among them: exit status 120) fails again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real descriptor (a test's captured stream)
+        pass
+
+
+@contextlib.contextmanager
+def output_that_may_go(prog: str, goes_on: str):
+    """``with output_that_may_go("train.py", "training goes on; ..."):`` standard output failing inside the block
+    (``| head -5``'s reader gone, ``> /dev/full``) is one line on standard error, ``prog: standard output cannot be
+    written any more (WHY): GOES_ON``, and no longer stops the command; its lines are dropped from then on."""
+    real = sys.stdout
+    if real is None or isinstance(real, _OutputThatMayGo):
+        yield
+        return
+    sys.stdout = _OutputThatMayGo(real, prog, goes_on)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout = real

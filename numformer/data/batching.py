@@ -118,6 +118,16 @@ def index_dtype(n: int) -> np.dtype:
     return np.dtype(np.int32) if n < 2 ** 31 else np.dtype(np.int64)
 
 
+def training_pair_sizes(src_len, tgt_len, max_len: int | None) -> np.ndarray:
+    """The size each training pair takes of a batch's token budget, ``(S + 1) + (T + 1)`` (the eos and bos that
+    batching adds), for the pairs training keeps (no empty side, within ``max_len``): what ``--max-tokens`` must
+    hold for a pair to share a batch. int64, one entry per kept pair."""
+    src_len, tgt_len = np.asarray(src_len), np.asarray(tgt_len)
+    keep, _, _ = _kept(src_len, tgt_len, max_len, np.int64, skip_empty=True)
+    s, t = (src_len, tgt_len) if keep is None else (src_len[keep], tgt_len[keep])
+    return s.astype(np.int64) + t.astype(np.int64) + 2
+
+
 def _kept(src_len: np.ndarray, tgt_len: np.ndarray, max_len: int | None, dtype, block: int = 1 << 20,
           skip_empty: bool = False):
     """(indices of the pairs kept, in ``dtype``; how many are too long; how many have an empty side);

@@ -8,8 +8,9 @@ vocabulary sees is the text the model is evaluated on:
 - the trailing ``\\n`` and any ``\\r`` before it are dropped (CRLF files read as LF ones);
 - a UTF-8 byte order mark (U+FEFF) at the start of the file, and at the start of any line (two files
   joined with ``cat``: Python does not count it as whitespace, so it became a vocabulary piece), is dropped;
-- a file with no ``\\n`` at all whose last byte is ``\\r`` has old Mac line endings: it is split on
-  ``\\r`` (it was one line before);
+- a file with no ``\\n`` at all that holds a ``\\r`` has old Mac line endings: it is split on ``\\r`` (it
+  was one line before; a last line without its ``\\r`` is a line too: such a file was still one line, and a
+  training file of them one pair, at 4439216);
 - runs of whitespace inside a line become one space; leading and trailing
   whitespace is removed.
 
@@ -70,9 +71,9 @@ def normalize_line(line: str) -> str:
 
 
 def cr_only(text: str) -> bool:
-    """True for text with old Mac line endings: no ``\\n`` anywhere, and a ``\\r`` ending its last line
-    (one ``\\r`` inside an LF file's line stays whitespace)."""
-    return "\n" not in text and text.endswith("\r")
+    """True for text with old Mac line endings: no ``\\n`` anywhere, and a ``\\r`` in it (its last line may lack
+    one). A ``\\r`` inside a line of a file that has a ``\\n`` stays whitespace."""
+    return "\n" not in text and "\r" in text
 
 
 def read_lines(path, fixes: dict | None = None) -> list[str]:
@@ -196,8 +197,8 @@ def count_lines(path, block_bytes: int = BLOCK_BYTES) -> int:
             n += block.count(b"\n")
             cr += block.count(b"\r") if not n else 0  # counted only while the file may be an old Mac one
             last, size = block[-1:], size + len(block)
-    if not n and last == b"\r":  # old Mac line endings (text_files.cr_only): one line per \r
-        return cr
+    if not n and cr:  # old Mac line endings (text_files.cr_only): one line per \r, and a last one without it
+        return cr + (last != b"\r")
     return n + (1 if size and last != b"\n" else 0)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..cli.arguments import NUMBERS, nonneg_int, positive_int, seed_int
 from ..errors import UsageError
 from ..presets import TABLE3
 from .table3_config import GROUPS, SCALES, Config
@@ -20,14 +21,14 @@ def add_arguments(parser) -> None:
     g.add_argument("--scale", choices=SCALES, help="small: each row's change applied to a CPU-sized base "
                                                     "(default); full: the paper's shapes (for a GPU)")
     budget = g.add_mutually_exclusive_group()
-    budget.add_argument("--steps", type=int, help="training steps per run (default 1000)")
-    budget.add_argument("--minutes", type=float, help="training minutes per run (instead of --steps)")
+    budget.add_argument("--steps", type=positive_int, help="training steps per run (default 1000)")
+    budget.add_argument("--minutes", type=NUMBERS["minutes"], help="training minutes per run (instead of --steps)")
     g.add_argument("--seeds", help="comma-separated seeds, each row trained once per seed (default 1,2)")
     source = g.add_mutually_exclusive_group()
     source.add_argument("--corpus", help="a corpus numformer builds (default bible-en-es)")
     source.add_argument("--data", metavar="DIR", help="a folder with train/valid/test .src/.tgt files")
-    g.add_argument("--warmup", type=int, help="warm-up steps of Eq. 3 (default: a fifth of --steps)")
-    g.add_argument("--dev-sentences", type=int, help="dev BLEU on this many valid sentences (default 200)")
+    g.add_argument("--warmup", type=positive_int, help="warm-up steps of Eq. 3 (default: a fifth of --steps)")
+    g.add_argument("--dev-sentences", type=nonneg_int, help="dev BLEU on this many valid sentences (default 200)")
     g.add_argument("--device", help="cpu or cuda (default: $NUMFORMER_DEVICE or cpu)")
 
 
@@ -53,8 +54,8 @@ def parse_seeds(text: str) -> tuple:
         seeds = tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:
         raise UsageError(f"--seeds takes comma-separated whole numbers, got {text!r}") from None
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        raise UsageError(f"--seeds takes distinct whole numbers >= 0, got {text!r}")
+    if not seeds or len(set(seeds)) != len(seeds) or any(s not in seed_int for s in seeds):
+        raise UsageError(f"--seeds takes distinct seeds, each {seed_int.words()}, got {text!r}")
     return seeds
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from ..cli.arguments import NUMBERS
 from ..errors import UsageError
 from ..precision import MODES as PRECISIONS
 from ..presets import PRESETS, TABLE3, ModelConfig
@@ -67,24 +68,18 @@ class TrainConfig:
                                  f"correct it, or resume with {flag(field)} given")
         if self.max_steps is None and self.max_minutes is None:
             raise UsageError("give --max-steps or --max-minutes (or both): training needs an end")
-        for field in ("max_tokens", "accum", "warmup", "keep_last", "average_last", "log_every",
-                      "max_nonfinite_in_a_row"):
-            if getattr(self, field) < 1:
-                raise UsageError(f"{name(field)} must be at least 1, got {getattr(self, field)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise UsageError(f"{name('max_steps')} must be at least 1, got {self.max_steps}")
-        if self.max_minutes is not None and not self.max_minutes > 0:
-            raise UsageError(f"{name('max_minutes')} must be positive, got {self.max_minutes}")
-        for field in ("save_every", "save_every_minutes", "eval_every", "eval_sentences", "clip_norm", "log_grads",
-                      "step_tokens"):
-            if getattr(self, field) < 0:
-                raise UsageError(f"{name(field)} must be at least 0, got {getattr(self, field)}")
+        for field, numbers in RANGES.items():  # the flags' own ranges, for values read from run.json too
+            value = getattr(self, field)
+            if value is None and field in ("max_steps", "max_minutes"):
+                continue
+            refused = numbers.refusal(name(field), value)
+            if refused is not None:
+                raise UsageError(refused + (f": correct it, or resume with {flag(field)} given" if field in (named or {})
+                                            else ""))
         if self.precision not in PRECISIONS:
             raise UsageError(f"{name('precision')} must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.dropout_rng not in ("stream", "batch"):
             raise UsageError(f"{name('dropout_rng')} must be stream or batch, got {self.dropout_rng!r}")
-        if not self.lr_factor > 0:
-            raise UsageError(f"{name('lr_factor')} must be positive, got {self.lr_factor}")
         if self.max_len < 2:
             raise UsageError(f"{name('max_len')} must be at least 2 (one token and the EOS), got {self.max_len}")
         if positional_table is not None and self.max_len > positional_table:
@@ -97,6 +92,18 @@ class TrainConfig:
                              f"{self.keep_last}{where}: raise --keep-last or lower --average-last")
         return self
 
+
+#: The range of every numeric setting: the type of its flag in train.py and the check of the value a resumed run's
+#: run.json holds (numformer/cli/arguments.py's table of numbers).
+RANGES = {
+    "max_tokens": NUMBERS["count"], "accum": NUMBERS["count"], "step_tokens": NUMBERS["count or 0"],
+    "warmup": NUMBERS["count"], "lr_factor": NUMBERS["rate factor"], "clip_norm": NUMBERS["at least 0"],
+    "max_steps": NUMBERS["count"], "max_minutes": NUMBERS["minutes"], "max_len": NUMBERS["count"],
+    "save_every": NUMBERS["count or 0"], "save_every_minutes": NUMBERS["minutes or 0"],
+    "keep_last": NUMBERS["count"], "average_last": NUMBERS["count"], "eval_every": NUMBERS["count or 0"],
+    "eval_sentences": NUMBERS["count or 0"], "log_every": NUMBERS["count"], "seed": NUMBERS["seed"],
+    "log_grads": NUMBERS["count or 0"], "max_nonfinite_in_a_row": NUMBERS["count"],
+}
 
 #: Section 5.1: "Each training batch contained a set of sentence pairs containing approximately 25000 source
 #: tokens and 25000 target tokens": one optimizer step's tokens, source + target (max_tokens counts both).
@@ -183,12 +190,36 @@ def source_of(source: dict) -> str:
     return f"corpus:{source['corpus']}" if source.get("corpus") is not None else f"task:{source['task']}"
 
 
-def _saved_source(text: str) -> dict:
+def _saved_source(text, where: str = "run.json") -> dict:
     """'corpus:NAME' / 'data:DIR' / 'task:NAME' (run.json's "data") -> the matching flag."""
-    kind, _, value = text.partition(":")
+    kind, _, value = text.partition(":") if isinstance(text, str) else ("", "", "")
     if kind not in SOURCE_FLAGS or not value:
-        raise UsageError(f"run.json names an unknown data source {text!r}: pass --corpus, --data or --task")
+        raise UsageError(f"{where}'s data is {text!r}, not a data source (corpus:NAME, data:DIR or task:NAME): correct "
+                         "that file, or resume with the run's --corpus, --data or --task given")
     return {"corpus": None, "data": None, "task": None, kind: value}
+
+
+def check_saved_run(saved: dict, where: str) -> None:
+    """Refuse, in one line naming ``WHERE's FIELD``, a run.json field a resume reads that is of the wrong type or out
+    of range (a hand-edited file): its preset, settings groups, the vocabulary size it asked for, its process count,
+    the model it fine-tunes. train_config's and model_config's fields are checked where they are read
+    (:meth:`TrainConfig.checked`, :func:`check_saved_model_values`)."""
+    preset = saved.get("preset")
+    if preset is not None and preset not in PRESETS:
+        raise UsageError(f"{where}'s preset is {preset!r}, not a preset (one of {', '.join(PRESETS)}): correct that "
+                         "file to the run's preset")
+    for group in ("train_config", "model_config"):
+        if saved.get(group) is not None and not isinstance(saved[group], dict):
+            raise UsageError(f"{where}'s {group} is {saved[group]!r}, not the run's settings: restore that file, or "
+                             "start a new run with another --out")
+    for field, numbers in (("vocab_size_requested", NUMBERS["count"]), ("processes", NUMBERS["count"])):
+        if saved.get(field) is not None:
+            refused = numbers.refusal(f"{where}'s {field}", saved[field])
+            if refused is not None:
+                raise UsageError(f"{refused}: correct that file")
+    if saved.get("init_from") is not None and not isinstance(saved["init_from"], str):
+        raise UsageError(f"{where}'s init_from is {saved['init_from']!r}, not the path of the model it fine-tunes: "
+                         "correct that file")
 
 
 @dataclass
@@ -232,7 +263,8 @@ def settle(flags: dict, device: str, saved: dict | None, out, processes: int = 1
     source = {k: flags.get(k) for k in SOURCE_FLAGS}
     preset = flags.get("preset")
     if saved is not None:
-        old = _saved_source(str(saved.get("data", "")))
+        check_saved_run(saved, run_json_of(out))
+        old = _saved_source(saved.get("data", ""), run_json_of(out))
         if all(v is None for v in source.values()):
             source = old
         else:

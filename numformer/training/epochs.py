@@ -8,6 +8,7 @@ on all of them; checkpoints keep it as ``(epoch, batch_pos)``.
 from __future__ import annotations
 
 from ..data import DataError, plan_batches
+from ..data.batching import training_pair_sizes
 
 
 class EpochWalk:
@@ -51,8 +52,11 @@ class EpochWalk:
             raise DataError(f"all {plan.n_filtered} training pairs are longer than --max-len {self.max_len} "
                             f"subwords: raise --max-len (at most {self.positional_table})")
         if epoch == 0 or self._plan is None:
+            over = int((training_pair_sizes(*self.pairs.lengths, self.max_len) > self.max_tokens).sum())
             self.log(f"epoch {epoch}: {plan.n_pairs} pairs in {len(plan)} batches"
                      + (f", {plan.n_filtered} longer than --max-len {self.max_len} left out"
                         if plan.n_filtered else "")
-                     + (f", {plan.n_empty} with an empty side left out" if plan.n_empty else ""))
+                     + (f", {plan.n_empty} with an empty side left out" if plan.n_empty else "")
+                     + (f", {over} larger than --max-tokens {self.max_tokens} (source + target with BOS and EOS), "
+                        "each a batch of its own over the budget" if over else ""))
         return plan

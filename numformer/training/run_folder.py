@@ -18,6 +18,7 @@ without room for the checkpoints is reported before the first step, not after an
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -25,13 +26,18 @@ import tempfile
 from pathlib import Path
 
 from .. import run_file_names
-from ..checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from ..checkpoint import Checkpoint, CheckpointError, load_checkpoint, read_meta, save_checkpoint
+from ..data.marian_vocab import is_marian_vocab_bytes
+from ..file_kinds import shown
 from ..errors import UsageError
 from ..files import atomic_write_bytes, partial_prefix, sweep_stale_partials, write_json
 from ..checkpoint.averaging import average_checkpoints
 from .run_lock import lock_run_folder
 
 INIT_ONLY_FIELDS = ("init",)  # model config fields that only matter before the first step
+# The advice when a checkpoint's vocabulary is not the run's file's: the checkpoint carries its own.
+_RESTORE = ("restore the run's {0}: remove (or move away) the one there and resume, and the vocabulary is written "
+            "back from the checkpoint, which carries it; or start a new run with another --out")
 
 
 class RunFolder:
@@ -81,6 +87,16 @@ class RunFolder:
         return dict(recorded) if settings.get("init_from") else {k: recorded[k] for k in RESUMED_MODEL_FIELDS
                                                                  if k in recorded}
 
+    def _preset_read_back(self) -> str | None:
+        """The preset this run's run.json names (what a resume without --preset builds; with one, the same), or
+        None for a fine-tuning run (no preset's architecture) or none recorded."""
+        try:
+            settings = self.read_settings() or {}
+        except UsageError:
+            return None
+        preset = settings.get("preset")
+        return preset if isinstance(preset, str) and not settings.get("init_from") else None
+
     def write_settings(self, settings: dict) -> None:
         """Write ``run.json`` (atomically): the one record of the run's settings."""
         write_json(self.path / run_file_names.SETTINGS, settings)
@@ -122,6 +138,55 @@ class RunFolder:
             return
         log(f"vocabulary: {path} has {vocab.size} pieces, --vocab-size asks for {vocab_size}: retraining it")
         path.unlink()
+
+    def restore_vocabulary(self, log=print) -> None:
+        """A resumed run whose vocabulary file is gone (deleted, lost in a copy): every training checkpoint carries
+        the vocabulary it was trained with, so the file is written back from the newest checkpoint that holds it
+        (its sha256 checked against the one the checkpoint recorded), and said in one line. Preparation must never
+        train another vocabulary into the run and re-encode its prepared corpus with it (issue 68: it did, then
+        refused). No checkpoint holding one: one line, before anything is written."""
+        if run_file_names.run_vocab(self.path).exists() or not self.checkpoints():
+            return
+        for path in reversed(self.checkpoints()):
+            try:
+                ck = load_checkpoint(path, with_optimizer=False)
+            except CheckpointError:
+                continue
+            if not ck.vocab or ck.meta.get("vocab_sha256") not in (None, hashlib.sha256(ck.vocab).hexdigest()):
+                continue
+            name = run_file_names.MARIAN_VOCAB if is_marian_vocab_bytes(ck.vocab) else run_file_names.VOCAB
+            atomic_write_bytes(self.path / name, ck.vocab)
+            log(f"vocabulary: {shown(self.path / name)} was missing: restored from {shown(path)} (every checkpoint "
+                "carries the vocabulary it was trained with)")
+            return
+        raise CheckpointError(f"{shown(run_file_names.run_vocab(self.path))} is missing and no checkpoint in "
+                              f"{shown(self.checkpoint_dir)} carries the vocabulary: restore the file from a copy of the "
+                              "run, or start a new run with another --out (nothing was changed)")
+
+    def _refuse_a_foreign(self, path: Path, meta: dict, model_config: dict, vocab_sha256: str, others) -> None:
+        """A checkpoint copied in from another run (its data source is not this run's, or its vocabulary or model
+        differ from this run's while the run's other checkpoints agree with it) is named as such, with the advice
+        that fits: take it out. Telling the user to restore spm.model would send them after a vocabulary that is
+        intact (issue 68)."""
+        ours, theirs = (self.read_settings() or {}).get("data"), meta.get("data")
+
+        def fits(m) -> bool:
+            return m.get("vocab_sha256") in (None, vocab_sha256) and _comparable(m.get("model_config")) == \
+                _comparable(model_config)
+        if fits(meta) and (not ours or not theirs or ours == theirs):
+            return
+        agree = []
+        for other in others:
+            try:
+                agree.append(fits(read_meta(other)))
+            except CheckpointError:
+                continue
+        if (ours and theirs and ours != theirs) or any(agree):
+            why = (f"trained on {theirs}, this run on {ours}" if ours and theirs and ours != theirs else
+                   "its vocabulary or model differs from this run's, which its other checkpoints share")
+            raise CheckpointError(f"{shown(path)} is a checkpoint of another run ({why}): move it out of "
+                                  f"{shown(self.checkpoint_dir)} (or remove it), then resume: this run's own "
+                                  "checkpoints and vocabulary are intact")
 
     # -- checkpoints --------------------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:
@@ -212,6 +277,7 @@ class RunFolder:
         if ck is None:
             raise CheckpointError(f"no readable checkpoint in {self.checkpoint_dir}: remove the folder or start "
                                   "without --resume")
+        self._refuse_a_foreign(path, ck.meta, model_config, vocab_sha256, [p for p in found if p != path])
         saved, now = ck.meta.get("model_config"), dict(model_config)
         if isinstance(saved, dict):  # how the weights were first drawn does not matter once they are loaded
             saved = {k: v for k, v in saved.items() if k not in INIT_ONLY_FIELDS}
@@ -228,13 +294,22 @@ class RunFolder:
                 raise CheckpointError(f"{settings}'s {values}: {path} was trained with the other values: correct "
                                       "that file to them and resume again")
             diff = [f"{k} {saved.get(k)!r} (asked: {now.get(k)!r})" for k in differ]
+            vocab_file = run_file_names.run_vocab(self.path)
+            if differ == ["vocab_size"]:  # the run's vocabulary file replaced by one of another size
+                raise CheckpointError(f"{path} was trained with a vocabulary of {saved.get('vocab_size')} pieces, "
+                                      f"{vocab_file} has {now.get('vocab_size')}: {_RESTORE.format(vocab_file.name)}")
+            preset = self._preset_read_back()
+            if preset is not None and not set(differ) & _FLAG_FIELDS:  # the preset's own sizes: run.json's preset
+                raise CheckpointError(f"{self.path / run_file_names.SETTINGS}'s preset is {preset!r}, whose model is "
+                                      f"not the one {path} was trained with ({', '.join(diff[:4])}): correct that "
+                                      "file's preset to the run's and resume again")
             raise CheckpointError(f"{path} was trained with another model: {', '.join(diff[:4])}: resume with the "
                                   "run's --preset and model flags (or leave them out to use the run's)")
         expected = ck.meta.get("vocab_sha256")
         if expected and expected != vocab_sha256:
             vocab_file = run_file_names.run_vocab(self.path)
             raise CheckpointError(f"{path} was trained with another vocabulary than {vocab_file}: "
-                                  f"restore the run's {vocab_file.name} or start a new run with another --out")
+                                  f"{_RESTORE.format(vocab_file.name)}")
         if ck.optimizer is None or not all(k in ck.meta for k in ("rng", "epoch", "batch_pos", "elapsed")):
             raise CheckpointError(f"{path} holds no training state (optimizer, data position): it cannot be "
                                   "resumed, only translated with")
@@ -275,3 +350,19 @@ class RunFolder:
         data = "".join(ln + "\n" for ln in kept).encode("utf-8")
         atomic_write_bytes(self.metrics_path, data)
 
+
+
+def _flag_fields() -> frozenset:
+    from .model_flags import MODEL_FLAGS  # noqa: PLC0415  (the table of model flags, beside this module)
+
+    return frozenset(f.field for f in MODEL_FLAGS) | {"vocab_size", "pad_id"}
+
+
+_FLAG_FIELDS = _flag_fields()  # model settings a flag or the vocabulary sets, not the preset alone
+
+
+def _comparable(config):
+    """A model config as two runs of one model share it (how the weights were first drawn aside)."""
+    if not isinstance(config, dict):
+        return config
+    return {k: v for k, v in config.items() if k not in INIT_ONLY_FIELDS}

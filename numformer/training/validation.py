@@ -6,6 +6,7 @@ after it (the last checkpoint against the average of the last ones, Section 6.1)
 from __future__ import annotations
 
 import math
+import sys
 
 from ..data import plan_batches
 from ..decoding.translation import DecodeOptions, score_translations, translate_lines
@@ -44,7 +45,10 @@ def evaluate(model, data, split: str, max_tokens: int, bleu_sentences: int | Non
         model.train(was_training)
     if n == 0:  # every pair longer than the positional table
         return {}
-    out = {f"{split}_loss": loss_sum / n, f"{split}_nll": nll_sum / n, f"{split}_ppl": math.exp(nll_sum / n)}
+    nll = nll_sum / n
+    # a model trained to a huge (finite) loss: its perplexity is too large for a float, not a bug report
+    ppl = math.exp(nll) if nll < math.log(sys.float_info.max) else math.inf
+    out = {f"{split}_loss": loss_sum / n, f"{split}_nll": nll, f"{split}_ppl": ppl}
     if bleu_sentences:
         src_text, tgt_text = data.text[split]
         hyps = translate_lines(model, v, src_text[:bleu_sentences], opts or DecodeOptions(beam=1))

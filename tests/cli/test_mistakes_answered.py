@@ -37,7 +37,7 @@ def test_a_bad_format_is_one_line_not_a_usage_block(copy_run, tmp_path, capsys):
 def test_average_last_below_one_says_what_it_must_be(copy_run, tmp_path, capsys):
     code, _, err = run_main(main, ["average", "--last", "-1", str(copy_run), "--out", str(tmp_path / "a.npz")],
                             capsys)
-    assert_one_line_error(code, err, f"{PROG} average", "--last: must be at least 1, got -1")
+    assert_one_line_error(code, err, f"{PROG} average", "--last: must be an integer from 1 to 2147483647, got -1")
 
 
 def test_average_of_a_run_folder_without_last_names_the_flag(copy_run, tmp_path, capsys):

@@ -95,7 +95,7 @@ def test_a_path_the_encoding_cannot_hold_is_printed_with_escapes(fault_inputs, t
     assert code == 0 and "mod\\xe8le.npz" in out and model.is_file(), (code, out, err[-2000:])
 
 
-@pytest.mark.parametrize("value, needle", [(0, "train_config.max_tokens must be at least 1, got 0"),
+@pytest.mark.parametrize("value, needle", [(0, "train_config.max_tokens must be an integer from 1 to 2147483647, got 0"),
                                            ("abc", "train_config.max_tokens is 'abc', not a number")])
 def test_a_value_from_run_json_is_named_as_coming_from_it(value, needle, copy_run, tmp_path, capsys):
     """A --resume refused for a value the run's run.json holds names run.json, not a --max-tokens never typed."""

@@ -342,7 +342,8 @@ def test_interrupt_before_training_is_one_line(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(train, "prepare", interrupted)
     code, _, err = run_main(train.main, copy_args(tmp_path / "run"), capsys)
-    assert code == 130 and err.strip() == "train.py: interrupted"
+    assert code == 130 and err.strip() == ("train.py: interrupted (Ctrl-C) before training started: nothing was "
+                                           "trained; run the same command again")
 
 
 def nan_on_calls(monkeypatch, bad):

@@ -42,7 +42,8 @@ def test_a_two_point_sweep_scores_each_point_on_validation_and_continues_where_i
 
 def test_a_malformed_grid_is_refused_in_one_line(tmp_path):
     for grid, words in (("warmup", "expected NAME=V1,V2"), ("beam=2,4", "expected NAME=V1,V2"),
-                        ("warmup=a,b", "are not int values")):
+                        ("warmup=a,b", "warmup: expected an integer, got 'a'"),
+                        ("warmup=0", "warmup: must be an integer from 1 to")):  # train.py's own range
         res = subprocess.run([*SWEEP, "--task", "reverse", "--minutes", "1", "--grid", grid, "--out", str(tmp_path / "s")],
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and words in res.stderr, res.stderr
