@@ -27,6 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from numformer.cli.arguments import OneLineParser
+from numformer.cli.front import command_line
+
 from . import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,16 +174,23 @@ def stale(root: Path = ROOT, facts: dict | None = None) -> dict:
     return out
 
 
+PROG = "python -m grad_checks.doc_sections"
+
+
+@command_line(PROG)
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Check the generated sections (exit 1 when one is stale), or ``--write`` them."""
+    ap = OneLineParser(prog=PROG, description="the docs' generated sections: check them, or --write them")
+    ap.add_argument("--write", action="store_true", help="rewrite the stale sections")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     found = stale()
     for page, (_, want) in found.items():
-        if "--write" in argv:
+        if args.write:
             (ROOT / page).write_text(want, encoding="utf-8")
             print(f"wrote the generated sections of {page}")
         else:
             print(f"{page}: generated sections out of date (python -m grad_checks.doc_sections --write)")
-    return 1 if found and "--write" not in argv else 0
+    return 1 if found and not args.write else 0
 
 
 if __name__ == "__main__":

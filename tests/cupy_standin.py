@@ -369,8 +369,8 @@ class _UsingAllocator:
 
 
 def _device_full(size):
-    """CuPy's ``cudaMalloc`` (``cupy.cuda.memory._malloc``) as the stand-in's pools call it: only when the device
-    is full, so it fails as CUDA does then."""
+    """CuPy's ``cudaMalloc`` (``cupy.cuda.Memory(size)``, what its ``_malloc`` wraps in a ``MemoryPointer``) as the
+    stand-in's pools call it: only when the device is full, so it fails as CUDA does then."""
     raise CUDARuntimeError(2)  # cudaErrorMemoryAllocation
 
 
@@ -399,7 +399,8 @@ def _cuda_module():
     cuda.runtime = types.SimpleNamespace(deviceSynchronize=_device_synchronize,
                                          memGetInfo=lambda: (DEVICE_BYTES - _device_used(), DEVICE_BYTES),
                                          CUDARuntimeError=CUDARuntimeError, errorMemoryAllocation=2)
-    cuda.memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError, _malloc=_device_full)
+    cuda.memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError)
+    cuda.Memory, cuda.MemoryPointer = _device_full, lambda memory, offset: memory
     return cuda
 
 

@@ -73,12 +73,14 @@ class GraphMemoryFull(NumformerError, MemoryError):
 
 
 def _malloc_or_full(cupy):
-    """CuPy's ``cudaMalloc`` for the graphs' pool, CUDA's out-of-memory error raised as :class:`GraphMemoryFull`."""
-    raw, cuda_error = cupy.cuda.memory._malloc, cupy.cuda.runtime.CUDARuntimeError
+    """A ``cudaMalloc`` for the graphs' pool (what CuPy's own allocator does, ``cupy/cuda/memory.pyx``'s ``_malloc``:
+    ``MemoryPointer(Memory(size), 0)``, through CuPy's public names), CUDA's out-of-memory error raised as
+    :class:`GraphMemoryFull`."""
+    cuda_error = cupy.cuda.runtime.CUDARuntimeError
 
     def malloc(size):
         try:
-            return raw(size)
+            return cupy.cuda.MemoryPointer(cupy.cuda.Memory(size), 0)
         except cuda_error as exc:
             if getattr(exc, "status", None) == CUDA_OUT_OF_MEMORY:
                 raise GraphMemoryFull(f"no device memory left for {size} bytes of the step graphs") from None
