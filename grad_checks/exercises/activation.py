@@ -66,8 +66,9 @@ def activation_exercise(name: str) -> Exercise:
         name=name, title=f"{row.layer}'s backward", paper=f"Eq. 2 with {row.layer} for max(0, x)",
         stage="elementwise",
         target=getattr(module, row.backward_name), layer=layer, cases=cases, outputs=("dx",),
+        # the module's functions but the backward and forward mode's (whose tangent is the derivative asked for)
         show=tuple(f for f in vars(module).values() if inspect.isfunction(f) and f.__module__ == module.__name__
-                   and f.__name__ != row.backward_name),
+                   and f.__name__ != row.backward_name and not f.__name__.endswith("_jvp")),
         swap=row.layer, mistakes=MISTAKES,
         notes="x is the forward's input and gate = g(x) as forward computed it, both of x's shape; dy and the "
               "result have x's shape.",
