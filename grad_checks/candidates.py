@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from numformer.finite_differences import TINY, LayerContractError, analytic_gradients, validate_gradients
+from numformer.finite_differences.tangent_checks import analytic_tangents
 from numformer.user_code import exception_line, where
 
 from numformer.user_code_clock import StudentCodeTimeout, deadline
@@ -71,16 +72,18 @@ def run_class(ex: Exercise, cls: type, seed: int = 0, file=None, time_limit: flo
         # the clock outside the try: its _Deadline gets through the except clauses, its StudentCodeTimeout
         # (an Exception) is raised after them, not recorded as the case's outcome
         with deadline(time_limit, f"case {i + 1} of {len(cases)} ({case.case})", file):
-            outcomes[i] = _outcome(case, seed, i, file)
+            outcomes[i] = _outcome(case, seed, i, file, ex.mode)
     return cases, outcomes
 
 
-def _outcome(case, seed: int, i: int, file) -> Outcome:
-    """One case's forward and backward: its gradients, or the error that stopped it."""
+def _outcome(case, seed: int, i: int, file, mode: str = "backward") -> Outcome:
+    """One case's forward and backward (``mode``: the exercise's; in forward mode the JVPs or the backward's
+    tangents, numformer.finite_differences.tangent_checks): its gradients, or the error that stopped it."""
     try:
         # [seed, i, 2], not [seed, i]: numpy pads a seed with zeros, so [seed, 0] is the stream the case
         # builders drew the inputs from, and case 1's upstream gradient would repeat its inputs (ReLU: dy == x)
-        _, tensors = analytic_gradients(case, np.random.default_rng([seed, i, 2]))
+        rng = np.random.default_rng([seed, i, 2])
+        tensors = analytic_gradients(case, rng)[1] if mode == "backward" else analytic_tangents(case, rng, mode)
         validate_gradients(tensors, case.layer)
         return Outcome(grads={name: g for name, _, g in tensors})
     except NotImplementedError as exc:

@@ -85,6 +85,10 @@ class Exercise:
     equivalent: the single-edit mutants of the reference (grad_checks/mutants.py) that compute the same thing on
         every input the layer gives it, by their edit, each with the reason (``python -m grad_checks mutants``
         lets these, and only these, survive).
+    mode: what the target computes and is graded on: ``"backward"`` (a gradient, the default), ``"jvp"`` (a layer's
+        forward mode: the outputs' tangents along each tensor) or ``"rop"`` (the tangent of a backward: every
+        gradient's tangent); forward mode's cases carry ``jvp`` and ``backward_jvp``
+        (numformer.finite_differences.tangent_checks grades them against its differences).
     """
 
     name: str
@@ -110,6 +114,7 @@ class Exercise:
     stage: str = ""
     rank: int = 0
     equivalent: dict = field(default_factory=dict)
+    mode: str = "backward"
     mistake_names: dict = field(init=False)
 
     def __post_init__(self):
@@ -319,15 +324,16 @@ def skeleton(ex: Exercise, number: int, total: int, path: str, level: str = "der
         out.append("from numformer.swap import using")
     out += ["", f'EXERCISE = "{ex.name}"  # what `python -m grad_checks check` grades this file as', ""]
     shown = list(ex.show)
-    if not ex.is_method:
-        shown += [m for m in (getattr(ex.layer, "forward", None), getattr(ex.layer, "backward", None))
+    if not ex.is_method:  # the layer's methods the exercise's function is called from (forward mode's, for its own)
+        calling = ("forward", "backward") if ex.mode == "backward" else ("forward", "jvp", "backward_jvp")
+        shown += [m for m in (getattr(ex.layer, name, None) for name in calling)
                   if m is not None and inspect.getmodule(m) is inspect.getmodule(ex.layer)]
     if shown:
         out.append("# ---- done: the forward pass, and what calls your code (numformer's code as it is now; for reading) "
                    "----")
         for obj in shown:
             code = _source(obj)
-            if level == "derive" and obj.__name__ == "backward":  # the call is shown, the math it states is not
+            if level == "derive" and obj.__name__ in ("backward", "jvp", "backward_jvp"):  # the call shown, not its math
                 code = _without_docstring(code)
             out += ["#", f"# {obj.__module__}.{obj.__qualname__}:", _commented(code)]
         if not ex.is_method and any("kernel(" in _source(o) for o in shown):

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from numformer.finite_differences import run_case
+from numformer.finite_differences.tangent_checks import run_tangent_case
 from numformer.kernels import kernel_mode
 
 from .candidates import (APPROX, EXACT, Outcome, closest, compare, constant_factor, floor, relative_errors,
@@ -257,7 +258,9 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
                     continue
                 with deadline(time_limit, f"the finite differences of case {i + 1} of {len(fresh)} ({case.case})",
                               file):
-                    checked = run_case(case, np.random.default_rng([seed, i, 1]), full_size=FD_FULL_SIZE)
+                    rng = np.random.default_rng([seed, i, 1])
+                    checked = (run_case(case, rng, full_size=FD_FULL_SIZE) if ex.mode == "backward" else
+                               run_tangent_case(case, rng, explicit_zeros=True))  # forward mode's differences
                 by_name = {r.tensor: r for r in checked}
                 for t in cg.tensors:
                     t.fd = by_name.get(t.tensor)

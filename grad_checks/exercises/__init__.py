@@ -20,10 +20,10 @@ from numformer.activations import ACTIVATIONS
 
 #: The stages of the order to learn them: elementwise (the activations), then one matrix, a row-wise
 #: normalisation, the loss, the norms, the layers with state (dropout's mask), the tables (the embedding's
-#: scatter-add, then the learned positions' sum over the batch), attention, and last the compositions that call
-#: the others.
+#: scatter-add, then the learned positions' sum over the batch), attention, the compositions that call the others,
+#: and last forward mode (a layer's JVP, then the tangent of its backward: what Hessian-vector products are made of).
 STAGES = ("elementwise", "matrix", "row-wise", "loss", "normalisation", "state", "table", "attention",
-          "composition")
+          "composition", "forward mode")
 
 #: the module of this folder that makes an activation's exercise from its row (it defines no EXERCISE of its own)
 _MADE_FROM_ROWS = "activation"

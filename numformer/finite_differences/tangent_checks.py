@@ -87,9 +87,12 @@ def _floor(arrays, floor_ratio: float) -> float:
 
 
 def run_tangent_case(case: GradCase, rng: np.random.Generator, h: float = STEP, tolerance: float = TOLERANCE,
-                     floor_ratio: float = 1e-3) -> list[TensorResult]:
+                     floor_ratio: float = 1e-3, explicit_zeros: bool = False) -> list[TensorResult]:
     """Check ``case.jvp`` and ``case.backward_jvp`` (both must be set) against central differences of
-    ``case.forward`` and ``case.backward``; returns the JVP rows, then the R-op rows (module docstring)."""
+    ``case.forward`` and ``case.backward``; returns the JVP rows, then the R-op rows (module docstring).
+
+    ``explicit_zeros``: the parameters outside a probe get a tangent of zeros rather than the symbolic zero
+    (``Parameter.nonzero_tangent`` None), so a student's function is always handed arrays."""
     if case.jvp is None or case.backward_jvp is None:
         raise ValueError(f"{case.layer}/{case.case}: no jvp and backward_jvp to check")
     module = case.module
@@ -122,7 +125,7 @@ def run_tangent_case(case: GradCase, rng: np.random.Generator, h: float = STEP, 
 
     def analytic(along, dirs):
         """(the outputs' tangents, {tensor: its gradient's tangent}) along the tangents ``dirs`` of ``along``."""
-        given = {n: dirs[n] for n in along if not n.startswith("input:")}
+        given = _given(params, along, dirs, explicit_zeros)
         with tangents(module, given):
             run_forward()
             out_dots = _as_tuple(case.jvp(module, {n: dirs[f"input:{n}"] if f"input:{n}" in along
@@ -251,3 +254,65 @@ def run_tangent_case(case: GradCase, rng: np.random.Generator, h: float = STEP, 
     for release in releases:
         release()
     return jvp_rows + rop_rows
+
+
+def _given(params, along, dirs, explicit_zeros: bool) -> dict:
+    """The parameters' tangents of a probe along ``along``: theirs from ``dirs``, every other parameter's zeros
+    (``explicit_zeros``) or the symbolic zero (left out)."""
+    given = {n: dirs[n] for n in along if not n.startswith("input:")}
+    if explicit_zeros:
+        given.update({n: np.zeros(np.shape(p.data)) for n, p in params.items() if n not in given})
+    return given
+
+
+def analytic_tangents(case: GradCase, rng: np.random.Generator, kind: str, explicit_zeros: bool = True) -> list:
+    """One run of ``case``'s forward mode with random tangents, upstream gradients and their tangents drawn from
+    ``rng``: what a forward-mode candidate is graded on, under the names of :func:`run_tangent_case`'s rows.
+
+    ``kind "rop"``: with every tensor's tangent and the upstream's, each gradient's tangent: ``("R-op of NAME",
+    value, value)``. ``kind "jvp"``: for every parameter and float input alone, then all at once, the outputs'
+    tangents (the outputs flattened end to end): ``("jvp along NAME", value, value)``, then the R-op's rows as well,
+    since a layer's jvp also keeps what the tangent of its backward reads (LayerNorm's r_dot moves no output, only
+    the backward's tangent). (The middle item stands where
+    :func:`~numformer.finite_differences.central_differences.analytic_gradients` puts the tensor itself: the shape a
+    result must have.) ``explicit_zeros`` (the default here: a candidate is a student's function): the parameters
+    outside a probe get zeros as their tangent, never the symbolic zero."""
+    if kind not in ("jvp", "rop"):
+        raise ValueError(f"kind must be jvp or rop, got {kind!r}")
+    module = case.module
+    module.train()
+    params = case.params if case.params is not None else dict(module.named_parameters())
+    inputs = case.inputs
+
+    def forward():
+        if case.before_forward is not None:
+            case.before_forward()
+        return _as_tuple(case.forward(module, inputs))
+
+    outs = forward()
+    upstream = [rng.standard_normal(np.shape(o)) for o in outs]
+    upstream_dot = [rng.standard_normal(np.shape(o)) for o in outs]
+    names = list(params) + [f"input:{n}" for n in inputs]
+    arrays = {**{n: p.data for n, p in params.items()}, **{f"input:{n}": a for n, a in inputs.items()}}
+    directions = {n: rng.standard_normal(np.shape(a)) for n, a in arrays.items()}
+
+    def run(along, backward: bool):
+        with tangents(module, _given(params, along, directions, explicit_zeros)):
+            forward()
+            out_dots = _as_tuple(case.jvp(module, {n: directions[f"input:{n}"] if f"input:{n}" in along
+                                                   else np.zeros_like(a) for n, a in inputs.items()}))
+            if not backward:
+                module.clear_cache()
+                return _flat(out_dots)
+            module.zero_grad()
+            _, input_dots = case.backward_jvp(module, upstream, upstream_dot)
+            found = {n: np.array(p.grad_tangent) for n, p in params.items()}
+        module.zero_grad()
+        found.update({f"input:{n}": np.asarray(g) for n, g in input_dots.items()})
+        return found
+
+    rop = [(f"R-op of {n}", g, g) for n, g in run(names, True).items()]
+    if kind == "rop":
+        return rop
+    return [(f"jvp along {label}", v, v) for label, v in
+            [(n, run([n], False)) for n in names] + [("all", run(names, False))]] + rop

@@ -34,17 +34,21 @@ def reference_expressions(ex) -> list:
 
 
 GRADIENT_EQUATION = re.compile(r"\b(d[A-Za-z_]\w*|grad\w*)\s*(\[[^\]]*\])?\s*(\+=|=)")
+# forward mode's answer is its tangents (``r_dot = ...``, ``dx_dot = ...``); the backward it differentiates is given
+TANGENT_EQUATION = re.compile(r"\b(\w+_dot)\s*(\[[^\]]*\])?\s*(\+=|=)")
 
 
 def reference_equations(ex) -> list:
     """The backward's equations as numformer's docstrings state them: every line of the reference's module
-    docstring and of its own docstring that assigns a gradient (``dx = ...``, ``dW = ...``, ``grad += ...``)."""
+    docstring and of its own docstring that assigns a gradient (``dx = ...``, ``dW = ...``, ``grad += ...``); for a
+    forward-mode exercise, a tangent (``xhat_dot = ...``)."""
+    assigns = GRADIENT_EQUATION if ex.mode == "backward" else TANGENT_EQUATION
     docs = (inspect.getdoc(inspect.getmodule(ex.target)) or "") + "\n" + (inspect.getdoc(ex.target) or "")
     out = []
     for line in docs.replace("``", "").splitlines():
         for piece in re.split(r"[;:]\s|,\s(?=d[A-Za-z_]\w*\s*=)", line):
             piece = re.split(r"\s\((?=[a-z]+ [a-z]+)|,\s(?=with|over|the|or)", piece)[0]  # a comment after it
-            m = GRADIENT_EQUATION.search(piece)
+            m = assigns.search(piece)
             equation = _squeezed(piece[m.start():]).rstrip(".,") if m else ""
             if len(equation) >= 6:
                 out.append(equation[:24])  # the equation's first 24 characters: distinctive, whatever follows

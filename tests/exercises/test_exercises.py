@@ -80,7 +80,9 @@ def test_each_exercise_says_its_place_and_the_order_follows():
     is the stages' order."""
     places = [(exercises.STAGES.index(exercises.get(n).stage), n) for n in exercises.ORDER]
     assert [p for p, _ in places] == sorted(p for p, _ in places)
-    assert exercises.ORDER[0] == next(iter(ACTIVATIONS)) and exercises.ORDER[-1] == "decoder_layer"
+    backward = [n for n in exercises.ORDER if exercises.get(n).mode == "backward"]
+    assert exercises.ORDER[0] == next(iter(ACTIVATIONS)) and backward[-1] == "decoder_layer"
+    assert exercises.get(exercises.ORDER[-1]).stage == "forward mode"  # forward mode last, once reverse mode is known
     ex = exercises.get("relu")
     original = ex.stage
     try:
