@@ -1,13 +1,13 @@
 """Exercise: LayerNorm's forward mode, its JVP (the directional derivative of the forward, Section 3.1)."""
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
 
-from numformer.finite_differences import GradCase
 from numformer.layers.layernorm import LayerNorm, layernorm_forward, layernorm_jvp
 
 from ..case_helpers import forward_mode
 from ..exercise import Exercise
+from .layernorm import cases as layernorm_cases
 
 
 def _y_dot(xhat_dot, xhat, gamma, gamma_dot, beta_dot):
@@ -50,19 +50,9 @@ def r_dot_sign_flipped(x_dot, xhat, r, gamma, gamma_dot, beta_dot):
 
 
 def cases(cls, seed):
-    """The backward exercise's shapes, every tensor given a tangent: x, gamma and beta (numformer.forward_mode)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for name, shape, scale, shift in [("random gain and bias, x (3, 6, 8)", (3, 6, 8), 3.0, 1.0),
-                                      ("wide rows (2, 16), small spread", (2, 16), 0.2, -4.0),
-                                      ("rows of three features (5, 3)", (5, 3), 1.0, 0.0)]:
-        d = shape[-1]
-        m = cls(d, dtype=np.float64)
-        m.weight.data[:] = rng.standard_normal(d)
-        m.bias.data[:] = rng.standard_normal(d)
-        out.append(GradCase("LayerNorm", name, m, {"x": scale * rng.standard_normal(shape) + shift},
-                            lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])}, **forward_mode("x")))
-    return out
+    """The backward exercise's cases, each with its forward mode: x, gamma and beta given tangents
+    (numformer.forward_mode)."""
+    return [dataclasses.replace(case, **forward_mode("x")) for case in layernorm_cases(cls, seed)]
 
 
 EXERCISE = Exercise(
