@@ -55,4 +55,4 @@ def test_spectra_per_layer_and_the_other_ways_measured_against_exact_products(re
             e = b["product_errors"]
             assert e["differences float64"] < 1e-6 and e["exact float32"] < 1e-4
             assert e["differences float32"] > 10 * e["exact float32"]  # the old method in training's precision
-            assert b["top_errors"]["differences float64"] < 1e-5
+            assert set(b["top_errors"]) == {"differences float64"} and b["top_errors"]["differences float64"] < 1e-5
