@@ -32,6 +32,8 @@ import numpy as np
 from numformer.finite_differences import LayerContractError, detached_copy
 from numformer.swap import using
 
+from .trip_wires import permit
+
 
 class OutputMismatch(Exception):
     """A candidate function returned the wrong structure, a wrong shape, or NaN: one line, plus what it
@@ -142,8 +144,10 @@ class Exercise:
 
         def guarded(*args, **kwargs):
             before = detached_copy(args)
-            expected = reference(*detached_copy(args), **kwargs)
             got = fn(*args, **kwargs)
+            # after the student's function has returned (nothing of numformer's answer exists while it runs), and
+            # from this code, which the trip wires let through (grad_checks/trip_wires.py)
+            expected = reference(*detached_copy(before), **kwargs)
             for name, old, new in zip(names, before, args):
                 if isinstance(new, np.ndarray) and name not in may_change and not np.array_equal(old, new,
                                                                                                  equal_nan=True):
@@ -153,6 +157,7 @@ class Exercise:
             check_outputs(got, expected, outputs, who)
             return got
         guarded.__name__ = who
+        permit(guarded.__code__)
         return guarded
 
 

@@ -87,6 +87,7 @@ class Grade:
     raised: bool = False  # every case stopped at an exception: the error line is where it went wrong
     steps: list = field(default_factory=list)  # the first wrong steps (grad_checks/first_wrong_step.py)
     not_yours: str | None = None  # numformer's own backward called (grad_checks/own_code.py): what and where
+    own_uses: list = field(default_factory=list)  # each use of it (grad_checks/own_code.py's OwnCall)
     keeps_state: str | None = None  # a case's outcome changes with the calls before it (grad_checks/kept_state.py)
     raised_at: str | None = None    # what the line that raised reads, in the exercise's terms (raised_line.py)
     hints: list = field(default_factory=list)
@@ -261,7 +262,9 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
                 by_name = {r.tensor: r for r in checked}
                 for t in cg.tensors:
                     t.fd = by_name.get(t.tensor)
-        if diagnose and not result.passed:
+        # code that hands numformer's own result on is not the student's, right or wrong: nothing of it to diagnose
+        result.own_uses, result.not_yours = list(own), describe(own) if own else None
+        if diagnose and not result.passed and not result.not_yours:
             # a backward that keeps state computes another function at every call: matching one pass of it to a
             # catalogued mistake or a single edit would blame a step it may have right; its steps are still shown
             found = None if result.keeps_state else closest_mistake(ex, mine, reference, seed)
@@ -277,8 +280,6 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
             if raised is not None:  # the raising line in the exercise's terms (grad_checks/raised_line.py)
                 result.raised_at = raised_line(ex, answer, seed, file, time_limit, raised[0], raised[1].name,
                                                raised[1].error, recordings)
-        # after the diagnosis: code that hands numformer's own result on is not the student's, right or wrong
-        result.not_yours = describe(own) if own else None
     return result
 
 
