@@ -64,3 +64,37 @@ def test_a_right_answer_keeps_no_state(name, tmp_path):
     path = lab_files.write(ex, ex.target, tmp_path)
     result = _graded(ex, path)
     assert result.keeps_state is None and result.exact
+
+
+def test_a_hyper_parameter_kept_from_the_first_call_is_named(tmp_path):
+    """Issue 67: the smoothing eps cached at module level on the first call. It never changes after that call, so a
+    second pass over the cases repeats the first one's outcomes exactly; run first, the case with eps 0.3 is right,
+    after the case with eps 0.1 it is wrong. Before, no state was named and the diagnosis went looking for a line."""
+    ex = exercises.get("loss")
+    path = lab_files.write(ex, ex.target, tmp_path)
+    text = path.read_text()
+    name = ex.target.__name__
+    text = text.replace(f"def {name}(", f"_SMOOTHING = []\n\n\ndef {name}(", 1)
+    head = text[text.index(f"def {name}("):].split(":\n", 1)[0]
+    text = text.replace(head + ":\n", head + ":\n    if not _SMOOTHING:\n        _SMOOTHING.append(eps)\n"
+                        "    eps = _SMOOTHING[0]\n", 1)
+    path.write_text(text)
+    result = _graded(ex, path)
+    assert result.keeps_state is not None, str(result)
+    assert "case 2 is right as the first call of your backward and wrong after 1 call" in result.keeps_state
+    assert f"_SMOOTHING ({path.name}:{_line(path, '_SMOOTHING = []')}), a module-level name" in result.keeps_state
+
+
+def test_a_value_kept_on_the_function_is_named(tmp_path):
+    """The dropout probability kept as an attribute of the function on its first call."""
+    ex = exercises.get("dropout")
+    path = lab_files.write(ex, ex.target, tmp_path)
+    text = path.read_text()
+    name = ex.target.__name__
+    head = text[text.index(f"def {name}("):].split(":\n", 1)[0]
+    text = text.replace(head + ":\n", head + f":\n    if not hasattr({name}, 'scale'):\n"
+                        f"        {name}.scale = mask.max()\n    mask = (mask != 0) * {name}.scale\n", 1)
+    path.write_text(text)
+    result = _graded(ex, path)
+    assert result.keeps_state is not None, str(result)
+    assert f"{name}.scale, an attribute" in result.keeps_state

@@ -452,3 +452,24 @@ def test_a_refused_call_in_a_thread_prints_no_traceback(tmp_path, capfd):
     ex = exercises.get("layernorm")
     result, _, _ = lab.check_file(str(lab_files.write(ex, from_a_thread_it_starts, tmp_path)))
     assert result.not_yours and "Traceback" not in capfd.readouterr().err
+
+
+class _Base:
+    def backward(self, dy):
+        return dy
+
+
+class _Child(_Base):
+    def backward(self, dy):  # a __class__ cell (super()): the trip wire keeps the same free names
+        return 2 * super().backward(dy)
+
+
+def test_a_method_using_super_is_wired_and_unwired(tmp_path):
+    from grad_checks.trip_wires import wired
+    method = _Child.backward
+    assert method.__code__.co_freevars == ("__class__",)
+    seen = []
+    with wired({method: "_Child.backward"}, lambda *a: seen.append(a), lambda name: False):
+        with pytest.raises(NotYours):
+            _Child().backward(3)
+    assert _Child().backward(3) == 6 and len(seen) == 1 and seen[0][0] == "_Child.backward"
