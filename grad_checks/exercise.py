@@ -82,6 +82,9 @@ class Exercise:
         (``{"d": lambda a: a["dy"].shape[-1]}``); the scalar arguments (``scale``) are symbols already.
     entry_sets: ``(arguments, shape) -> {words: boolean mask broadcastable to shape}``: the entries of an
         intermediate of that shape the exercise has words for (the masked positions, the padding rows).
+    upstream: the arguments the backward is linear in, the upstream gradient (``("dy",)``; the loss's
+        ``("weight",)``, which holds its 1/N): what a value of the student's depends on to be a gradient, not a
+        quantity of the forward side (grad_checks/first_wrong_step.py). Default: the first argument.
     """
 
     name: str
@@ -98,6 +101,7 @@ class Exercise:
     swap: str | None = None
     paper: str = ""
     in_place: tuple = ()  # arguments the function may change in place (the embedding's grad)
+    upstream: tuple = ()  # the arguments carrying the upstream gradient (default: the first one, dy)
     forward: str = ""
     returns: str = ""
     steps: tuple = ()
