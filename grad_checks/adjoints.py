@@ -113,8 +113,8 @@ def _classes(call) -> list:
     class: every expression holding that value moves with it."""
     out = []
     for r in call.records:
-        if r.given or r.value.ndim == 0 or r.value.size > MOST:
-            continue
+        if r.given or r.kind == "name" or r.value.ndim == 0 or r.value.size > MOST:
+            continue  # (a name passed on is a use of a quantity, not one)
         for keys, value, _ in out:
             if value.shape == r.value.shape and same(value, r.value):
                 keys.append(r.key)

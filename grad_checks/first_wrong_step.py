@@ -774,6 +774,8 @@ def _multiples(per_call, known, wrong_calls) -> list | None:
         mine, theirs = per_call[n].value, known.values[n]
         if mine.shape != theirs.shape:
             return None
+        if not theirs.any() and not mine.any():
+            continue  # both zero (a row of one entry): any factor fits, none is said
         c = 1.0 if same(mine, theirs) else factor(mine, theirs)
         if c is None:
             return None
@@ -969,7 +971,7 @@ def _step(engine, fix, n, record) -> WrongStep:
     what = _named(known, record.code, record.variable)
     code_only = what.startswith("numformer's")  # its label is its code: said after, not before
     head, ref = ("first wrong step: ", what) if code_only else (f"first wrong step: {what}: ", "numformer's")
-    calls = [m for m in per_call if m in known.values]
+    calls = [m for m in per_call if m in known.values and (known.values[m].any() or per_call[m].value.any())]
     factors = _multiples(per_call, known, engine.wrong_calls) if fix.c is None else None
     factor_name, pattern, note = None, None, _operand_note(engine, n, record, known)
     if record.kind == "name":  # a value passed on: what it passes

@@ -165,7 +165,7 @@ def test_the_share_is_located(tmp_path_factory):
 
 
 def test_a_grader_that_skips_the_intermediates_fails_the_share(monkeypatch, tmp_path):
-    """Planted: the grading as it was before the first wrong step (catalogue, single edits, weighed terms,
+    """Planted: the grading as it was before the first wrong step (catalogue, single edits,
     entries; no comparison of intermediates) locates none of these; the share test must then fail."""
     import grad_checks.grading as grading
     monkeypatch.setattr(grading, "first_wrong_steps", lambda *args, **kwargs: [])
