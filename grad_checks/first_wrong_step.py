@@ -547,11 +547,15 @@ class _Engine:
 
     def fits(self, key, base=None) -> _Fix | None:
         """The first known value that, in ``key``'s place (with the fixes ``base`` made), makes every gradient right:
-        one of them as it is; else a multiple of one the student's route needs, one factor per case (the gradients
-        are affine in a value of a backward: the replay with zero there and the one with the known value give the
-        line, a third checks the fit). A fix that puts right every tensor it changes while another stays wrong is
+        one of them as it is; else, for a quantity of the forward side, a multiple of one the student's route needs,
+        one factor per case (the gradients are affine in such a value where the route is linear in it: the replay
+        with zero there and the one with the known value give the line, a third checks the fit). A fix that puts right every tensor it changes while another stays wrong is
         kept in ``partial``: one of two mistakes on separate tensors."""
         base, tried, right = base or {}, [], key in self.right
+        # a multiple only for a quantity of the forward side (a route's own constant: (1 - t)^2 is 2 times numformer's
+        # 2 g (1 - g)); a gradient of the route is its known value itself (a multiple of dL/d std would compensate a
+        # wrong power of var + eps in the same product)
+        gradient = self.gradient_side(*next(iter(self.records[key].items())))
         for known, how, shape in self._candidates(key):
             if right and (how or shape or known.kind == "size" or all(
                     _equal(r.value, known.values[n]) for n, r in self.records[key].items() if n in known.values)):
@@ -562,7 +566,7 @@ class _Engine:
                 return fix if self._alone(key, fix, base) else None
             if not base and self._puts_right(got):
                 self.partial.append(fix)
-            if not (how or shape or known.kind == "size" or self.target is None or right):
+            if not (how or shape or known.kind == "size" or self.target is None or right or gradient):
                 tried.append((fix, got))
         zero = None
         for fix, got in tried:
@@ -877,8 +881,8 @@ def _diagnosis(engine) -> list:
     inside = [f for f in found if all(u.statement == f[2].statement for u in f[3])]
     if inside:  # its inputs unknown only inside its own statement: the smallest expression of it known named
         statement = inside[0][2].statement
-        return _said(engine, [min((f for f in inside if f[2].statement == statement),
-                                  key=lambda f: len(f[2].code))[0]])
+        return _said(engine, [min((f for f in inside if f[2].statement == statement),  # a value itself first
+                                  key=lambda f: (f[0].c is not None, len(f[2].code)))[0]])
     if found:  # compensation: the lines its unknown inputs are on could absorb the error as well
         return [_together(engine, *found[0])]
     return _outputs(engine)[:MOST]
@@ -950,7 +954,20 @@ def _inputs_right(engine, a, b) -> bool:
 # -- the sentences ---------------------------------------------------------------------------------------------------
 
 def _said(engine, fixes) -> list:
-    return [_step(engine, fix, *_first(engine, fix.key)) for fix in fixes][:MOST]
+    """The steps of ``fixes``, each said as the student's code computes it once the fixes before it are made (the
+    repeated ids lost, said once the scale is right)."""
+    out, made = [], []
+    for fix in fixes[:MOST]:
+        n, record = _first(engine, fix.key)
+        per_call = engine.records[fix.key]
+        if made:
+            calls, _ = engine.proof.students({k: v for f in made for k, v in f.values(engine).items()}, calls=True)
+            again = {m: r for m, c in enumerate(calls or []) for r in c.records if r.key == fix.key}
+            if n in again:
+                record, per_call = again[n], again
+        out.append(_step(engine, fix, n, record, made, per_call))
+        made.append(fix)
+    return out
 
 
 def _named(known, code, variable) -> str:
@@ -959,13 +976,13 @@ def _named(known, code, variable) -> str:
     label = known.label
     if known.kind == "size":
         return label
-    if label in (code, variable):
+    if label in (code, variable, known.code):
         return f"numformer's `{known.code}`" if known.code else "numformer's value there"
-    return label if label == known.code or not known.code else f"{label} (numformer's `{known.code}`)"
+    return label if not known.code else f"{label} (numformer's `{known.code}`)"
 
 
-def _step(engine, fix, n, record) -> WrongStep:
-    ex, known, per_call = engine.ex, fix.known, engine.records[fix.key]
+def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
+    ex, known, per_call = engine.ex, fix.known, per_call or engine.records[fix.key]
     line = record.statement or record.line
     where = f"your line {line} (`{_shown(engine, n, record)}`)"
     what = _named(known, record.code, record.variable)
@@ -973,7 +990,7 @@ def _step(engine, fix, n, record) -> WrongStep:
     head, ref = ("first wrong step: ", what) if code_only else (f"first wrong step: {what}: ", "numformer's")
     calls = [m for m in per_call if m in known.values and (known.values[m].any() or per_call[m].value.any())]
     factors = _multiples(per_call, known, engine.wrong_calls) if fix.c is None else None
-    factor_name, pattern, note = None, None, _operand_note(engine, n, record, known)
+    factor_name, pattern, note = None, None, "" if made else _operand_note(engine, n, record, known)
     if record.kind == "name":  # a value passed on: what it passes
         said, note = f"first wrong step: {where} passes `{record.code}` where numformer's passes {what}{note}", ""
     elif fix.reduced:
@@ -1004,6 +1021,11 @@ def _step(engine, fix, n, record) -> WrongStep:
                     f"{what} there; {words}")
         elif known.kind == "adjoint":
             said = f"first wrong step: {where} must be {known.label} ({known.code}); {words}"
+        elif known.kind == "argument" and record.kind == "in place":
+            said = (f"first wrong step: {where} changes `{known.code}`, which your code needs as it was given (the "
+                    f"argument, with what other uses put in it): {words}")
+        elif known.kind == "argument":
+            said = f"first wrong step: {where} stands where your code needs the argument `{known.code}`: {words}"
         else:
             said = f"{head}{where} computes {'it' if not code_only else ref} differently: {words}"
     if fix.key in engine.right and record.kind != "name":  # a right value standing where another belongs
