@@ -233,11 +233,12 @@ class _Proof:
                             stopped=[None] * len(self.reference))
 
     def right(self, outcomes, cases=None) -> bool:
-        """Every gradient of ``outcomes`` right on ``cases`` (None: every case)."""
+        """Every gradient of ``outcomes`` right on ``cases`` (None: every case the student's code ran: one that raised
+        is the error line's to tell, grad_checks/raised_line.py)."""
         if outcomes is None:
             return False
         for k, (new, ref) in enumerate(zip(outcomes, self.reference)):
-            if cases is not None and k not in cases:
+            if (cases is not None and k not in cases) or (cases is None and self.mine[k].grads is None):
                 continue
             if new is None or new.grads is None or ref.grads is None:
                 return False
@@ -282,7 +283,7 @@ class Known:
 
 def _label(ex, record) -> str:
     if record.inside is not None:
-        return f"`{record.code}` in {record.inside}"
+        return f"numformer's `{record.code}` in {record.inside}"
     if record.code in ex.names:
         return ex.names[record.code]
     if record.variable and record.variable in ex.names:
@@ -974,7 +975,7 @@ def _named(known, code, variable) -> str:
     """How a sentence names the known value beside the student's ``code``: its label with numformer's code, never in
     words the student's code shares ("it uses `dy` where numformer's uses dy")."""
     label = known.label
-    if known.kind == "size":
+    if known.kind == "size" or label.startswith("numformer's"):
         return label
     if label in (code, variable, known.code):
         return f"numformer's `{known.code}`" if known.code else "numformer's value there"

@@ -153,10 +153,10 @@ def _shown(source: str, fdef, node, new) -> tuple:
     """(before, after) as the sentence shows the edit: a number with the operation it is in (``var_eps ** (-0.5)``,
     not ``0.5``), anything else as itself."""
     shown = node
-    if isinstance(node, ast.Constant):
+    if isinstance(node, (ast.Constant, ast.UnaryOp)):  # a number with what it is in: a power, a product, a step
         parents = {c: p for p in ast.walk(fdef) for c in ast.iter_child_nodes(p)}
-        while shown in parents and not isinstance(shown, ast.BinOp) and isinstance(parents[shown], (ast.BinOp,
-                                                                                                    ast.UnaryOp)):
+        while shown in parents and not isinstance(shown, (ast.BinOp, ast.Subscript)) and isinstance(
+                parents[shown], (ast.BinOp, ast.UnaryOp, ast.Slice, ast.Subscript)):
             shown = parents[shown]
     before = ast.get_source_segment(source, shown) or ast.unparse(shown)
     inner = ast.get_source_segment(source, node)
