@@ -29,7 +29,6 @@ The replays of one answer stop after :data:`SEARCH_BUDGET` seconds, and the diag
 """
 from __future__ import annotations
 
-import ast
 import inspect
 import sys
 import time
@@ -150,15 +149,10 @@ def forward_twin(ex):
     return fn
 
 
-def recorded_calls(ex, answer, seed: int = 0, file=None, time_limit=None, overrides=None):
-    """The :class:`~grad_checks.recorded_run.Call` of every run of ``answer`` on the exercise's cases (with
-    ``overrides``, see Recorder), or None when its code cannot be recorded."""
-    return recorded_run(ex, answer, seed, file, time_limit, overrides)[0]
-
-
 def recorded_run(ex, answer, seed: int = 0, file=None, time_limit=None, overrides=None, guard: bool = True) -> tuple:
-    """(calls, outcomes): :func:`recorded_calls` and the gradients every case graded (parameters' included), or
-    (None, None). ``guard`` False: a replay's (see :func:`_recorded_class`)."""
+    """(calls, outcomes): the :class:`~grad_checks.recorded_run.Call` of every run of ``answer`` on the exercise's
+    cases (with ``overrides``, see Recorder) and the gradients every case graded (parameters' included), or (None,
+    None) when its code cannot be recorded. ``guard`` False: a replay's (see :func:`_recorded_class`)."""
     recorder, cls = _recorded_class(ex, answer, overrides, guard)
     if cls is None:
         return None, None
@@ -211,19 +205,13 @@ class _Proof:
     def students(self, overrides, case=None, calls=False) -> list:
         """The student's outcomes with ``overrides`` ({(call, key): value}, calls numbered as in a run of every
         case); ``case``: that case alone (the others None); ``calls``: (the recorded calls, the outcomes)."""
-        if calls:
-            run = lambda limit: recorded_run(self.ex, self.answer, self.seed, self.file, limit,  # noqa: E731
-                                             overrides, guard=False)
-            return self._replay(run, stopped=(None, None))
-        if case is None:
-            run = lambda limit: recorded_run(self.ex, self.answer, self.seed, self.file, limit,  # noqa: E731
-                                             overrides, guard=False)[1]
-            return self._replay(run, stopped=[None] * len(self.reference))
-        start = self.starts.get(case, 0)
-        local = {(n - start, key): v for (n, key), v in overrides.items()}
-        recorder, cls = _recorded_class(self.ex, self.answer, local, guard=False)
-        return self._replay(lambda limit: run_class(self.ex, cls, self.seed, self.file, limit, order=[case])[1],
-                            stopped=[None] * len(self.reference))
+        start = self.starts.get(case, 0) if case is not None else 0
+        recorder, cls = _recorded_class(self.ex, self.answer, {(n - start, key): v for (n, key), v in overrides.items()},
+                                        guard=False)
+        got = self._replay(lambda limit: run_class(self.ex, cls, self.seed, self.file, limit,
+                                                   order=None if case is None else [case])[1],
+                           stopped=[None] * len(self.reference))
+        return (recorder.calls, got) if calls else got
 
     def run(self, fn, cases):
         """The outcomes of the student's code edited (``fn``) on ``cases`` (from 0; None: every case), None in the
@@ -232,21 +220,26 @@ class _Proof:
         return self._replay(lambda limit: run_class(self.ex, cls, self.seed, self.file, limit, order=cases)[1],
                             stopped=[None] * len(self.reference))
 
+    def agreeing(self, outcomes, against=None) -> list:
+        """Per case, {tensor: where ``outcomes`` agree with numformer's (``against``: those outcomes instead), to the
+        grading's tolerance}, None for a case not run; a tensor missing or of another shape agrees nowhere."""
+        out = []
+        for k, ref in enumerate(against or self.reference):
+            new = outcomes[k] if outcomes else None
+            if new is None or new.grads is None or ref.grads is None:
+                out.append(None)
+                continue
+            tiny = floor(self.reference[k].grads)
+            out.append({name: _agree(new.grads[name], g, tiny) if name in new.grads and np.shape(new.grads[name])
+                        == np.shape(g) else np.zeros(np.shape(g), bool) for name, g in ref.grads.items()})
+        return out
+
     def right(self, outcomes, cases=None) -> bool:
         """Every gradient of ``outcomes`` right on ``cases`` (None: every case the student's code ran: one that raised
         is the error line's to tell, grad_checks/raised_line.py)."""
-        if outcomes is None:
-            return False
-        for k, (new, ref) in enumerate(zip(outcomes, self.reference)):
-            if (cases is not None and k not in cases) or (cases is None and self.mine[k].grads is None):
-                continue
-            if new is None or new.grads is None or ref.grads is None:
-                return False
-            tiny = floor(ref.grads)
-            if any(name not in new.grads or np.shape(new.grads[name]) != np.shape(g)
-                   or not _agree(new.grads[name], g, tiny).all() for name, g in ref.grads.items()):
-                return False
-        return True
+        ran = [k for k, m in enumerate(self.mine) if m.grads is not None] if cases is None else cases
+        return outcomes is not None and all(v is not None and all(a.all() for a in v.values())
+                                            for k, v in enumerate(self.agreeing(outcomes)) if k in ran)
 
 
 def _agree(a, b, tiny):
@@ -442,32 +435,14 @@ class _Engine:
     def gradient_side(self, n, record) -> bool:
         """Whether ``record`` depends on the upstream gradient (the exercise's ``upstream`` arguments): else it is a
         quantity of the forward side, the student's own definition (std = 1 / r), right unless known otherwise."""
-        seen, todo, call = set(), [record.index], self.my_calls[n]
-        while todo:
-            i = todo.pop()
-            if i not in seen:
-                seen.add(i)
-                r = call.records[i]
-                if r.given and r.code in self.upstream:
-                    return True
-                todo += list(r.operands)
-        return False
+        return any(r.given and r.code in self.upstream for r in _upstream(self.my_calls[n], [record.index]))
 
     def unknown_inputs(self, n, record, fixed=()) -> list:
         """The student's records ``record`` is computed from, at any depth, that are neither right nor given nor
         of the forward side (``fixed``: keys taken as right, a fix already made): those could hold the mistake."""
-        out, seen, todo, call = [], set(), list(record.operands), self.my_calls[n]
-        while todo:
-            i = todo.pop()
-            if i in seen:
-                continue
-            seen.add(i)
-            r = call.records[i]
-            if r.given or r.key in self.right or r.key in fixed or not self.gradient_side(n, r):
-                continue
-            out.append(r)
-            todo += list(r.operands)
-        return out
+        def unknown(r):
+            return not (r.given or r.key in self.right or r.key in fixed or not self.gradient_side(n, r))
+        return [r for r in _upstream(self.my_calls[n], record.operands, unknown) if unknown(r)]
 
     def slice(self) -> list:
         """The keys of the student's records that feed a wrong returned value without passing through a right one,
@@ -497,20 +472,11 @@ class _Engine:
         found = {}
         for n in self.wrong_calls:
             call, ref = self.my_calls[n], self.ref_calls[n]
-            todo = [r.index for r in call.records if r.returned is not None and not _right_returned(r, ref)]
-            todo += [r.index for r in call.records if r.kind == "name" and r.returned is None]  # names passed on
-            seen = set()
-            while todo:
-                i = todo.pop()
-                if i in seen:
-                    continue
-                seen.add(i)
-                r = call.records[i]
-                if r.given or (r.key in self.right and not self._recomputed(n, r)):
-                    continue
-                found.setdefault(r.key, (n, r.index))
-                if r.key not in self.right:
-                    todo += list(r.operands)
+            roots = [r.index for r in call.records if (r.returned is not None and not _right_returned(r, ref))
+                     or (r.kind == "name" and r.returned is None)]  # wrong values returned, and names passed on
+            for r in _upstream(call, roots, lambda r: not r.given and r.key not in self.right):
+                if not r.given and (r.key not in self.right or self._recomputed(n, r)):
+                    found.setdefault(r.key, (n, r.index))
         return sorted(found, key=lambda k: found[k])
 
     def _recomputed(self, n, record) -> bool:
@@ -614,24 +580,12 @@ class _Engine:
     def _puts_right(self, got) -> bool:
         """Every graded tensor the replay changed is right now, and some other is still wrong: a fix of one of two
         mistakes on separate tensors (dW and db read from the wrong rows)."""
-        if got is None or any(o is None or o.grads is None for o in got):
+        right, same_as_mine = self.proof.agreeing(got), self.proof.agreeing(got, self.proof.mine)
+        if any(v is None for v in right + same_as_mine):
             return False
-        changed = still = False
-        for new, mine, ref in zip(got, self.proof.mine, self.proof.reference):
-            if mine.grads is None or ref.grads is None:
-                return False
-            tiny = floor(ref.grads)
-            for name, g in ref.grads.items():
-                if name not in new.grads or name not in mine.grads or np.shape(new.grads[name]) != np.shape(g):
-                    return False
-                right = _agree(new.grads[name], g, tiny).all()
-                if not _agree(new.grads[name], mine.grads[name], tiny).all():
-                    if not right:
-                        return False
-                    changed = True
-                elif not right:
-                    still = True
-        return changed and still
+        pairs = [(r[name].all(), m[name].all()) for r, m in zip(right, same_as_mine) for name in r]
+        return all(ok for ok, unchanged in pairs if not unchanged) and any(not unchanged for _, unchanged in pairs) \
+            and not all(ok for ok, _ in pairs)
 
     def _factor(self, zero, one) -> dict | None:
         """{case: c}, the line zero + c (one - zero) through two replays' gradients fitted to numformer's in each
@@ -664,57 +618,40 @@ class _Engine:
 
     def wrong_entries(self, outcomes) -> int | None:
         """How many graded entries of ``outcomes`` are wrong, over every case (None: one did not run)."""
-        total = 0
-        for new, ref in zip(outcomes or [], self.proof.reference):
-            if new is None or new.grads is None or ref.grads is None:
-                return None
-            tiny = floor(ref.grads)
-            for name, g in ref.grads.items():
-                if name not in new.grads or np.shape(new.grads[name]) != np.shape(g):
-                    return None
-                total += int((~_agree(new.grads[name], g, tiny)).sum())
-        return total
+        got = self.proof.agreeing(outcomes)
+        return None if any(v is None for v in got) else sum(int((~a).sum()) for v in got for a in v.values())
 
-    # -- whether the value found is the only one that does --------------------------------------------------
-    def jacobian(self, key, at=None, step=None):
+    # -- what else could hold the mistake ----------------------------------------------------------------------
+    def jacobian(self, key):
         """(call, case, J, rest): the graded gradients of the smallest wrong case holding ``key`` as a function of
-        its value there, by one replay an entry: around the student's value with a unit step (exact where the code
-        after it is affine in it, as a backward is in a gradient), or around ``at`` ({call: value}, a fix) with a
-        relative ``step`` (its linearisation); ``rest`` what J must reach (numformer's gradients minus those at the
-        point). None past 256 entries or without a wrong call."""
-        calls = [n for n in self.records[key] if n in self.wrong_calls and (at is None or n in at)]
-        if not calls:
+        its value there, by one replay an entry (exact where the code after it is affine in it, as a backward is in
+        a gradient); ``rest`` what J must reach (numformer's gradients minus the student's). None past 256 entries."""
+        calls = [n for n in self.records[key] if n in self.wrong_calls]
+        n = min(calls, key=lambda m: self.records[key][m].value.size) if calls else None
+        if n is None or self.records[key][n].value.size > 256:
             return None
-        n = min(calls, key=lambda m: self.records[key][m].value.size)
-        value, case = (self.records[key][n].value if at is None else np.asarray(at[n], dtype=np.float64)), \
-            self.my_calls[n].case
-        if value.size > 256:
-            return None
-        base = _flat(self.proof.students({} if at is None else {(n, key): value}, case=case), self.names, [case])
+        value, case = self.records[key][n].value, self.my_calls[n].case
+        base = _flat(self.proof.students({}, case=case), self.names, [case])
         target = _flat(self.proof.reference, self.names, [case])
-        if base is None or target is None:
-            return None
-        columns = []
-        h = (step or 1.0) * max(float(np.abs(value).max()), 1.0)
+        h, columns = max(float(np.abs(value).max()), 1.0), []
         for j in range(value.size):
             moved = value.copy()
             moved.flat[j] += h
-            out = _flat(self.proof.students({(n, key): moved}, case=case), self.names, [case])
-            if out is None:
-                return None
-            columns.append((out - base) / h)
-        return n, case, np.stack(columns, axis=1), target - base
+            columns.append(_flat(self.proof.students({(n, key): moved}, case=case), self.names, [case]))
+        if base is None or target is None or any(c is None for c in columns):
+            return None
+        return n, case, (np.stack(columns, axis=1) - base[:, None]) / h, target - base
 
     def positions(self, n, record) -> list:
         """The student's integer or boolean arrays (``starts = np.flatnonzero(np.diff(sorted_ids)) + 1``, ``counts =
         np.bincount(ids)``) that ``record``'s statement, or one it is computed from, reads and that could absorb the
         error (:meth:`_position_absorbs`), as stand-ins with their lines; a mask that is where an argument or a
         known value is nonzero (or positive) is right and left out."""
-        call = self.my_calls[n]
+        call, nodes = self.my_calls[n], _RECORDED[self.proof.answer][self.ex.name][0].nodes.values()
         lines = {call.records[i].statement for i in _slice(call, record.index)} - {None}
         out = []
         for name, (line, value) in call.indices.items():
-            if line is None or line in lines or not any(name in _reads(self.proof.answer, k) for k in lines):
+            if line is None or line in lines or not any(name in node.names for node in nodes if node.statement in lines):
                 continue
             if value.dtype == bool and any(v is not None and v.shape == value.shape and (
                     np.array_equal(v != 0, value) or np.array_equal(v > 0, value))
@@ -801,24 +738,6 @@ class _Position:
         self.line, self.key = self.statement, ("position", self.code)
 
 
-_READS = weakref.WeakKeyDictionary()
-
-
-def _reads(answer, line) -> set:
-    """The names the statement at ``line`` of the student's function reads (from its source)."""
-    if answer not in _READS:
-        from .own_route import _source  # noqa: PLC0415
-        found, by_line = _source(answer), {}
-        if found is not None:
-            fn, source, first, fdef = found
-            for stmt in ast.walk(fdef):
-                if isinstance(stmt, ast.stmt) and stmt is not fdef:
-                    by_line.setdefault(stmt.lineno + first - 1, set()).update(
-                        n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
-        _READS[answer] = by_line
-    return _READS[answer].get(line, set())
-
-
 def _broadcasts_alike(a: tuple, b: tuple) -> bool:
     """A row statistic kept over another axis: the same axes, each of the two shapes with a 1 where the other has not
     ((B, h, 1, Tk) for (B, h, Tq, 1))."""
@@ -882,8 +801,9 @@ def _diagnosis(engine) -> list:
     inside = [f for f in found if all(u.statement == f[2].statement for u in f[3])]
     if inside:  # its inputs unknown only inside its own statement: the smallest expression of it known named
         statement = inside[0][2].statement
-        return _said(engine, [min((f for f in inside if f[2].statement == statement),  # a value itself first
-                                  key=lambda f: (f[0].c is not None, len(f[2].code)))[0]])
+        fix, n, record, _ = min((f for f in inside if f[2].statement == statement),  # a value itself first
+                                key=lambda f: (f[0].c is not None, len(f[2].code)))
+        return _said(engine, _before(engine, fix, n, record) or [fix])
     if found:  # compensation: the lines its unknown inputs are on could absorb the error as well
         return [_together(engine, *found[0])]
     return _outputs(engine)[:MOST]
@@ -901,9 +821,8 @@ def _two(engine, keys) -> list:
 
     * two values that are each a multiple of a known one, neither enough alone, that together make every gradient
       right (sums where two means belong);
-    * two fixes each putting right the tensors it changes, together all (dW and db read from the wrong rows);
-    * a fix of a value that is a multiple of a known one which leaves fewer entries wrong; then a second fix, with
-      it made, that puts every gradient right (the scale divided, then the repeated ids lost)."""
+    * two fixes each putting right the tensors it changes, together all (dW and db read from the wrong rows).
+    (A multiple fixed first, then the step it feeds: :func:`_before`.)"""
     scaled = [f for key in keys for f in engine.scaled(key)[:1]][:6]
     alone = {id(f): engine.proof.right(engine.proof.students(f.values(engine))) for f in scaled}
     for i, a in enumerate(scaled):
@@ -917,15 +836,6 @@ def _two(engine, keys) -> list:
         for b in engine.partial[i + 1:]:
             if a.key != b.key and _inputs_right(engine, a, b) and engine.proof.right(
                     engine.proof.students({**a.values(engine), **b.values(engine)})):
-                return sorted([a, b], key=lambda f: _first(engine, f.key)[1].index)
-    before = engine.wrong_entries(engine.proof.mine)
-    for a in scaled[:4]:
-        after = engine.wrong_entries(engine.proof.students(a.values(engine)))
-        if before is None or after is None or after >= before:
-            continue
-        for key in keys:
-            b = None if key == a.key else engine.fits(key, base=a.values(engine))
-            if b is not None and _inputs_right(engine, a, b):
                 return sorted([a, b], key=lambda f: _first(engine, f.key)[1].index)
     return []
 
@@ -1168,14 +1078,21 @@ def _outputs(engine) -> list:
 
 
 def _slice(call, index) -> set:
-    """The records ``index`` is computed from, at any depth, itself included."""
-    found, todo = set(), [index]
+    """The indices of the records ``index`` is computed from, at any depth, itself included."""
+    return {r.index for r in _upstream(call, [index])}
+
+
+def _upstream(call, start, through=lambda r: True) -> list:
+    """The records the indices ``start`` name and those they are computed from, at any depth, each once; the walk
+    goes past a record only where ``through(record)``."""
+    out, seen, todo = [], set(), list(start)
     while todo:
         i = todo.pop()
-        if i not in found:
-            found.add(i)
-            todo += list(call.records[i].operands)
-    return found
+        if i not in seen:
+            seen.add(i)
+            out.append(call.records[i])
+            todo += list(call.records[i].operands) if through(call.records[i]) else []
+    return out
 
 
 def _numbers(lines) -> str:

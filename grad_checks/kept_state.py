@@ -49,42 +49,45 @@ def _fingerprint(value, depth: int = 0):
 
 
 def _places(answer) -> dict:
-    """{(kind, name): (value, put back)} of where a student's code can keep state: the module-level names of the
-    file that defines it, its default arguments and attributes, its class's attributes; ``put back(value)`` sets
-    the place to ``value`` again (:data:`GONE`: removes it, a place made after the snapshot)."""
+    """{(kind, name): (value, where it is: a dict or an object with that attribute)} of where a student's code can
+    keep state: the module-level names of the file that defines it, its default arguments and attributes, its class's
+    attributes."""
     places = {}
     fn = answer
     module = sys.modules.get(getattr(answer, "__module__", None) or "")
     namespace = getattr(fn, "__globals__", None) or (vars(module) if module is not None else {})
-
-    def setter(holder, name):
-        def put(value):
-            if value is not GONE:
-                setattr(holder, name, value) if not isinstance(holder, dict) else holder.__setitem__(name, value)
-            elif isinstance(holder, dict):
-                holder.pop(name, None)
-            elif name in vars(holder):
-                delattr(holder, name)
-        return put
     for name, value in namespace.items():
         if not (name.startswith("__") or callable(value) or type(value).__name__ == "module"):
-            places[("name", name)] = value, setter(namespace, name)
+            places[("name", name)] = value, namespace
     if getattr(fn, "__defaults__", None):
-        places[("default", fn.__name__)] = fn.__defaults__, setter(fn, "__defaults__")
+        places[("default", fn.__name__)] = fn.__defaults__, fn
     for name, value in (vars(fn) if callable(fn) and not isinstance(fn, type) else {}).items():
         if not name.startswith("__"):
-            places[("attribute", f"{fn.__name__}.{name}")] = value, setter(fn, name)
+            places[("attribute", f"{fn.__name__}.{name}")] = value, fn
     if isinstance(answer, type):
         for klass in answer.__mro__:
             if klass.__module__ == answer.__module__:
                 for name, value in vars(klass).items():
                     if not (name.startswith("__") or callable(value) or isinstance(value, (property, staticmethod,
                                                                                            classmethod))):
-                        places[("attribute", f"{klass.__name__}.{name}")] = value, setter(klass, name)
+                        places[("attribute", f"{klass.__name__}.{name}")] = value, klass
     return places
 
 
+def _put(key, holder, value) -> None:
+    """The place ``key`` (see :func:`_places`) set to ``value`` (:data:`GONE`: removed, a place made since)."""
+    name = key[1].split(".")[-1] if key[0] == "attribute" else "__defaults__" if key[0] == "default" else key[1]
+    if isinstance(holder, dict):
+        holder.pop(name, None) if value is GONE else holder.__setitem__(name, value)
+    elif value is not GONE:
+        setattr(holder, name, value)
+    elif name in vars(holder):
+        delattr(holder, name)
+
+
 GONE = object()  # a place the snapshot did not find: put back by removing it
+
+
 
 
 def snapshot(answer) -> dict:
@@ -102,10 +105,10 @@ def snapshot(answer) -> dict:
 
 def _put_back(answer, before: dict) -> None:
     """Every place as :func:`snapshot` found it (a deep copy again: a fresh order may change it once more)."""
-    for key, (value, put) in _places(answer).items():
+    for key, (value, holder) in _places(answer).items():
         kept = before.get(key, (None, (GONE,)))[1]
         if kept is not None:
-            put(kept[0] if kept[0] is GONE else copy.deepcopy(kept[0]))
+            _put(key, holder, kept[0] if kept[0] is GONE else copy.deepcopy(kept[0]))
 
 
 def _line_of(file, kind: str, name: str) -> int | None:

@@ -20,7 +20,7 @@ import inspect
 import textwrap
 from dataclasses import dataclass
 
-from .mutants import _edits
+from .mutants import _edits, replaced
 from .recorded_run import rewritten
 
 
@@ -100,20 +100,6 @@ def _sites(fdef, lines_in_source: set, source: str = "") -> list:
     return sorted(out, key=lambda s: (s[0].lineno, s[0].col_offset))
 
 
-def _replaced(source: str, node, new) -> str:
-    """``source`` with ``node``'s text replaced by ``new``'s, every other line where it was."""
-    lines = source.splitlines(keepends=True)
-    start, end = node.lineno - 1, node.end_lineno - 1
-    head = lines[start].encode()[:node.col_offset].decode()
-    tail = lines[end].encode()[node.end_col_offset:].decode()
-    text = ast.unparse(new)
-    if isinstance(node, ast.expr):
-        text = f"({text}{chr(10) * (end - start)})"  # parenthesised: it binds as the node did, over as many lines
-    else:
-        text += "\n" * (end - start)
-    return "".join(lines[:start]) + head + text + tail + "".join(lines[end + 1:])
-
-
 def _source(answer):
     """(the function, its source dedented, the file's line of its first line, its ``def``) or None."""
     fn = inspect.unwrap(getattr(answer, "__func__", answer))
@@ -139,7 +125,7 @@ def suggestion(proof, line: int) -> Repair | None:
     fn, source, first, fdef = found
     seen = set()
     for node, description, new, reading in _sites(fdef, {line - first + 1}, source):
-        text = _replaced(source, node, new)
+        text = replaced(source, node, new)
         if text in seen:  # two edits that write the same code (-c and the minus dropped, 2c and c + 1 for 1)
             continue
         seen.add(text)
