@@ -1,17 +1,13 @@
 """The adjoint of a forward quantity by central differences: the value a student's ``dstd`` or ``dvar`` must hold.
 
-A student's route through the forward's intermediates (LayerNorm through std, var + eps and x - mu, the textbook's
-route) computes gradients numformer's closed-form backward never forms: dL/d std, dL/d(var + eps), dL/d(x - mu). Each
-is known all the same: the gradient of L = sum(dy * y) with respect to that quantity of numformer's forward, the
-others computed from it as the forward computes them. numformer's forward function (``layernorm_forward``, recorded:
-grad_checks/recorded_run.py) is run again with the quantity moved by +-h, one entry at a time, every expression of the
-forward holding that value moved alike (``x - mu`` is computed twice: both uses move), and the change of L divided by
-2h is that entry's adjoint (the finite-difference check's central differences, numformer/finite_differences/).
-
-Only for an exercise whose backward is a function beside its forward (grad_checks/first_wrong_step.py's
-``forward_twin``) that takes arrays and numbers (dropout's forward draws its mask: no replay of it is the same), whose
-first argument is the gradient of the forward's first output (``dy``), and for quantities of at most :data:`MOST`
-entries a call; computed only for a wrong answer's diagnosis, when a student's record of that shape asks.
+A student's route through the forward's intermediates (LayerNorm through std and var + eps) computes gradients
+numformer's closed form never forms; each is known all the same: the gradient of L = sum(dy * y) with respect to that
+quantity of numformer's forward, the rest computed from it as the forward does. The recorded forward function
+(``layernorm_forward``) runs once with the quantity moved by +-h at each entry (stacked along a new first axis, every
+expression holding that value moved alike: ``x - mu`` is computed twice), and the change of L over 2h is that entry's
+adjoint. Only for a function exercise with a forward beside it taking arrays and numbers (dropout's draws its mask),
+whose first argument is the forward's first output's gradient, quantities of at most :data:`MOST` entries, and only
+when a wrong answer's record of that size asks.
 """
 from __future__ import annotations
 

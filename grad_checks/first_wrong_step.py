@@ -1,31 +1,18 @@
 """The first step a student's backward gets wrong, named only where the value it must hold is known.
 
-Karpathy's "backprop ninja" has the student compare every intermediate gradient with autograd's by hand. Here the
-grading does it for any exercise: the student's backward and numformer's run on the same cases with every array they
-compute recorded (grad_checks/recorded_run.py), and the student's code is *replayed* with one value changed
-(``Recorder.overrides``). One principle decides the blame (issue 67):
-
-* **A line is named wrong only when the value it must hold is known.** A value is *known* at one of the student's
-  expressions when replaying the student's code with it there makes every gradient of every case right, and it is a
-  value given independently of the student's code: a value numformer's backward or forward computes (``dxhat``,
-  ``x - mu``), an argument, a size the exercise names (``1/keep``), or the adjoint of a forward quantity the student's
-  route names (dL/d std, dL/d(var + eps): central differences of numformer's forward, ``grad_checks/adjoints.py``).
-  A backward is linear in its upstream gradient, so that value may also be a multiple of a known one, the multiple
-  fitted (``(1 - t) ** 2`` where the student's route needs 2 times numformer's ``2 * gate * (1 - gate)``, 1 - t^2).
-* **The first wrong step** is such an expression whose inputs are right: each is a known value, an argument, or a
-  quantity of the forward side (it does not depend on the upstream gradient: the student's own definitions, std =
-  1 / r). Among the expressions of one statement the smallest is named: ``dstd / 2 * std`` (read as ``(dstd / 2) *
-  std``, dL/dvar by finite differences) in a line whose ``dstd`` is right, never the line before it.
-* **Compensation is visible.** When the inputs of the expression found are values of the student's own route that
-  are known nowhere, on other lines, each of those lines could absorb the error as well: they are named together,
-  never one alone ("the mistake is on line 78 or 79").
-* **Two mistakes** are two expressions whose values, put together, make every gradient right, each a multiple of a
-  known value (sums where two means belong), each with right inputs.
-* Else no step is named: the wrong returned values are said with the student's lines that feed them.
-
-The edit search (grad_checks/own_route.py) only suggests a fix at the line named; it never decides the blame.
-A backward computing in float32 (the dtypes its lines produce, in a float64 check) is named with those lines first.
-The replays of one answer stop after :data:`SEARCH_BUDGET` seconds, and the diagnosis then says so.
+The student's backward and numformer's run on the same cases with every array recorded (grad_checks/recorded_run.py),
+and the student's code is replayed with one value changed (``Recorder.overrides``). A value is *known* at one of the
+student's expressions when, put there, every gradient of every case comes out right, and it comes from outside the
+student's code: numformer's backward or forward (helpers' included), an argument, a size the exercise names, the
+adjoint of a forward quantity (grad_checks/adjoints.py), or for a quantity of the forward side a multiple of one
+(a backward is linear in its gradient); the only known one that does. The first wrong step is such an expression
+with right inputs (known, arguments, the student's forward-side definitions), the smallest of its statement; inputs
+on other lines that could absorb the error (least squares on the replays), positions one small change of which
+would, values of a shape nothing has, are named with it, never one alone; a fix that turns a right value wrong is a
+compensation. Two mistakes: two such values that together put everything right. Float32 lines are named first.
+Otherwise the wrong returned values are said with the lines feeding them. The edit search (grad_checks/own_route.py)
+only suggests a fix at the line named. docs/exercises.md, section 6, says it with examples; replays stop after
+:data:`SEARCH_BUDGET` seconds, and the diagnosis then says so.
 """
 from __future__ import annotations
 
@@ -299,8 +286,10 @@ def _knowns(ex, ref_calls, forward) -> list:
             first = next(iter(records.values()))
             if first.value.ndim == 0:
                 continue
+            label = _label(ex, first) if source == "backward" or first.given else \
+                ex.names.get(first.code) or f"numformer's forward's `{first.code}`"
             known = Known("argument" if first.given else source, {n: r.value for n, r in records.items()},
-                          _label(ex, first), first.code, first.variable, records)
+                          label, first.code, first.variable, records)
             sig = (first.value.shape, tuple(sorted(records)))
             if any(all(same(known.values[n], k.values[n]) for n in records) for k in seen.get(sig, [])):
                 continue

@@ -1,23 +1,14 @@
 """State kept between calls: a student's backward whose result depends on the calls before it.
 
-A backward is a function of its arguments (and the layer's saved tensors): the same case must give the same
-gradients whenever it runs. A scratch buffer at module level that is added into and never zeroed, a cache
-keyed by shape, a mutable default argument, a class attribute, a hyper-parameter kept from the first call (the
-smoothing eps cached at module level): each makes the first call right and a later one wrong, and the grading of
-one pass over the cases can only point at the line where the wrong value appears, not say why. So the cases run
-again, two ways, and a case whose gradients differ (to the bit: the same code on the same inputs computes the same
-floats) is named, with whether it was right as the first call and what in the student's code changed:
-
-* **repeated**: a second pass on new layers, in the reverse order (each case runs both before and after every
-  other one): a buffer that grows, a counter;
-* **in a fresh order**: every case but the first run alone as the first call, with the student's module-level
-  names, default arguments, function and class attributes put back as they were before the first pass (deep
-  copies): a value kept from the first call stops changing after it, so repetition alone never shows it, but the
-  case with other hyper-parameters (another eps, another p) run first computes something else than after the
-  first case.
-
-What changed is found by comparing a fingerprint of each place before the first pass and after the second, with
-its line (a module-level name of the student's file, a default argument, a class attribute).
+A backward is a function of its arguments (and the layer's saved tensors): the same case must give the same gradients
+whenever it runs. A buffer added into and never zeroed, a cache, a mutable default, a class attribute, a
+hyper-parameter kept from the first call (the smoothing eps cached at module level): each makes the first call right
+and a later one wrong. So the cases run again: a second pass on new layers in the reverse order (a buffer that
+grows), and, when that repeats the first exactly, every case but the first alone as the first call, the student's
+module-level names, defaults and attributes put back as they were (deep copies): a value kept from the first call
+stops changing after it, and the case with another eps or p run first computes something else. A case whose gradients
+differ (to the bit) is named, with whether it was right as the first call and what in the student's file changed
+(a fingerprint of each place before the first pass and after), with its line.
 """
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
 """A fix suggested at the line a diagnosis names: one edit of the student's statement that makes every gradient right.
 
-The blame is decided elsewhere (grad_checks/first_wrong_step.py: a line is named wrong only where the value it must
-hold is known); an edit that makes the output right may compensate a mistake on another line, so it only *suggests*
-how the line named could read. The edits tried on that line, one at a time, the student's code run with each on every
-case (grad_checks/first_wrong_step.py's replays, within its budget):
-
-* the edits of grad_checks/mutants.py, which undo the same slips: a sign flipped, a term or a factor dropped (one too
-  many), a transpose dropped, a sum for a mean, an axis moved, a masking dropped, keepdims dropped;
-* a number in the arithmetic changed: -c, c + 1, c - 1, 2c, c / 2 (a power off by one, a sign, a factor of two);
-* a factor put on the term beside it too: ``a * b - c`` -> ``(a - c) * b`` or ``a * (b - c)``, ``a / b + c`` ->
-  ``(a + c) / b`` (a gain, a weight or 1/std applied to one term where it belongs to the sum);
-* the operands grouped the other way: ``a / b * c`` -> ``a / (b * c)``, ``(1 - t) ** 2`` -> ``1 - t ** 2`` (what
-  Python's precedence reads, said in the sentence when the student wrote no parentheses).
+The blame is decided elsewhere (grad_checks/first_wrong_step.py: where the value a line must hold is known); an edit
+that makes the output right may compensate a mistake on another line, so it only *suggests* how the line named could
+read. The edits, one at a time, the student's code replayed with each (the same replaced() mutants are made with):
+grad_checks/mutants.py's (a sign, a term or a factor dropped, a transpose, a sum for a mean, an axis, a masking,
+keepdims); a number changed (-c, c + 1, c - 1, 2c, c / 2); a factor put on the term beside it too (``a * b - c`` ->
+``(a - c) * b``); the operands grouped the other way (``a / b * c`` -> ``a / (b * c)``, said as what Python's
+precedence reads when the student wrote no parentheses).
 """
 from __future__ import annotations
 

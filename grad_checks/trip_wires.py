@@ -1,28 +1,20 @@
 """Trip wires: while a student's code is graded, numformer's own backward for the exercise refuses to run, whoever
 calls it; a process the code starts, or numformer's source run through ``exec``, is reported.
 
-* **Refused, whoever calls.** While a watch is on (grad_checks/own_code.py's :func:`~grad_checks.own_code.watch`),
-  numformer's backward for the exercise and its fast twin *are* trip wires: the function object's code is swapped
-  for a forwarder (compiled under numformer's file name and at the original's line, so ``inspect.getsource`` still
-  finds numformer's source) that reports the call and raises :class:`NotYours` instead of running. A name the
-  student imported before (``from numformer.layers.layernorm import layernorm_backward``) is the same function
-  object, so every route reaches the wire: a call from the student's line, from a thread or a pool, from a torch
-  tensor hook run by ``out.backward()`` (its caller is torch's file, not the student's), through
-  ``functools.partial``, a descriptor, a ``@property`` whose getter returns ``super().backward`` (the grader itself
-  then makes the call), a C extension's callback. The only calls that run are the grader's own, made from a code
-  object it :func:`permit` s (the output guard of grad_checks/exercise.py, which runs the reference on a copy of
-  the arguments after the student's function has returned). Each refused call is reported at the nearest line of
-  the student's files on the calling thread's stack, or with none when there is none (the property's call).
-* **Processes.** A process started from the student's code (``subprocess``, ``os.system``, ``os.exec*``,
-  ``os.posix_spawn``, ``os.fork``: ``multiprocessing`` goes through them) computes where no wire reaches:
-  named, with its command, as not the student's work.
-* **exec.** Code run through ``exec``/``eval`` from the student's code that holds numformer's backward (the
-  same bytecode, names and constants as the reference's: the source of numformer's file read and run) is
-  named. Code the student typed into their own file is theirs, as own_code.py says; an import (numformer's
-  modules are executed by importlib the first time) is not an ``exec`` of the student's.
+* **Refused, whoever calls.** While a watch is on (grad_checks/own_code.py), numformer's backward for the exercise and
+  its fast twin *are* trip wires: the function's code is swapped for a forwarder (under numformer's file name and at
+  its line: ``inspect.getsource`` still finds the source; a method's ``__class__`` cell kept) that reports the call
+  and raises :class:`NotYours`. A name imported before is the same function object, so every route reaches the wire:
+  the student's line, a thread or a pool, a torch tensor hook run by ``out.backward()``, ``functools.partial``, a
+  descriptor or ``@property`` whose result the grader calls, a C extension's callback. Only a code object the grader
+  :func:`permit` s calls it (the output guard, grad_checks/exercise.py, after the student's function has returned).
+  Each refusal is reported at the nearest line of the student's files on the calling thread's stack, if any.
+* **Processes.** One started from the student's code (``subprocess``, ``os.system``, ``os.exec*``,
+  ``os.posix_spawn``, ``os.fork``: ``multiprocessing`` goes through them) computes where no wire reaches: named.
+* **exec.** Code run through ``exec``/``eval`` from the student's code that holds numformer's backward (its bytecode,
+  names and constants: numformer's source read and run) is named; an import (importlib executing a module) is not.
 
-The last two use an audit hook (``sys.addaudithook``, PEP 578): Python has no way to remove one, so one is
-added per process, the first time a watch starts, and it returns at once while no watch is on.
+The last two use an audit hook (``sys.addaudithook``, PEP 578), added once per process and idle while no watch is on.
 """
 from __future__ import annotations
 
