@@ -17,6 +17,7 @@ only suggests a fix at the line named. docs/exercises.md, section 6, says it wit
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import time
 import warnings
@@ -354,6 +355,7 @@ class _Fix:
     c: dict | None = None       # case -> the factor the student's route needs on the known value
     reduced: str = ""           # how the student's is the known value reduced ("summed over its axis 0 as well")
     shape: str = ""             # the known value has another shape, which the student's code takes as well
+    after: Known | None = None  # the student's value is this one of numformer's, the known value computed from it
 
     def values(self, engine) -> dict:
         return {(n, self.key): self.known.values[n] * (1.0 if self.c is None else self.c.get(
@@ -783,7 +785,7 @@ def _diagnosis(engine) -> list:
                    or engine.absorbs(u.key) or not engine.known_shape(u)] + engine.positions(n, record)
         found.append((fix, n, record, unknown))
         if not unknown:  # the first wrong step: a value known there, every input right; or two, an input's first
-            return _said(engine, _before(engine, fix, n, record) or [fix])
+            return _said(engine, _missing(engine, n, record) or _before(engine, fix, n, record) or [fix])
     two = _two(engine, keys)
     if two:
         return _said(engine, two)
@@ -792,7 +794,7 @@ def _diagnosis(engine) -> list:
         statement = inside[0][2].statement
         fix, n, record, _ = min((f for f in inside if f[2].statement == statement),  # a value itself first
                                 key=lambda f: (f[0].c is not None, len(f[2].code)))
-        return _said(engine, _before(engine, fix, n, record) or [fix])
+        return _said(engine, _missing(engine, n, record) or _before(engine, fix, n, record) or [fix])
     if found:  # compensation: the lines its unknown inputs are on could absorb the error as well
         return [_together(engine, *found[0])]
     return _outputs(engine)[:MOST]
@@ -847,6 +849,31 @@ def _before(engine, fix, n, record) -> list:
     return []
 
 
+def _missing(engine, n, record) -> list:
+    """A step of numformer's missing after a right input of ``record`` (itself wrong): the student's value is
+    numformer's A, and the code after it needs numformer's B, computed from A (``dropout_backward(dp)`` from ``dp``),
+    which no value of the student's holds: B there makes every gradient right. Then that input's line holds A where B
+    belongs (B one of numformer's next values bound to a name or returned, the nearest first): [that fix]; else []."""
+    call, ref = engine.my_calls[n], engine.ref_calls[n]
+    if record.key in engine.right:
+        return []  # the step's own value is numformer's A: said there ("yours is numformer's ...")
+    held = lambda v: any(not s.given and _equal(s.value, v) for s in call.records)  # noqa: E731
+    for r in sorted(_upstream(call, record.operands, lambda r: r.key not in engine.right), key=lambda r: r.index):
+        if r.given or r.kind == "name" or r.key not in engine.right:
+            continue
+        shapes = {m: mine.value.shape for m, mine in engine.records[r.key].items() if m in engine.wrong_calls}
+        for a in [k for k in engine.knowns if k.kind == "backward" and n in k.records and _equal(r.value, k.values[n])]:
+            after = [b for b in engine.knowns if b.kind == "backward" and b is not a and n in b.records
+                     and (b.records[n].variable or b.records[n].returned is not None)
+                     and all(m in b.values and b.values[m].shape == shape for m, shape in shapes.items())
+                     and a.records[n].index in _slice(ref, b.records[n].index) and not held(b.values[n])]
+            for b in sorted(after, key=lambda b: b.records[n].index)[:3]:
+                fix = _Fix(r.key, b, after=a)
+                if engine.proof.right(engine.proof.students(fix.values(engine))) and engine.consistent([fix]):
+                    return [fix]
+    return []
+
+
 def _inputs_right(engine, a, b) -> bool:
     return all(not engine.unknown_inputs(*_first(engine, f.key), fixed={a.key, b.key}) for f in (a, b))
 
@@ -881,6 +908,12 @@ def _named(known, code, variable) -> str:
     return label if not known.code else f"{label} (numformer's `{known.code}`)"
 
 
+def _shares(label, code, variable) -> bool:
+    """``label`` has the student's ``code`` or ``variable`` as a word ("the returned dz" beside `dz`): said against
+    it ("`dz` where ... the returned dz"), numformer's code names it instead."""
+    return any(w and re.search(rf"(?<![\w.]){re.escape(w)}(?![\w(])", label) for w in (code, variable))
+
+
 def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
     ex, known, per_call = engine.ex, fix.known, per_call or engine.records[fix.key]
     line = record.statement or record.line
@@ -891,8 +924,17 @@ def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
     calls = [m for m in per_call if m in known.values and (known.values[m].any() or per_call[m].value.any())]
     factors = _multiples(per_call, known, engine.wrong_calls) if fix.c is None else None
     factor_name, pattern, note = None, None, "" if made else _operand_note(engine, n, record, known)
-    if record.kind == "name":  # a value passed on: what it passes
-        said, note = f"first wrong step: {where} passes `{record.code}` where numformer's passes {what}{note}", ""
+    if fix.after is not None:  # the two named by their code where their labels are one ("dP = dO V^T")
+        a, b = (f"numformer's `{k.code}`" if fix.after.label == known.label else _named(k, record.code, record.variable)
+                for k in (fix.after, known))
+        said = (f"first wrong step: a step missing after {where}: yours is {a}, and your code after it needs {b} "
+                "there, which numformer's computes from it")
+    elif record.kind == "name":  # a value passed on, or returned: what it passes
+        what = f"numformer's `{known.code}`" if known.code and _shares(what, record.code, record.variable) else what
+        said = (f"first wrong step: {where} returns `{record.code}` where your code needs {what}{note}"
+                if record.returned is not None else
+                f"first wrong step: {where} passes `{record.code}` where numformer's passes {what}{note}")
+        note = ""
     elif fix.reduced:
         said = f"{head}{where} is {ref} {fix.reduced}: keep that axis"
     elif fix.shape:
@@ -928,7 +970,7 @@ def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
             said = f"first wrong step: {where} stands where your code needs the argument `{known.code}`: {words}"
         else:
             said = f"{head}{where} computes {'it' if not code_only else ref} differently: {words}"
-    if fix.key in engine.right and record.kind != "name":  # a right value standing where another belongs
+    if fix.key in engine.right and (record.kind != "name" or record.returned is not None) and fix.after is None:
         equal = next((k for k in engine.knowns if k.values.get(n) is not None and _equal(record.value, k.values[n])),
                      None)
         note += f"; yours is {_named(equal, record.code, record.variable)}" if equal is not None else ""
@@ -969,7 +1011,7 @@ def _operand_note(engine, n, record, known) -> str:
     m, o = odd_mine[0], odd_ours[0]
     instead = next((s for s in call.records if not s.given and s.kind != "name" and _equal(s.value, o.value)), None)
     label = _label(engine.ex, o)
-    if label in (m.code, m.variable):
+    if label in (m.code, m.variable) or _shares(label, m.code, m.variable):
         label = f"`{o.code}`" if o.code not in (m.code, m.variable) else "another value"
     yours = f" (your `{instead.variable or instead.code}`, line {instead.statement or instead.line})" \
         if instead is not None and instead.index != m.index else ""

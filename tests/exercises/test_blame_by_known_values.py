@@ -13,6 +13,8 @@ signature) and what the diagnosis must and must never say; each of these failed 
   where numformer's uses dy"; dropout's and multi-head attention's factor was named at a line after the wrong one;
 * vague where proof was missing: a two-line SiLU backward and a two-line softmax backward got "the mistake is on lines
   ... or ..." for one wrong term;
+* a step of numformer's left out (the attention dropout's backward, the loss' weight) blamed on the line after it,
+  which is right, or said as "passes `dz` where numformer's passes the returned dz";
 * mistakes not seen: a table gradient summed over time as well, not matched to numformer's (T, d) value; a GELU-tanh
   answer with two mistakes got "the term `1` enters 2.33333 times" (and one with ``(1 - t) ** 2`` for ``1 - t ** 2``
   was not located).
@@ -118,6 +120,36 @@ def gelu_tanh_two_mistakes(dy, x, gate):
     return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t ** 2) * du * 2)
 
 
+def attention_dropout_backward_forgotten(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
+    # the attention dropout's backward left out: dp is dO V^T itself
+    dv = p_used.swapaxes(-1, -2) @ dout
+    dp = dout @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    if masked is not None:
+        ds = np.where(masked, 0.0, ds)
+    ds = ds * scale
+    return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+
+
+def attention_dropped_gradient_computed_and_not_used(dout, q, k, v, p, p_used, masked, scale,
+                                                     dropout_backward=None):
+    # the dropout's backward is there, but the softmax's backward reads the gradient from before it once
+    dv = p_used.swapaxes(-1, -2) @ dout
+    dp_raw = dout @ v.swapaxes(-1, -2)
+    dp = dropout_backward(dp_raw) if dropout_backward is not None else dp_raw
+    ds = p * (dp_raw - (dp * p).sum(axis=-1, keepdims=True))
+    if masked is not None:
+        ds = np.where(masked, 0.0, ds)
+    ds = ds * scale
+    return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+
+
+def loss_weight_forgotten(p, y, eps, weight):
+    dz = p - eps / p.shape[1]
+    dz[np.arange(p.shape[0]), y] -= 1.0 - eps
+    return dz
+
+
 # ---- grading them --------------------------------------------------------------------------------------------------
 
 def _checked(fn, exercise, tmp_path):
@@ -164,6 +196,14 @@ NAMED = [
     (gelu_tanh_square_of_the_difference, "gelu_tanh", "return dy * (0.5", ("t = 2.0", "du = "),
      ("`(1.0 - t) ** 2`", "2 times", "`1.0 - t ** 2`")),
     (gelu_tanh_two_mistakes, "gelu_tanh", "du = np.sqrt", ("t = 2.0",), ("1/2 times",)),
+    # a step of numformer's missing: the line holding the value it is computed from, with both named by their code
+    (attention_dropout_backward_forgotten, "attention", "dp = dout @ v", ("ds = p * (dp", "dv = "),
+     ("a step missing after", "numformer's `dout @ v.swapaxes(-1, -2)`", "numformer's `dropout_backward(dp)`")),
+    (loss_weight_forgotten, "loss", "dz[np.arange", ("dz = p - eps",), ("a step missing after",
+                                                                          "`dz * weight[:, None]`")),
+    # ... but not where the student's code computes that value and reads the one before it
+    (attention_dropped_gradient_computed_and_not_used, "attention", "ds = p * (dp_raw",
+     ("dp_raw = dout", "dp = dropout_backward", "dv = "), ()),
 ]
 
 
