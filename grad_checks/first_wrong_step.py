@@ -558,11 +558,16 @@ class _Engine:
 
     def _alone(self, key, fix, base) -> bool:
         """No other known value of another value makes every gradient right in ``key``'s place as well: the value
-        it must hold is pinned (checked unique among the known ones), not one of many the rest of the code takes."""
+        it must hold is pinned (checked unique among the known ones), not one of many the rest of the code takes.
+        The adjoint of the forward quantity there pins it by itself: what the value must be, whatever the code after
+        it takes (dL/d xhat for a dxhat the later code takes up to a constant a row)."""
+        calls = [n for n in self.records[key] if n in fix.known.values]
+        adjoints = self.adjoints(self, key) if self.adjoints else []
+        if any(all(n in a.values and _close(fix.known.values[n], a.values[n]) for n in calls) for a in adjoints):
+            return True
         for known, how, shape in self._candidates(key):
             if known is fix.known or how or shape or any(
-                    _equal(known.values[n], fix.known.values[n]) for n in self.records[key] if n in known.values
-                    and n in fix.known.values):
+                    _equal(known.values[n], fix.known.values[n]) for n in calls if n in known.values):
                 continue
             if self.proof.right(self.proof.students({**base, **_Fix(key, known).values(self)})):
                 return False
@@ -1033,7 +1038,7 @@ def _alike(ours: str, theirs: str) -> bool:
 def _fix_words(engine, record) -> str:
     """"; a fix: `x` for `y`" when one edit of the student's line makes every gradient right (a suggestion only:
     grad_checks/own_route.py), else ""."""
-    found = suggestion(engine.proof, record.statement or record.line)
+    found = suggestion(engine.proof, record.statement or record.line, record.code)
     if found is None:
         return ""
     return f"; a fix: `{found.after}` for `{found.before}`" + (

@@ -119,7 +119,8 @@ class Grade:
         if self.keeps_state:
             return "WRONG: " + self.keeps_state.split(". A backward must")[0]
         named = f": the catalogued mistake {self.mistake}" if self.mistake else \
-            ": the mistake located (see the diagnosis)" if self.location or self.steps else ""
+            ": the mistake located (see the diagnosis)" if self.location or any(s.proven for s in self.steps) else \
+            ": the lines that could hold the mistake named (see the diagnosis)" if self.steps else ""
         wrong = [t for t in self.tensors if t.verdict == "wrong" or (t.fd is not None and not t.fd.passed)]
         if self.errors:
             raised = self.raised_cases

@@ -108,18 +108,25 @@ def _source(answer):
     return fn, source, fn.__code__.co_firstlineno, fdef
 
 
-def suggestion(proof, line: int) -> Repair | None:
+def suggestion(proof, line: int, term: str = "") -> Repair | None:
     """The first edit of the student's statement at ``line`` (their file's) after which every gradient of every case
     is right, or None: a suggestion for the line named, never a proof (``proof``: the replays, see
-    grad_checks/first_wrong_step.py's ``_Proof``, and their budget)."""
+    grad_checks/first_wrong_step.py's ``_Proof``, and their budget). ``term``: the code of the expression named
+    there; an edit is then of it, inside it or around it, never of a term beside it (``x * 2.0`` for ``x * 1.0``
+    where ``dy * 0.5`` is named would compensate)."""
     if isinstance(proof.answer, type):
         return None  # a whole class: its methods are the student's too, and no one method is the answer
     found = _source(proof.answer)
     if found is None:
         return None
     fn, source, first, fdef = found
-    seen = set()
-    for node, description, new, reading in _sites(fdef, {line - first + 1}, source):
+    seen, sites = set(), _sites(fdef, {line - first + 1}, source)
+    named = [n for n, *_ in sites if ast.get_source_segment(source, n) == term]
+    if named:
+        near = {n for m in named for n in ast.walk(m)} | {n for n in ast.walk(fdef) if any(
+            m in set(ast.walk(n)) for m in named)}
+        sites = [site for site in sites if site[0] in near]
+    for node, description, new, reading in sites:
         text = replaced(source, node, new)
         if text in seen:  # two edits that write the same code (-c and the minus dropped, 2c and c + 1 for 1)
             continue

@@ -13,6 +13,8 @@ signature) and what the diagnosis must and must never say; each of these failed 
   where numformer's uses dy"; dropout's and multi-head attention's factor was named at a line after the wrong one;
 * vague where proof was missing: a two-line SiLU backward and a two-line softmax backward got "the mistake is on lines
   ... or ..." for one wrong term;
+* a LayerNorm's dxhat doubled named together with the line after it, right ("no value known here"), and a fix
+  suggested at a term beside the one named (``x * 2.0`` where ``dy * 0.5`` halves dW);
 * a step of numformer's left out (the attention dropout's backward, the loss' weight) blamed on the line after it,
   which is right, or said as "passes `dz` where numformer's passes the returned dz";
 * mistakes not seen: a table gradient summed over time as well, not matched to numformer's (T, d) value; a GELU-tanh
@@ -144,6 +146,19 @@ def attention_dropped_gradient_computed_and_not_used(dout, q, k, v, p, p_used, m
     return ds @ k, ds.swapaxes(-1, -2) @ q, dv
 
 
+def layernorm_gradient_of_xhat_doubled(dy, xhat, r, gamma):
+    # dxhat doubled; the line after it, right, takes dxhat only up to a constant a row (it removes the row mean)
+    dxhat = dy * gamma * 2.0
+    dx = r * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def linear_weight_gradient_halved(dy, x, w, with_bias):
+    db = dy.sum(axis=0) if with_bias else None
+    dw = (x * 1.0).T @ (dy * 0.5)
+    return dy @ w.T, dw, db
+
+
 def loss_weight_forgotten(p, y, eps, weight):
     dz = p - eps / p.shape[1]
     dz[np.arange(p.shape[0]), y] -= 1.0 - eps
@@ -196,6 +211,11 @@ NAMED = [
     (gelu_tanh_square_of_the_difference, "gelu_tanh", "return dy * (0.5", ("t = 2.0", "du = "),
      ("`(1.0 - t) ** 2`", "2 times", "`1.0 - t ** 2`")),
     (gelu_tanh_two_mistakes, "gelu_tanh", "du = np.sqrt", ("t = 2.0",), ("1/2 times",)),
+    # a value the later code takes up to a constant a row is pinned by its adjoint (dL/d xhat): the line of dxhat
+    (layernorm_gradient_of_xhat_doubled, "layernorm", "dxhat = dy * gamma * 2.0", ("dx = r *",),
+     ("2 times", "a fix: `dy * gamma` for `dy * gamma * 2.0`")),
+    # the fix suggested is of the term named, never of the term beside it (x * 2.0 would compensate)
+    (linear_weight_gradient_halved, "linear", "dw = (x * 1.0)", (), ("`dy * 0.5`", "1/2 times")),
     # a step of numformer's missing: the line holding the value it is computed from, with both named by their code
     (attention_dropout_backward_forgotten, "attention", "dp = dout @ v", ("ds = p * (dp", "dv = "),
      ("a step missing after", "numformer's `dout @ v.swapaxes(-1, -2)`", "numformer's `dropout_backward(dp)`")),
@@ -218,6 +238,7 @@ def test_the_line_named_is_the_mistake_and_no_right_line(fn, exercise, snippet, 
     assert not any(set(s.lines) & right_lines and not s.proven for s in result.steps), text
     for word in words:
         assert word in first.said, (word, first.said)
+    assert "`x * 2.0`" not in text
     assert "enters 2.33333 times" not in text and "enters 0.666667 times" not in text  # the terms, weighed: gone
 
 
