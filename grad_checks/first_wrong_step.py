@@ -428,24 +428,48 @@ class _Engine:
         quantity of the forward side, the student's own definition (std = 1 / r), right unless known otherwise."""
         return any(r.given and r.code in self.upstream for r in _upstream(self.my_calls[n], [record.index]))
 
-    def unknown_inputs(self, n, record, fixed=()) -> list:
+    def unknown_inputs(self, n, record, fixed=(), own=False) -> list:
         """The student's records ``record`` is computed from, at any depth, that are neither right nor given nor
-        of the forward side (``fixed``: keys taken as right, a fix already made): those could hold the mistake."""
+        of the forward side (``fixed``: keys taken as right, a fix already made): those could hold the mistake.
+        ``own``: with the arrays of the forward side of the student's own on other lines that no known value is (a
+        Jacobian built from y), where the walk stops: right unless they can absorb the error (:func:`_diagnosis`;
+        one beside it in its statement: :func:`_widened`)."""
         def unknown(r):
             return not (r.given or r.key in self.right or r.key in fixed or not self.gradient_side(n, r))
-        return [r for r in _upstream(self.my_calls[n], record.operands, unknown) if unknown(r)]
+
+        def mine(r):
+            return own and not (r.given or r.key in self.right or r.key in fixed) and r.value.ndim > 0 \
+                and r.statement != record.statement
+        return [r for r in _upstream(self.my_calls[n], record.operands, unknown) if unknown(r) or mine(r)]
 
     def slice(self) -> list:
         """The keys of the student's records that feed a wrong returned value without passing through a right one,
         in the order the code computes them (an argument and a right record end the walk). A record depending on the
-        upstream gradient that equals the adjoint of a forward quantity is right too (grad_checks/adjoints.py)."""
+        upstream gradient bound to a name that equals the adjoint of a forward quantity is right too
+        (grad_checks/adjoints.py)."""
         while True:
             found = self._walk()
             near = [key for key in found if key not in self.right and key not in self._not_adjoint
-                    and self.adjoints is not None and self._adjoint_right(key)]
+                    and self.adjoints is not None and self._bound(key) and self._adjoint_right(key)]
             if not near:
                 return found
             self.right.update(near)
+
+    def _bound(self, key) -> bool:
+        """The student's value may be said to be an adjoint: it is bound to a name or returned (``dvar = ...``), a
+        quantity of their route, in every call; or part of an expression whose named inputs on the gradient side
+        are right (``(dxhat * xmu).sum(...)``, dL/dr from dxhat). Part of an expression of a named value not right
+        (``dvar * 2.0``) may equal one by chance: the adjoints of var, std and r differ by powers of r, and a wrong
+        power makes one of them."""
+        def named(r):
+            return r.given or r.variable or r.returned is not None
+        for n, record in self.records[key].items():
+            if named(record):
+                continue
+            inputs = _upstream(self.my_calls[n], record.operands, lambda r: not named(r))
+            if any(named(r) and not r.given and r.key not in self.right and self.gradient_side(n, r) for r in inputs):
+                return False
+        return True
 
     @cached_property
     def _not_adjoint(self) -> set:
@@ -475,6 +499,10 @@ class _Engine:
         numformer's ``1 - s``, computed for s): it may stand where another value belongs, and is tried with known
         values other than its own (:meth:`fits`), where it ends the walk. A right value computed as numformer's is
         (the same operation: ``d_scores * scale``) is its step, and is not."""
+        call = self.my_calls[n]
+        if any(call.records[i].given and record.value.size == call.records[i].value.size and np.array_equal(
+                record.value.ravel(), call.records[i].value.ravel()) for i in record.operands):
+            return False  # an argument with an axis added or a copy (``dy[..., :, None]``): that value itself
         equal = [k.records.get(n) for k in self.knowns if k.values.get(n) is not None
                  and _equal(record.value, k.values[n])]
         return bool(equal) and not any(r is not None and _alike(r.kind, record.kind) for r in equal)
@@ -786,10 +814,12 @@ def _diagnosis(engine) -> list:
         # an input that cannot absorb the error (no value of its shape there puts every gradient right) holds no
         # mistake of its own, unless its shape is one no known value has (the mistake may be that shape); positions
         # the student computed (starts, order) are inputs no value can be put in the place of: they stay suspects
-        unknown = [u for u in engine.unknown_inputs(n, record) if u.statement == record.statement
-                   or engine.absorbs(u.key) or not engine.known_shape(u)] + engine.positions(n, record)
+        unknown = [u for u in engine.unknown_inputs(n, record, own=True) if u.statement == record.statement
+                   or engine.absorbs(u.key) or (engine.gradient_side(n, u) and not engine.known_shape(u))] + \
+            engine.positions(n, record)
         found.append((fix, n, record, unknown))
         if not unknown:  # the first wrong step: a value known there, every input right; or two, an input's first
+            fix, n, record = _widened(engine, fix, n, record)
             return _said(engine, _missing(engine, n, record) or _before(engine, fix, n, record) or [fix])
     two = _two(engine, keys)
     if two:
@@ -803,6 +833,27 @@ def _diagnosis(engine) -> list:
     if found:  # compensation: the lines its unknown inputs are on could absorb the error as well
         return [_together(engine, *found[0])]
     return _outputs(engine)[:MOST]
+
+
+def _widened(engine, fix, n, record) -> tuple:
+    """(fix, n, record) again, or of the smallest expression of its statement around it that has a known value
+    where a quantity of the forward side beside it, of the student's own definition (no known value), could absorb
+    the error as well: ``dxhat * xmu`` with numformer's ``dxhat * xhat`` put right by ``r ** 2`` where ``r ** 3``
+    belongs in the same product; the two named together as the expression holding both, dL/d(var)."""
+    call, top = engine.my_calls[n], (fix, n, record)
+    current = record
+    while True:
+        parent = next((r for r in call.records[current.index + 1:] if current.index in r.operands
+                       and r.statement == record.statement), None)
+        if parent is None:
+            return top
+        beside = [call.records[i] for i in parent.operands if i != current.index]
+        if any(o.statement == record.statement and not o.given and o.key not in engine.right
+               and not engine.gradient_side(n, o) and engine.absorbs(o.key) for o in beside):
+            wide = engine.fits(parent.key)
+            if wide is not None and engine.consistent([wide]):
+                return wide, n, parent
+        current = parent
 
 
 def _first(engine, key) -> tuple:
@@ -908,6 +959,8 @@ def _named(known, code, variable) -> str:
     label = known.label
     if known.kind == "size" or label.startswith("numformer's"):
         return label
+    if known.kind == "adjoint":
+        return f"{label} ({known.code})"
     if label in (code, variable, known.code):
         return f"numformer's `{known.code}`" if known.code else "numformer's value there"
     return label if not known.code else f"{label} (numformer's `{known.code}`)"
@@ -926,6 +979,7 @@ def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
     what = _named(known, record.code, record.variable)
     code_only = what.startswith("numformer's")  # its label is its code: said after, not before
     head, ref = ("first wrong step: ", what) if code_only else (f"first wrong step: {what}: ", "numformer's")
+    ref = "it" if known.kind == "adjoint" else ref
     calls = [m for m in per_call if m in known.values and (known.values[m].any() or per_call[m].value.any())]
     factors = _multiples(per_call, known, engine.wrong_calls) if fix.c is None else None
     factor_name, pattern, note = None, None, "" if made else _operand_note(engine, n, record, known)
@@ -952,8 +1006,8 @@ def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
         factor_name = name_factor(ex, factors, [engine.my_calls[m] for m in calls])
         values = ", ".join(f"{c:.6g}" for c in factors)
         said = (f"{head}{where} is {factor_name or values} times {ref}"
-                + (f" ({factor_name} = {values} in the calls of the cases)" if factor_name and len(set(factors)) > 1
-                   else ""))
+                + (f" ({factor_name} = {values} in the calls of the cases)" if factor_name and len(set(
+                    f"{c:.6g}" for c in factors)) > 1 else ""))
     else:
         theirs = known.values[n] * (1.0 if fix.c is None else fix.c.get(engine.my_calls[n].case, 1.0))
         view = _view(record.value, theirs)
@@ -967,7 +1021,7 @@ def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
             said = (f"first wrong step: {where}: your code needs {c_name or ', '.join(f'{c:.6g}' for c in cs)} times "
                     f"{what} there; {words}")
         elif known.kind == "adjoint":
-            said = f"first wrong step: {where} must be {known.label} ({known.code}); {words}"
+            said = f"first wrong step: {where} must be {what}; {words}"
         elif known.kind == "argument" and record.kind == "in place":
             said = (f"first wrong step: {where} changes `{known.code}`, which your code needs as it was given (the "
                     f"argument, with what other uses put in it): {words}")

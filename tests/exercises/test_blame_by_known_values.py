@@ -15,11 +15,17 @@ signature) and what the diagnosis must and must never say; each of these failed 
   ... or ..." for one wrong term;
 * a LayerNorm's dxhat doubled named together with the line after it, right ("no value known here"), and a fix
   suggested at a term beside the one named (``x * 2.0`` where ``dy * 0.5`` halves dW);
+* LayerNorm by the variance route with ``r ** 2`` for ``r ** 3``: the line after it blamed, a compensating edit
+  suggested;
 * a step of numformer's left out (the attention dropout's backward, the loss' weight) blamed on the line after it,
   which is right, or said as "passes `dz` where numformer's passes the returned dz";
 * mistakes not seen: a table gradient summed over time as well, not matched to numformer's (T, d) value; a GELU-tanh
   answer with two mistakes got "the term `1` enters 2.33333 times" (and one with ``(1 - t) ** 2`` for ``1 - t ** 2``
   was not located).
+
+Two guard the rules from going too far, and passed at 4439216 as well: a value of numformer's that the student's code
+computes and does not read is no step missing (the line reading the other is named); a softmax built on its own
+Jacobian, the Jacobian wrong, never has the product with it named alone.
 
 (State kept from the first call: tests/exercises/test_kept_state.py; the cheats: tests/exercises/test_own_code.py.)
 """
@@ -159,6 +165,24 @@ def linear_weight_gradient_halved(dy, x, w, with_bias):
     return dy @ w.T, dw, db
 
 
+def layernorm_variance_route_power_of_r(dy, xhat, r, gamma):
+    # dL/dvar = sum(dxhat * (x - mu)) * -1/2 * (var + eps)^(-3/2), written with r ** 2 for r ** 3; then
+    # 2 * dvar happens to be dL/d std, the adjoint of another quantity
+    d = dy.shape[-1]
+    dxhat = dy * gamma
+    xmu = xhat / r
+    dvar = (dxhat * xmu).sum(axis=-1, keepdims=True) * -0.5 * r ** 2
+    dmu = -(dxhat * r).sum(axis=-1, keepdims=True) + dvar * -2.0 * xmu.mean(axis=-1, keepdims=True)
+    dx = dxhat * r + dvar * 2.0 * xmu / d + dmu / d
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def softmax_jacobian_without_the_identity(dy, y):
+    # J = diag(y) - y y^T, written y_i (1 - y_j): the Jacobian (the forward side, no value known) is wrong
+    jac = y[..., :, None] * (1.0 - y[..., None, :])
+    return (jac @ dy[..., :, None])[..., 0]
+
+
 def loss_weight_forgotten(p, y, eps, weight):
     dz = p - eps / p.shape[1]
     dz[np.arange(p.shape[0]), y] -= 1.0 - eps
@@ -216,6 +240,10 @@ NAMED = [
      ("2 times", "a fix: `dy * gamma` for `dy * gamma * 2.0`")),
     # the fix suggested is of the term named, never of the term beside it (x * 2.0 would compensate)
     (linear_weight_gradient_halved, "linear", "dw = (x * 1.0)", (), ("`dy * 0.5`", "1/2 times")),
+    # part of an expression equal to another quantity's adjoint by chance ends no walk: the line of dvar, not the
+    # line after it (which an edit there could compensate)
+    (layernorm_variance_route_power_of_r, "layernorm", "dvar = (dxhat * xmu)", ("dx = dxhat * r", "xmu = "),
+     ("must be dL/d(var)", "a fix: `r ** 3` for `r ** 2`")),
     # a step of numformer's missing: the line holding the value it is computed from, with both named by their code
     (attention_dropout_backward_forgotten, "attention", "dp = dout @ v", ("ds = p * (dp", "dv = "),
      ("a step missing after", "numformer's `dout @ v.swapaxes(-1, -2)`", "numformer's `dropout_backward(dp)`")),
@@ -240,6 +268,15 @@ def test_the_line_named_is_the_mistake_and_no_right_line(fn, exercise, snippet, 
         assert word in first.said, (word, first.said)
     assert "`x * 2.0`" not in text
     assert "enters 2.33333 times" not in text and "enters 0.666667 times" not in text  # the terms, weighed: gone
+
+
+def test_a_quantity_of_the_students_own_forward_side_is_named_with_the_line_it_feeds(tmp_path):
+    """The Jacobian of a softmax backward built by the student (no value of numformer's is one) is wrong: the line
+    that multiplies by it, right as code, is never named alone ("computes the returned dx differently")."""
+    path, result = _checked(softmax_jacobian_without_the_identity, "softmax", tmp_path)
+    jac, product = _line(path, "jac = "), _line(path, "return (jac @")
+    assert not any(s.proven and s.line == product for s in result.steps), str(result)
+    assert any(jac in s.lines for s in result.steps), str(result)
 
 
 def test_float32_inside_the_backward_is_named_with_its_lines(tmp_path):
