@@ -431,16 +431,23 @@ class _Engine:
     def unknown_inputs(self, n, record, fixed=(), own=False) -> list:
         """The student's records ``record`` is computed from, at any depth, that are neither right nor given nor
         of the forward side (``fixed``: keys taken as right, a fix already made): those could hold the mistake.
-        ``own``: with the arrays of the forward side of the student's own on other lines that no known value is (a
-        Jacobian built from y), where the walk stops: right unless they can absorb the error (:func:`_diagnosis`;
-        one beside it in its statement: :func:`_widened`)."""
+        ``own``: with the arrays of the forward side of the student's own on other lines that no known value is, nor
+        any value computed from them (a Jacobian built from y), where the walk stops: right unless they can absorb
+        the error (:func:`_diagnosis`; one beside it in its statement: :func:`_widened`)."""
         def unknown(r):
             return not (r.given or r.key in self.right or r.key in fixed or not self.gradient_side(n, r))
 
+        call = self.my_calls[n]
+
         def mine(r):
             return own and not (r.given or r.key in self.right or r.key in fixed) and r.value.ndim > 0 \
-                and r.statement != record.statement
-        return [r for r in _upstream(self.my_calls[n], record.operands, unknown) if unknown(r) or mine(r)]
+                and not any(d.key in self.right and not d.given and d.kind != "name" and r.index in _slice(call, d.index)
+                            for d in call.records[r.index + 1:])  # a use known right: ``0.5 * (1 + t)``, the gate
+
+        def through(r):  # the student's own forward side is walked inside the statement, to the lines it reads
+            return unknown(r) or (mine(r) and r.statement == record.statement)
+        return [r for r in _upstream(self.my_calls[n], record.operands, through)
+                if unknown(r) or (mine(r) and r.statement != record.statement)]
 
     def slice(self) -> list:
         """The keys of the student's records that feed a wrong returned value without passing through a right one,
