@@ -34,7 +34,8 @@ SOLUTIONS = student_mistakes.SOLUTIONS
 # are named together: 32 of the 38 here are located (34 before, two of which named a line that only uses a wrong
 # value: the scatter after a lost start 0, the division by counts where counts of 1 would do as well: now named
 # with the line of those positions; and the row sum over the queries is now at its own line, not at the line using
-# it); the others get the lines that could hold it, never a right step alone
+# it; the gradient of the probabilities, -q / p, is said with the line of its smoothed target q, which no value
+# known confirms); the others get the lines that could hold it, never a right step alone
 LOCATED_SHARE = 0.84
 AT_LEAST_FOUR = ("attention", "layernorm", "softmax", "loss", "embedding")
 PATTERNS = {"masked", "mask reversed", "padding", "repeated ids", "row", "column", "head"}
