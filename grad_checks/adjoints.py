@@ -34,7 +34,7 @@ def adjoints(recordings):
 
 class Adjoints:
     """``adjoints(engine, key) -> [Known]``: the adjoints of numformer's forward quantities with as many entries as
-    the student's gradient-side record ``key``, in every call; each computed once."""
+    the student's gradient-side record ``key`` (or a shape it broadcasts alike), in every call; each computed once."""
 
     def __init__(self, fn, recorder):
         self.fn, self.recorder, self.cache = fn, recorder, {}
@@ -44,10 +44,11 @@ class Adjoints:
         n0, first = next(iter(per_call.items()))
         if first.value.ndim == 0 or not engine.gradient_side(n0, first) or not engine.forward:
             return []
+        from .first_wrong_step import _broadcasts_alike  # noqa: PLC0415
         found = []
         for _, _, record in _classes(engine.forward[0]):
-            if record.value.size != first.value.size:
-                continue
+            if record.value.size != first.value.size and not _broadcasts_alike(first.value.shape, record.value.shape):
+                continue  # (a row statistic kept over the other axis asks too: dmu (1, d) for mu (n, 1))
             if record.key not in self.cache:
                 self.cache[record.key] = self._known(engine, record)
             if self.cache[record.key] is not None:

@@ -110,7 +110,9 @@ def floor(grads: dict) -> float:
 
 
 def relative_errors(got, ref, tiny: float):
-    """Entrywise ``|a - b| / max(|a| + |b|, tiny)`` of ``got`` against ``ref``."""
+    """Entrywise ``|a - b| / max(|a| + |b|, tiny)`` of ``got`` against ``ref`` (a boolean array as 0 and 1: a mask
+    returned as the gradient)."""
+    got, ref = (np.asarray(a, dtype=np.float64) if np.asarray(a).dtype == bool else a for a in (got, ref))
     return np.abs(got - ref) / np.maximum(np.abs(got) + np.abs(ref), tiny)
 
 

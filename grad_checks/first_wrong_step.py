@@ -30,7 +30,7 @@ import numpy as np
 from numformer.swap import using
 from numformer.user_code_clock import StudentCodeTimeout
 
-from .adjoints import adjoints
+from .adjoints import CLOSE, adjoints
 from .candidates import APPROX, floor, relative_errors, run_class
 from .counterparts import factor, reduced, same, views
 from .entry_patterns import entry_pattern
@@ -332,7 +332,6 @@ def _aligned(forward, ref_calls) -> list:
 
 def _close(a, b) -> bool:
     """Equal to the precision of central differences (grad_checks/adjoints.py's CLOSE)."""
-    from .adjoints import CLOSE  # noqa: PLC0415
     return float(np.abs(a - b).max()) <= CLOSE * max(float(np.abs(b).max()), float(np.abs(a).max()), 1e-300)
 
 
@@ -384,6 +383,8 @@ class _Engine:
         self.wrong_cases = [k for k in range(len(proof.mine)) if not proof.right(proof.mine, [k])]
         self.wrong_calls = [n for n, c in enumerate(my_calls) if c.returned and c.case in self.wrong_cases]
         self.partial = []   # fixes that put right every tensor they change, another still wrong (see fits)
+        self._not_adjoint, self._absorbing = set(), {}  # keys no adjoint is; key -> whether it can absorb the error
+        self._down = {}     # call -> {record index: the indices computed from it}
 
     # -- what the student's values are ------------------------------------------------------------------------
     @cached_property
@@ -391,10 +392,57 @@ class _Engine:
         """The keys of the student's records equal (up to a view) to a known value in every call holding them: a
         value of numformer's backward or forward, or an argument (the adjoints are asked in :meth:`slice`). A name
         passed on (``self.norm.backward(dy)``, ``return dx``) is never right by its value alone: it can stand where
-        another value belongs."""
-        return {key for key, per_call in self.records.items()
-                if all(r.kind != "name" and (self._known_value(n, r, self.knowns) or self._stacked(n, r))
-                       for n, r in per_call.items())}
+        another value belongs. A quantity of the forward side is right by an argument, numformer's forward or a
+        named value of its backward, or by a use of it that is right (``t = 2 * gate - 1``, whose ``0.5 * (1 + t)``
+        is the gate): part of an expression of numformer's backward may equal it by chance (``2 * gate``, where the
+        t of ``2 * gate - 1`` lost its term). A number equal to a constant numformer's backward reads is right."""
+        out = {key for key, per_call in self.records.items()
+               if all(r.kind != "name" and (self._known_value(n, r, self.knowns if self.gradient_side(n, r) else
+                                                               self._trusted(n, r)) or self._stacked(n, r))
+                      for n, r in per_call.items())}
+        target = inspect.unwrap(self.ex.target)
+        constants = [v for name in target.__code__.co_names if type(v := target.__globals__.get(name)) is float]
+        def constant(r):  # C = sqrt(2 / pi) where it is first computed (not du = c * 1, which equals it too)
+            return r.value.ndim == 0 and any(np.isclose(float(r.value), c, rtol=1e-12, atol=0) for c in constants)
+        out |= {key for key, per_call in self.records.items() if all(
+            constant(r) and not any(constant(self.my_calls[n].records[i]) for i in r.operands)
+            for n, r in per_call.items())}
+        own = [key for key, per_call in self.records.items() if key not in out and all(
+            not r.given and r.kind != "name" and not self.gradient_side(n, r) for n, r in per_call.items())]
+        while True:
+            used = [key for key in own if key not in out and all(
+                any(self.my_calls[n].records[d].key in out for d in self._users(n, r.index)) for n, r in
+                self.records[key].items())]
+            if not used:
+                return out
+            out.update(used)
+
+    def _trusted(self, n, record) -> list:
+        """The known values a quantity of the forward side may be right by: an argument, numformer's forward, a
+        value of its backward bound to a name, returned or a call's; part of an expression of its backward only for
+        a value of the student's computed alike (``x * dg`` of x and numformer's dg; not ``0.5 * (1 + t)``, which
+        equals numformer's ``2 * gate`` when the t of ``2 * gate - 1`` is ``4 * gate - 1``)."""
+        def named(r):
+            return r.variable or r.returned is not None or r.kind.startswith("call")
+        return [k for k in self.knowns if k.kind != "backward" or n not in k.records or named(k.records[n])
+                or self._alike_operands(n, record, k.records[n])]
+
+    def _alike_operands(self, n, record, theirs) -> bool:
+        ours = [self.my_calls[n].records[i].value for i in record.operands]
+        other = [self.ref_calls[n].records[i].value for i in theirs.operands]
+        return _alike(theirs.kind, record.kind) and len(ours) == len(other) and all(
+            any(_equal(a, b) for b in other) for a in ours) and all(any(_equal(a, b) for a in ours) for b in other)
+
+    def _users(self, n, index) -> list:
+        """The indices of the records of call ``n`` computed from record ``index``, at any depth (names excluded)."""
+        if n not in self._down:
+            records, down = self.my_calls[n].records, {}
+            for r in records:
+                for i in _slice(self.my_calls[n], r.index) - {r.index}:
+                    if r.kind != "name" and not r.given:
+                        down.setdefault(i, []).append(r.index)
+            self._down[n] = down
+        return self._down[n].get(index, [])
 
     def _stacked(self, n, record) -> bool:
         """Known values side by side: ``record`` (2-d) split along an axis into two pieces, each one (x^T dy over
@@ -437,12 +485,10 @@ class _Engine:
         def unknown(r):
             return not (r.given or r.key in self.right or r.key in fixed or not self.gradient_side(n, r))
 
-        call = self.my_calls[n]
-
-        def mine(r):
-            return own and not (r.given or r.key in self.right or r.key in fixed) and r.value.ndim > 0 \
-                and not any(d.key in self.right and not d.given and d.kind != "name" and r.index in _slice(call, d.index)
-                            for d in call.records[r.index + 1:])  # a use known right: ``0.5 * (1 + t)``, the gate
+        def mine(r):  # a number that is a size the exercise names (mask.max(), 1/keep) is right
+            return own and not (r.given or r.key in self.right or r.key in fixed) and (r.value.ndim > 0 or not any(
+                all(np.allclose(k.values[m], v.value) for m, v in self.records[r.key].items())
+                for k in _sizes(self, r.key)))
 
         def through(r):  # the student's own forward side is walked inside the statement, to the lines it reads
             return unknown(r) or (mine(r) and r.statement == record.statement)
@@ -477,10 +523,6 @@ class _Engine:
             if any(named(r) and not r.given and r.key not in self.right and self.gradient_side(n, r) for r in inputs):
                 return False
         return True
-
-    @cached_property
-    def _not_adjoint(self) -> set:
-        return set()
 
     def _adjoint_right(self, key) -> bool:
         per_call = self.records[key]
@@ -531,7 +573,8 @@ class _Engine:
                     continue
                 how = how or reduced(r.value, k.values[n]) or ""
                 if not how and _broadcasts_alike(r.value.shape, k.values[n].shape):
-                    shape = f"it has shape {r.value.shape}, {k.label}'s {k.values[n].shape}"
+                    shape = f"it has shape {r.value.shape}, {k.label}'s {k.values[n].shape}" + (
+                        "" if r.value.ndim == k.values[n].ndim else f": it lacks {_axes(k.values[n].ndim - r.value.ndim)}")
                 if not how and not shape:
                     break
             else:
@@ -549,6 +592,9 @@ class _Engine:
         # 2 g (1 - g)); a gradient of the route is its known value itself (a multiple of dL/d std would compensate a
         # wrong power of var + eps in the same product)
         gradient = self.gradient_side(*next(iter(self.records[key].items())))
+        # a value equal to one of numformer's, trusted or not (``1 - gate``), is no multiple of another: scaling it
+        # would compensate a factor missing beside it
+        equal = all(self._known_value(n, r, self.knowns) for n, r in self.records[key].items())
         for known, how, shape in self._candidates(key):
             if right and (how or shape or known.kind == "size" or all(
                     _equal(r.value, known.values[n]) for n, r in self.records[key].items() if n in known.values)):
@@ -559,7 +605,7 @@ class _Engine:
                 return fix if self._alone(key, fix, base) else None
             if not base and self._puts_right(got):
                 self.partial.append(fix)
-            if not (how or shape or known.kind == "size" or self.target is None or right or gradient):
+            if not (how or shape or known.kind == "size" or self.target is None or right or gradient or equal):
                 tried.append((fix, got))
         zero = None
         for fix, got in tried:
@@ -586,6 +632,9 @@ class _Engine:
             for r in call.records:
                 if r.given or r.kind == "name" or r.key in fixed or r.key not in self.right or r.value.ndim == 0:
                     continue
+                before = self.records[r.key].get(n)
+                if before is not None and before.value.shape == r.value.shape and same(r.value, before.value):
+                    continue  # as it was (a quantity of the forward side right by its use: no known value to be)
                 if not (self._known_value(n, r, self.knowns) or self._stacked(n, r) or (
                         self.adjoints is not None and self._known_value(n, r, self.adjoints(self, r.key), True))):
                     return False
@@ -714,10 +763,6 @@ class _Engine:
         n = next((m for m, r in self.records.get(record.key, {}).items() if r is record), 0)
         return any(k.values.get(n) is not None and k.values[n].size == record.value.size for k in self.knowns)
 
-    @cached_property
-    def _absorbing(self) -> dict:
-        return {}
-
     def absorbs(self, key) -> bool:
         """Whether some value in ``key``'s place, the rest of the student's code as written, makes every gradient
         of the smallest wrong case right (least squares on :meth:`jacobian`). Too big to probe: not when its one
@@ -771,9 +816,16 @@ class _Position:
 
 def _broadcasts_alike(a: tuple, b: tuple) -> bool:
     """A row statistic kept over another axis: the same axes, each of the two shapes with a 1 where the other has not
-    ((B, h, 1, Tk) for (B, h, Tq, 1))."""
+    ((B, h, 1, Tk) for (B, h, Tq, 1)); or fewer axes that broadcast to the other's (a gain (d,) where dy * gamma
+    (n, d) belongs)."""
+    if len(a) < len(b):
+        return len(a) > 0 and b[len(b) - len(a):] == a
     return len(a) == len(b) and a != b and all(x == y or x == 1 or y == 1 for x, y in zip(a, b)) and \
         any(x == 1 != y for x, y in zip(a, b)) and any(y == 1 != x for x, y in zip(a, b))
+
+
+def _axes(k: int) -> str:
+    return "its leading axis" if k == 1 else f"its {k} leading axes"
 
 
 def _right_returned(record, ref_call) -> bool:
@@ -818,15 +870,14 @@ def _diagnosis(engine) -> list:
         n, record = _first(engine, key)
         if not engine.consistent([fix]):
             continue
+        fix, record = _widened(engine, fix, n, record)
         # an input that cannot absorb the error (no value of its shape there puts every gradient right) holds no
         # mistake of its own, unless its shape is one no known value has (the mistake may be that shape); positions
         # the student computed (starts, order) are inputs no value can be put in the place of: they stay suspects
         unknown = [u for u in engine.unknown_inputs(n, record, own=True) if u.statement == record.statement
-                   or engine.absorbs(u.key) or (engine.gradient_side(n, u) and not engine.known_shape(u))] + \
-            engine.positions(n, record)
+                   or engine.absorbs(u.key) or not engine.known_shape(u)] + engine.positions(n, record)
         found.append((fix, n, record, unknown))
         if not unknown:  # the first wrong step: a value known there, every input right; or two, an input's first
-            fix, n, record = _widened(engine, fix, n, record)
             return _said(engine, _missing(engine, n, record) or _before(engine, fix, n, record) or [fix])
     two = _two(engine, keys)
     if two:
@@ -843,24 +894,50 @@ def _diagnosis(engine) -> list:
 
 
 def _widened(engine, fix, n, record) -> tuple:
-    """(fix, n, record) again, or of the smallest expression of its statement around it that has a known value
-    where a quantity of the forward side beside it, of the student's own definition (no known value), could absorb
-    the error as well: ``dxhat * xmu`` with numformer's ``dxhat * xhat`` put right by ``r ** 2`` where ``r ** 3``
-    belongs in the same product; the two named together as the expression holding both, dL/d(var)."""
-    call, top = engine.my_calls[n], (fix, n, record)
+    """(fix, record) again, or of an expression of its statement around it, when a term beside it could absorb the
+    error as well: the largest product around a multiple fitted, or a value a multiple of the known one put there
+    (a factor missing or extra: ``0.5 * x * ... * du * 0.5``,
+    half numformer's x * dg, where each factor could take it, not the first of them), where another of its factors
+    admits a multiple too, or is of the student's own forward side and right by nothing; and the smallest
+    expression with a known value holding a quantity of the student's own forward side beside it (``dxhat * xmu``
+    with numformer's ``dxhat * xhat`` put right by ``r ** 2`` where ``r ** 3`` belongs: dL/d(var) named)."""
+    call = engine.my_calls[n]
+
+    def parents(r, kinds=None):
+        while True:
+            r = next((p for p in call.records[r.index + 1:] if r.index in p.operands
+                      and p.statement == record.statement and (kinds is None or p.kind in kinds)), None)
+            if r is None:
+                return
+            yield r
+
+    def own(o):
+        return not o.given and o.key not in engine.right and not engine.gradient_side(n, o)
+
+    def scaled(f, key):  # a multiple fitted, or a value a multiple of the known one put there
+        return f is not None and (f.c is not None or _multiples(engine.records[key], f.known, engine.wrong_calls)
+                                  is not None)
+
+    if scaled(fix, record.key):
+        chain, current = [], record
+        for parent in parents(record, ("Mult", "Div")):
+            chain += [call.records[i] for i in parent.operands if i != current.index]
+            current = parent
+        if any(own(o) and (o.value.ndim == 0 or scaled(engine.fits(o.key), o.key)) for o in chain):
+            for top in reversed([p for p in parents(record, ("Mult", "Div"))]):
+                wide = engine.fits(top.key)
+                if wide is not None and engine.consistent([wide]):
+                    return wide, top
+        return fix, record
     current = record
-    while True:
-        parent = next((r for r in call.records[current.index + 1:] if current.index in r.operands
-                       and r.statement == record.statement), None)
-        if parent is None:
-            return top
+    for parent in parents(record):
         beside = [call.records[i] for i in parent.operands if i != current.index]
-        if any(o.statement == record.statement and not o.given and o.key not in engine.right
-               and not engine.gradient_side(n, o) and engine.absorbs(o.key) for o in beside):
+        if any(o.statement == record.statement and own(o) and engine.absorbs(o.key) for o in beside):
             wide = engine.fits(parent.key)
             if wide is not None and engine.consistent([wide]):
-                return wide, n, parent
+                return wide, parent
         current = parent
+    return fix, record
 
 
 def _first(engine, key) -> tuple:
@@ -995,10 +1072,12 @@ def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
                 for k in (fix.after, known))
         said = (f"first wrong step: a step missing after {where}: yours is {a}, and your code after it needs {b} "
                 "there, which numformer's computes from it")
-    elif record.kind == "name":  # a value passed on, or returned: what it passes
+    elif record.kind == "name":  # a value passed on, returned or bound: what it passes
         what = f"numformer's `{known.code}`" if known.code and _shares(what, record.code, record.variable) else what
         said = (f"first wrong step: {where} returns `{record.code}` where your code needs {what}{note}"
                 if record.returned is not None else
+                f"first wrong step: {where} binds `{record.code}` where your code needs {what}: {fix.shape}"
+                if fix.shape else
                 f"first wrong step: {where} passes `{record.code}` where numformer's passes {what}{note}")
         note = ""
     elif fix.reduced:
@@ -1049,6 +1128,8 @@ def _shown(engine, n, record) -> str:
     """The student's code of ``record``; for a name passed on, the call it is passed to."""
     if record.kind != "name":
         return record.code
+    if record.variable and record.variable != record.code and record.returned is None:
+        return f"{record.variable} = {record.code}"  # a name bound again
     call = engine.my_calls[n]
     user = next((r for r in call.records[record.index + 1:] if record.index in r.operands), None)
     return user.code if user is not None else record.code
@@ -1075,7 +1156,8 @@ def _operand_note(engine, n, record, known) -> str:
     if len(odd_mine) != 1 or len(odd_ours) != 1:
         return ""
     m, o = odd_mine[0], odd_ours[0]
-    instead = next((s for s in call.records if not s.given and s.kind != "name" and _equal(s.value, o.value)), None)
+    instead = next((s for s in call.records if not s.given and s.kind != "name" and s.index != record.index
+                    and _equal(s.value, o.value)), None)
     label = _label(engine.ex, o)
     if label in (m.code, m.variable) or _shares(label, m.code, m.variable):
         label = f"`{o.code}`" if o.code not in (m.code, m.variable) else "another value"

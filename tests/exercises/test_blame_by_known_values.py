@@ -17,6 +17,9 @@ signature) and what the diagnosis must and must never say; each of these failed 
   suggested at a term beside the one named (``x * 2.0`` where ``dy * 0.5`` halves dW);
 * LayerNorm by the variance route with ``r ** 2`` for ``r ** 3``: the line after it blamed, a compensating edit
   suggested;
+* a gain bound where its gradient belongs (``dxhat = gamma``), dL/dmu summed over the rows, the tanh identity's
+  2 written 4, a factor extra at the end of a product, a constant of the student's own wrong (``np.sqrt(2)``):
+  each blamed on a line using the wrong value, or on the first factor of the product;
 * a step of numformer's left out (the attention dropout's backward, the loss' weight) blamed on the line after it,
   which is right, or said as "passes `dz` where numformer's passes the returned dz";
 * mistakes not seen: a table gradient summed over time as well, not matched to numformer's (T, d) value; a GELU-tanh
@@ -183,6 +186,52 @@ def softmax_jacobian_without_the_identity(dy, y):
     return (jac @ dy[..., :, None])[..., 0]
 
 
+def layernorm_gain_for_its_gradient(dy, xhat, r, gamma):
+    # dxhat = gamma: dy forgotten; the later lines broadcast the gain over the rows
+    dxhat = gamma
+    m1 = dxhat.mean(axis=-1, keepdims=True)
+    m2 = (dxhat * xhat).mean(axis=-1, keepdims=True)
+    dx = r * (dxhat - m1 - xhat * m2)
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def layernorm_std_route_mean_gradient_over_rows(dy, xhat, r, gamma):
+    # dL/dmu summed over the rows (axis 0) where it belongs to each row
+    d = dy.shape[-1]
+    dxhat = dy * gamma
+    std = 1.0 / r
+    xmu = xhat * std
+    dstd = -(dxhat * xmu).sum(axis=-1, keepdims=True) / std ** 2
+    dvar = dstd / (2 * std)
+    dxmu = dxhat / std + dvar * 2.0 * xmu / d
+    dmu = -dxmu.sum(axis=0, keepdims=True)
+    dx = dxmu + dmu / d
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def gelu_tanh_identity_doubled(dy, x, gate):
+    # tanh(u) = 2 sigmoid(2u) - 1, written with 4
+    c = np.sqrt(2 / np.pi)
+    t = 4.0 * gate - 1.0
+    du = c * (1 + 3 * 0.044715 * x ** 2)
+    return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du)
+
+
+def gelu_tanh_product_halved_twice(dy, x, gate):
+    # the product rule's second term, 0.5 x (1 - t^2) du, halved once more at its end
+    t = np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))
+    du = np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x ** 2)
+    return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du * 0.5)
+
+
+def gelu_tanh_constant_wrong(dy, x, gate):
+    # sqrt(2 / pi) written sqrt(2): the constant, on its own line, is what is wrong
+    c = np.sqrt(2)
+    t = 2.0 * gate - 1.0
+    du = c * (1 + 3 * 0.044715 * x ** 2)
+    return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du)
+
+
 def loss_weight_forgotten(p, y, eps, weight):
     dz = p - eps / p.shape[1]
     dz[np.arange(p.shape[0]), y] -= 1.0 - eps
@@ -244,6 +293,16 @@ NAMED = [
     # line after it (which an edit there could compensate)
     (layernorm_variance_route_power_of_r, "layernorm", "dvar = (dxhat * xmu)", ("dx = dxhat * r", "xmu = "),
      ("must be dL/d(var)", "a fix: `r ** 3` for `r ** 2`")),
+    # a gain bound where its gradient belongs, of another shape; a row statistic over the rows, by its adjoint
+    (layernorm_gain_for_its_gradient, "layernorm", "dxhat = gamma", ("dx = r *", "m1 = "),
+     ("binds `gamma`", "lacks its leading axis")),
+    (layernorm_std_route_mean_gradient_over_rows, "layernorm", "dmu = -dxmu.sum(axis=0", ("dx = dxmu",),
+     ("dL/d(mu)", "over another axis")),
+    # a quantity of the student's own forward side, wrong: its line, not the line that uses it
+    (gelu_tanh_identity_doubled, "gelu_tanh", "t = 4.0 * gate", ("return dy *", "du = "), ("2 times",)),
+    # a factor extra at the end of a product: the product named, not its first factor
+    (gelu_tanh_product_halved_twice, "gelu_tanh", "return dy *", (), ("`0.5 * x * (1 - t * t) * du * 0.5`",
+                                                                     "1/2 times")),
     # a step of numformer's missing: the line holding the value it is computed from, with both named by their code
     (attention_dropout_backward_forgotten, "attention", "dp = dout @ v", ("ds = p * (dp", "dv = "),
      ("a step missing after", "numformer's `dout @ v.swapaxes(-1, -2)`", "numformer's `dropout_backward(dp)`")),
@@ -277,6 +336,14 @@ def test_a_quantity_of_the_students_own_forward_side_is_named_with_the_line_it_f
     jac, product = _line(path, "jac = "), _line(path, "return (jac @")
     assert not any(s.proven and s.line == product for s in result.steps), str(result)
     assert any(jac in s.lines for s in result.steps), str(result)
+
+
+def test_a_constant_of_the_students_own_is_named_with_the_line_using_it(tmp_path):
+    """sqrt(2) for sqrt(2 / pi) on its own line: the line of du using it, right as code, is never named alone."""
+    path, result = _checked(gelu_tanh_constant_wrong, "gelu_tanh", tmp_path)
+    constant, du = _line(path, "c = np.sqrt(2)"), _line(path, "du = c *")
+    assert not any(s.proven and s.line == du for s in result.steps), str(result)
+    assert any(constant in s.lines for s in result.steps), str(result)
 
 
 def test_float32_inside_the_backward_is_named_with_its_lines(tmp_path):
