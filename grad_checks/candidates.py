@@ -48,11 +48,12 @@ class Outcome:
 
 
 def run_class(ex: Exercise, cls: type, seed: int = 0, file=None, time_limit: float | None = None,
-              order=None) -> tuple:
+              order=None, each=None) -> tuple:
     """(cases, outcomes) of the layer class ``cls`` on the exercise's cases.
 
     ``order``: the case numbers (from 0) in the order to run them (default: as listed); the outcomes are in
-    the cases' order either way (grad_checks/kept_state.py runs them backwards).
+    the cases' order either way (grad_checks/kept_state.py runs them backwards); a case not run has None.
+    ``each(i)`` is called before case ``i`` runs (a recording notes which case its calls belong to).
 
     ``time_limit`` (seconds): a student's code runs under a clock (numformer/user_code_clock.py), building the layers
     and each case; one that does not return in time raises StudentCodeTimeout, which stops the grading (None:
@@ -69,6 +70,8 @@ def run_class(ex: Exercise, cls: type, seed: int = 0, file=None, time_limit: flo
     outcomes = [None] * len(cases)
     for i in (range(len(cases)) if order is None else order):
         case = cases[i]
+        if each is not None:
+            each(i)
         # the clock outside the try: its _Deadline gets through the except clauses, its StudentCodeTimeout
         # (an Exception) is raised after them, not recorded as the case's outcome
         with deadline(time_limit, f"case {i + 1} of {len(cases)} ({case.case})", file):
@@ -110,7 +113,9 @@ def floor(grads: dict) -> float:
 
 
 def relative_errors(got, ref, tiny: float):
-    """Entrywise ``|a - b| / max(|a| + |b|, tiny)`` of ``got`` against ``ref``."""
+    """Entrywise ``|a - b| / max(|a| + |b|, tiny)`` of ``got`` against ``ref`` (a boolean array as 0 and 1: a mask
+    returned as the gradient)."""
+    got, ref = (np.asarray(a, dtype=np.float64) if np.asarray(a).dtype == bool else a for a in (got, ref))
     return np.abs(got - ref) / np.maximum(np.abs(got) + np.abs(ref), tiny)
 
 

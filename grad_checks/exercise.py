@@ -32,6 +32,8 @@ import numpy as np
 from numformer.finite_differences import LayerContractError, detached_copy
 from numformer.swap import using
 
+from .trip_wires import permit
+
 
 class OutputMismatch(Exception):
     """A candidate function returned the wrong structure, a wrong shape, or NaN: one line, plus what it
@@ -89,6 +91,9 @@ class Exercise:
         forward mode: the outputs' tangents along each tensor) or ``"rop"`` (the tangent of a backward: every
         gradient's tangent); forward mode's cases carry ``jvp`` and ``backward_jvp``
         (numformer.finite_differences.tangent_checks grades them against its differences).
+    upstream: the arguments the backward is linear in, the upstream gradient (``("dy",)``; the loss's
+        ``("weight",)``, which holds its 1/N): what a value of the student's depends on to be a gradient, not a
+        quantity of the forward side (grad_checks/first_wrong_step.py). Default: the first argument.
     """
 
     name: str
@@ -105,6 +110,7 @@ class Exercise:
     swap: str | None = None
     paper: str = ""
     in_place: tuple = ()  # arguments the function may change in place (the embedding's grad)
+    upstream: tuple = ()  # the arguments carrying the upstream gradient (default: the first one, dy)
     forward: str = ""
     returns: str = ""
     steps: tuple = ()
@@ -155,8 +161,10 @@ class Exercise:
 
         def guarded(*args, **kwargs):
             before = detached_copy(args)
-            expected = reference(*detached_copy(args), **kwargs)
             got = fn(*args, **kwargs)
+            # after the student's function has returned (nothing of numformer's answer exists while it runs), and
+            # from this code, which the trip wires let through (grad_checks/trip_wires.py)
+            expected = reference(*detached_copy(before), **kwargs)
             for name, old, new in zip(names, before, args):
                 if isinstance(new, np.ndarray) and name not in may_change and not np.array_equal(old, new,
                                                                                                  equal_nan=True):
@@ -166,6 +174,7 @@ class Exercise:
             check_outputs(got, expected, outputs, who)
             return got
         guarded.__name__ = who
+        permit(guarded.__code__)
         return guarded
 
 

@@ -13,7 +13,8 @@ import math
 _CONSTANTS = {"2": 2.0, "1/2": 0.5, "3": 3.0, "1/3": 1 / 3, "4": 4.0, "1/4": 0.25}
 
 
-def _symbol_values(ex, args: dict) -> dict:
+def symbol_values(ex, args: dict) -> dict:
+    """{name: value} of the sizes the exercise names and the scalar arguments, in one call (positive only)."""
     values = {}
     for name, fn in ex.symbols.items():
         try:
@@ -26,7 +27,8 @@ def _symbol_values(ex, args: dict) -> dict:
     return {k: v for k, v in values.items() if v > 0}
 
 
-def _expressions(symbols: list) -> list:
+def expressions(symbols: list) -> list:
+    """(name, function of the symbols' values) for each symbol and the expressions of one or two of them."""
     out = []
     for s in symbols:
         out += [(s, lambda v, s=s: v[s]), (f"1/{s}", lambda v, s=s: 1 / v[s]),
@@ -51,9 +53,9 @@ def name_factor(ex, factors: list, calls: list):
     for name, value in _CONSTANTS.items():
         if all(abs(m - value) <= 1e-9 * value for m in mags):
             return sign + name
-    values = [_symbol_values(ex, call.args) for call in calls]
+    values = [symbol_values(ex, call.args) for call in calls]
     common = [s for s in values[0] if all(s in v for v in values)]
-    for name, fn in _expressions(common):
+    for name, fn in expressions(common):
         try:
             if all(abs(fn(v) - m) <= 1e-9 * m for v, m in zip(values, mags)):
                 return sign + name

@@ -1,52 +1,28 @@
-"""The first step a student's backward gets wrong: numformer's intermediates compared with the student's, one by one.
+"""The first step a student's backward gets wrong, named only where the value it must hold is known.
 
-Karpathy's "backprop ninja" has the student compare every intermediate gradient (dlogprobs, dprobs, ...)
-with autograd's by hand. Here the grading does it for any exercise: numformer's reference and the
-student's code run on the same cases with every array they compute recorded (grad_checks/recorded_run.py),
-and each intermediate of the reference is looked for among the student's, by value, up to a transpose,
-a reshape or a scalar factor:
-
-* **right**: the student computes an array equal to it (to 1e-9 of its largest entry);
-* **scaled**: the student computes ``c`` times it (``c`` not 1) and nothing equal to it;
-* **missing**: neither.
-
-The intermediates form numformer's data flow (each knows the ones it is computed from). A *first wrong
-step* is an intermediate on the way to a wrong returned gradient that is not right although everything it is
-computed from is: the student's mistake is there, not upstream and not merely carried downstream. Each is
-said under its math name (the exercise's ``names``, else the name numformer's code binds it to, else its
-code), with the line of the student's file that computed the nearest wrong counterpart (an array of its
-shape, computed from the same right operands) and what differs: a factor named by what it equals in every
-case (``d``, ``sqrt(d_k)``, the token count: the exercise's ``symbols`` and the scalar arguments), the
-entries in the exercise's own terms (the masked positions, padding, repeated ids: its ``entry_sets``; one
-row, column or head), or how many entries. The matching and the counterpart live in grad_checks/counterparts.py, the naming of a factor in
-grad_checks/factor_names.py, the entries' words in grad_checks/entry_patterns.py.
-Two independent mistakes give two first steps, both named: once a first step is found, numformer's
-reference is replayed with the student's value at that step (:class:`~grad_checks.recorded_run.Recorder`'s
-overrides), and the next intermediate that still differs is the next mistake, not a consequence of the first.
-
-No blame without proof (issue 61): the data flow only points at steps; one is said only when a replay proves it
-(:func:`_prove`): numformer's backward given the student's values at the steps computes the student's gradients,
-every one, each step needed; or the student's code given numformer's value at the student's line (the operand it
-used in numformer's place first: the line recomputing a sigmoid, not the line using it) gets right whatever the
-change touches. Else the student's lines are searched for one whose value, swapped both ways with one of
-numformer's, proves it (:func:`_search`); else for a line of the student's own route one edit of which makes every
-gradient right, no edit of another line doing so (grad_checks/own_route.py; its lines' values numformer's code, backward
-or forward, does not compute: ``WrongStep.own``); else no step is named, and the wrong returned values are said with
-the student's lines that feed them (``WrongStep.proven`` False, ``lines``): a route of the student's own is never told
-that a step it does not take is wrong. The replays of one answer stop after :data:`SEARCH_BUDGET` seconds, and the
-diagnosis then says so, with the wrong returned values and the lines feeding them.
-
-The student's run and numformer's are recorded once (:class:`Recordings`) for this and grad_checks/raised_line.py;
-each function is rewritten for recording once, and every replay reuses it.
+The student's backward and numformer's run on the same cases with every array recorded (grad_checks/recorded_run.py),
+and the student's code is replayed with one value changed (``Recorder.overrides``). A value is *known* at one of the
+student's expressions when, put there, every gradient of every case comes out right, and it comes from outside the
+student's code: numformer's backward or forward (helpers' included), an argument, a size the exercise names, the
+adjoint of a forward quantity (grad_checks/adjoints.py), or for a quantity of the forward side a multiple of one
+(a backward is linear in its gradient); the only known one that does. The first wrong step is such an expression
+with right inputs (known, arguments, the student's forward-side definitions), the smallest of its statement; inputs
+on other lines that could absorb the error (least squares on the replays), positions one small change of which
+would, values of a shape nothing has, are named with it, never one alone; a fix that turns a right value wrong is a
+compensation. Two mistakes: two such values that together put everything right. Float32 lines are named first.
+Otherwise the wrong returned values are said with the lines feeding them. The edit search (grad_checks/own_route.py)
+only suggests a fix at the line named. docs/exercises.md, section 6, says it with examples; replays stop after
+:data:`SEARCH_BUDGET` seconds, and the diagnosis then says so.
 """
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import time
 import warnings
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -54,29 +30,27 @@ import numpy as np
 from numformer.swap import using
 from numformer.user_code_clock import StudentCodeTimeout
 
+from .adjoints import CLOSE, adjoints
 from .candidates import APPROX, floor, relative_errors, run_class
-from .counterparts import _returned_as, _student_map, compare_call, computed, counterpart, same, views
+from .counterparts import factor, reduced, same, views
 from .entry_patterns import entry_pattern
-from .factor_names import name_factor
-from .own_route import repair
+from .factor_names import expressions, name_factor, symbol_values
+from .own_route import suggestion
 from .recorded_run import Recorder, recorded
 
 MOST = 3        # first wrong steps said at most
 
-# Seconds of replays (numformer's backward and the student's code run again, with a value or a line changed) one
-# wrong answer's diagnosis may take before it stops and says what it has: the wrong entries and the lines feeding
-# them, never a guess. Measured on the project's sets (the 38 of tests/exercises/student_mistakes*.py and the 8 of
-# tests/exercises/test_no_blame_without_proof.py, on the 2-core Zen 3 with other jobs running): the median diagnosis
-# took 0.07-0.09 s, the slowest 0.6-0.9 s (LayerNorm through the variance: 48 replays of the swap search, then
-# about 70 edits of its own route). 3 s leaves the slowest a margin of 3x on a loaded machine (a CI run's two
-# workers), and a student waits a few seconds for a slow backward's proof, not the clock's 10 s a case.
+# Seconds of replays (the student's code run again with a value changed) one wrong answer's diagnosis may take before
+# it stops and says what it has: the wrong entries and the lines feeding them, never a guess. On the project's sets
+# (2-core Zen 3, other jobs running) the median diagnosis takes well under a second; 3 s leaves the slowest a margin
+# on a loaded machine, and a student waits a few seconds for a slow backward's proof, not the clock's 10 s a case.
 SEARCH_BUDGET = 3.0
 
 
 @dataclass
 class WrongStep:
-    """A first wrong step: numformer's intermediate (``name``, its ``code`` and ``variable``), the student's line
-    computing the nearest wrong counterpart (None: never computed), the factor or entry pattern, the sentence."""
+    """A first wrong step: the known value (``name``, its ``code`` and ``variable``: numformer's intermediate, or what
+    the value is), the student's line, the factor or entry pattern, the sentence."""
 
     name: str
     code: str
@@ -87,8 +61,8 @@ class WrongStep:
     said: str
     note: str = ""      # the operand the student used in place of numformer's, when that is the difference
     proven: bool = True     # False: no step proven; the wrong returned value and the student's lines feeding it
-    lines: tuple = ()       # those lines (an unproven sentence), in the student's file
-    own: bool = False       # a line of the student's own route, proven by an edit of it (grad_checks/own_route.py)
+    lines: tuple = ()       # those lines (an unproven sentence, or the lines named together), in the student's file
+    own: bool = False       # the known value is not numformer's backward's (an adjoint, a size, the forward's)
 
 
 # -- running both, recorded -------------------------------------------------------------------------------
@@ -111,7 +85,7 @@ def _recorded_class(ex, answer, overrides=None, guard: bool = True) -> tuple:
             cls = type(answer.__name__, (answer,), {ex.target.__name__: fn}) if fn else None
             classes = (cls, cls)
         else:
-            fn = recorded(answer, recorder)
+            fn = recorded(answer, recorder, helpers=answer is ex.target)
             classes = (ex.layer_class(fn, guard=answer is not ex.target), ex.layer_class(fn, guard=False)) if fn \
                 else (None, None)
         per_exercise[ex.name] = (recorder, *classes)
@@ -147,7 +121,7 @@ class Recordings:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             run_class(self.ex, using(self.ex.layer, **{self.ex.target.__name__: self.ex.target, twin.__name__: fn}),
-                      self.seed)
+                      self.seed, each=lambda i: setattr(recorder, "case", i))
         return recorder.calls
 
 
@@ -163,246 +137,44 @@ def forward_twin(ex):
     return fn
 
 
-def recorded_calls(ex, answer, seed: int = 0, file=None, time_limit=None, overrides=None):
-    """The :class:`~grad_checks.recorded_run.Call` of every run of ``answer`` on the exercise's cases (with
-    ``overrides``, see Recorder), or None when its code cannot be recorded."""
-    return recorded_run(ex, answer, seed, file, time_limit, overrides)[0]
-
-
 def recorded_run(ex, answer, seed: int = 0, file=None, time_limit=None, overrides=None, guard: bool = True) -> tuple:
-    """(calls, outcomes): :func:`recorded_calls` and the gradients every case graded (parameters' included), or
-    (None, None). ``guard`` False: a replay's (see :func:`_recorded_class`)."""
+    """(calls, outcomes): the :class:`~grad_checks.recorded_run.Call` of every run of ``answer`` on the exercise's
+    cases (with ``overrides``, see Recorder) and the gradients every case graded (parameters' included), or (None,
+    None) when its code cannot be recorded. ``guard`` False: a replay's (see :func:`_recorded_class`)."""
     recorder, cls = _recorded_class(ex, answer, overrides, guard)
     if cls is None:
         return None, None
-    _, outcomes = run_class(ex, cls, seed, file, time_limit)
+    _, outcomes = run_class(ex, cls, seed, file, time_limit, each=lambda i: setattr(recorder, "case", i))
     if answer is ex.target and any(o.error is not None for o in outcomes):
         return None, None  # numformer's own code failed when recorded: say nothing rather than something wrong
     return recorder.calls, outcomes
 
 
-# -- the data flow over every call --------------------------------------------------------------------------
+# -- the replays -------------------------------------------------------------------------------------------------
 
-@dataclass
-class _Step:
-    key: tuple
-    record: object                  # the reference's record, in the first call it occurs in
-    operands: set
-    status: dict                    # call number -> status (see compare_call)
-    records: dict                   # call number -> the reference's record in that call
+class _Stopped(Exception):
+    """The diagnosis' budget is spent: no replay starts."""
 
-
-def _flow(ref_calls, my_calls) -> dict:
-    """{key: _Step} over the calls the student's code returned from (a call that raised has no values past the
-    error: its missing steps would be the error's consequence, which the error line already says)."""
-    steps = {}
-    for n, (ref, mine) in enumerate(zip(ref_calls, my_calls)):
-        if not mine.returned:
-            continue
-        status = compare_call(ref, mine)
-        for r in ref.records:
-            step = steps.setdefault(r.key, _Step(r.key, r, set(), {}, {}))
-            step.operands |= {ref.records[i].key for i in r.operands}
-            step.status[n] = status[r.index]
-            step.records[n] = r
-    return steps
-
-
-def _right(steps, key) -> bool:
-    return key not in steps or all(s[0] == "right" for s in steps[key].status.values())
-
-
-def _wrong_outputs(steps) -> list:
-    return [s for k, s in steps.items() if s.record.returned is not None and not _right(steps, k)]
-
-
-def _closure(start, operands) -> set:
-    """``start`` and everything it is computed from, at any depth (``operands(x)``: what ``x`` is computed from)."""
-    found, todo = set(), list(start)
-    while todo:
-        x = todo.pop()
-        if x not in found:
-            found.add(x)
-            todo += operands(x)
-    return found
-
-
-def _ancestors(steps, keys) -> set:
-    return _closure(keys, lambda k: [o for o in steps[k].operands if o in steps])
-
-
-_VIEWS = ("swapaxes", "T", "transpose", "reshape")  # a view of an array: right when what it views is
-
-
-def _first_steps(steps: dict) -> list:
-    """The steps on the way to a wrong returned value that are wrong although all their operands are reached.
-
-    Reached: right, or computed by another route. A step the student computes only up to a factor is another
-    route when a returned value that depends on it is right (``dQ = (dS K) * scale``, the scale put after the
-    product: dS itself is never scaled, yet dQ is right): that factor is compensated, not a mistake; a view of a
-    reached array (its transpose) is reached too."""
-    right_outputs = [k for k, s in steps.items() if s.record.returned is not None and _right(steps, k)]
-    routed = {k for k in _ancestors(steps, right_outputs)
-              if all(st[0] in ("right", "scaled") for st in steps[k].status.values())}
-    reached = {k for k in steps if _right(steps, k)} | routed
-    for k in sorted(steps, key=lambda k: steps[k].record.index):  # in the order computed: a view after its array
-        if steps[k].record.kind in _VIEWS and steps[k].operands and steps[k].operands <= reached:
-            reached.add(k)
-    ancestors = _ancestors(steps, [s.key for s in _wrong_outputs(steps)])
-    first = [steps[k] for k in ancestors if k not in reached and all(o in reached or o not in steps
-                                                                    for o in steps[k].operands)]
-    return sorted(first, key=lambda s: (min(s.status), s.record.index))
-
-
-def _label(ex, record) -> str:
-    if record.code in ex.names:
-        return ex.names[record.code]
-    if record.variable and record.variable in ex.names:
-        return ex.names[record.variable]
-    if record.returned is not None and record.returned < len(ex.outputs):
-        return f"the returned {ex.outputs[record.returned]}"
-    return record.variable or record.code
-
-
-
-# -- the diagnosis ----------------------------------------------------------------------------------------------
-
-def first_wrong_steps(ex, answer, seed: int = 0, file=None, time_limit=None, recordings=None,
-                      budget: float = None) -> list:
-    """The :class:`WrongStep` s of ``answer`` (a function or a layer class), in numformer's data-flow order, at
-    most :data:`MOST`; [] when its code or numformer's cannot be recorded, or the calls do not line up.
-    ``recordings``: the two runs already recorded (:class:`Recordings`); ``budget``: the replays' seconds
-    (:data:`SEARCH_BUDGET` when None).
-
-    No blame without proof (issue 61): a step found is said only when a replay proves it (:func:`_prove`); when
-    none is, the student's lines are searched for one whose value, replaced by one of numformer's, makes every
-    gradient right (:func:`_search`), then for one whose edit does (a route of the student's own:
-    grad_checks/own_route.py); else the wrong returned values are said with the student's lines that feed them
-    (``proven`` False), and no step is named. Past the budget the search stops and says that, with those."""
-    recordings = recordings or Recordings(ex, answer, seed, file, time_limit)
-    my_calls, mine = recordings.student
-    if not my_calls:
-        return []
-    ref_calls, reference = recordings.reference
-    if not ref_calls or len(ref_calls) != len(my_calls):
-        return []
-    proof = _Proof(ex, answer, seed, file, time_limit, my_calls, mine, reference,
-                   SEARCH_BUDGET if budget is None else budget, recordings)
-    flow = _flow(ref_calls, my_calls)
-    try:
-        return _diagnosis(proof, ref_calls, flow)
-    except _Stopped:
-        stopped = (f"; the search for the step stopped at its budget ({proof.budget:.3g} s of replays): this is "
-                   "what it had")
-        return [replace(s, said=s.said + stopped) for s in _outputs(ex, flow, ref_calls, my_calls, set())][:MOST]
-
-
-def _diagnosis(proof, ref_calls, flow) -> list:
-    """:func:`first_wrong_steps` within the budget (each replay raises _Stopped past it)."""
-    ex, my_calls = proof.ex, proof.my_calls
-    found = _tentative(proof)
-    out = _prove(proof, found)
-    if not out:
-        searched = _search(proof, ref_calls, flow, [f.said.line for f in found if f.said.line is not None])
-        if searched is not None:
-            return [searched]  # every gradient right with numformer's value there: nothing else to say
-        own = _own_route(proof, ref_calls, flow)
-        if own is not None:
-            return [own]
-    if len(out) < len([f for f in found if not f.repeated]) or not out:
-        # a step left unproven: the wrong returned values no proven step accounts for, with the lines feeding them
-        named = {s.code for s in out}
-        out += [s for s in _outputs(ex, flow, ref_calls, my_calls, set()) if s.code not in named]
-    return out[:MOST]
-
-
-@dataclass
-class _Found:
-    """A step the data flow points at, before any proof: what is said, numformer's value replaced by the student's
-    (None: never computed), the student's operand used in place of numformer's (and numformer's), the calls."""
-
-    said: WrongStep
-    replacements: dict | None
-    operand: tuple | None
-    ref_calls: list
-    step_key: tuple = ()
-    repeated: bool = False
-    returned: bool = False  # the step is a returned value: numformer's given the student's returns the student's  # the same wrong operand as a step before: one mistake, said once
-
-
-def _tentative(proof) -> list:
-    """[_Found]: the first wrong steps as numformer's data flow finds them, each replayed into numformer's backward to
-    find the next (two independent mistakes: two steps), nothing proven yet."""
-    ex, my_calls = proof.ex, proof.my_calls
-    overrides, out, said_keys = {}, [], set()
-    for _ in range(MOST + 1):
-        ref_calls = proof.numformer_calls(overrides)
-        if not ref_calls or len(ref_calls) != len(my_calls):
-            return out
-        steps = _flow(ref_calls, my_calls)
-        firsts = [s for s in _first_steps(steps) if s.key not in said_keys]
-        if not firsts:
-            break
-        step = firsts[0]
-
-        def verify(n, value, step=step, base=dict(overrides)):
-            """The step's consumers right in call n once numformer's is replayed with ``value`` there."""
-            calls = proof.numformer_calls({**base, (n, step.key): value})
-            if not calls or len(calls) != len(my_calls):
-                return False
-            status = compare_call(calls[n], my_calls[n])
-            after = [r for r in calls[n].records if step.key in {calls[n].records[o].key for o in r.operands}]
-            return bool(after) and all(status[r.index][0] == "right" for r in after)
-
-        said, replacements = _say(ex, step, ref_calls, my_calls, verify)
-        repeated = bool(said.note) and said.note in {f.said.note for f in out}
-        out.append(_Found(said, replacements, _operand(step, ref_calls, my_calls, said), ref_calls, step.key,
-                          repeated, _returned_as(ref_calls[min(step.records)], step.record) is not None))
-        said_keys.add(step.key)
-        if replacements is None:  # never computed: nothing to replay numformer's with
-            break
-        overrides.update({(n, step.key): v for n, v in replacements.items()})
-    return out
-
-
-def _operand(step, ref_calls, my_calls, said):
-    """(the student's record used in place of numformer's operand, numformer's record) when the counterpart
-    differs from numformer's step by one operand the student computed (not an argument), else None."""
-    if not said.note or said.line is None:
-        return None
-    n = min(k for k, s in step.status.items() if s[0] != "right")
-    mine = next((s for s in my_calls[n].records if s.line == said.line and s.code in said.said), None)
-    if mine is None:
-        return None
-    mapped = _student_map(ref_calls[n], my_calls[n])
-    wanted = set(step.records[n].operands)
-    replaced = [o for o in mine.operands if not (mapped[o] & wanted)]
-    lacking = wanted - set().union(*[mapped[o] for o in mine.operands]) if mine.operands else wanted
-    if len(replaced) != 1 or len(lacking) != 1:
-        return None
-    theirs, ours = my_calls[n].records[replaced[0]], ref_calls[n].records[next(iter(lacking))]
-    return None if theirs.given else (theirs, ours)
-
-
-# -- the proof: a replay that changes the gradients the way the student's code does ------------------------------
 
 @dataclass
 class _Proof:
+    """The student's code replayed with values changed, within the budget; every gradient judged as the grading
+    judges it."""
+
     ex: object
     answer: object
     seed: int
     file: object
     time_limit: object
-    my_calls: list
     mine: list          # the student's outcomes (every graded gradient, per case)
     reference: list     # numformer's
     budget: float       # seconds of replays (SEARCH_BUDGET)
-    recordings: object = None   # the Recordings (numformer's forward, read by a route of the student's own)
+    starts: dict = field(default_factory=dict)  # case -> the number of its first call in a run of every case
 
     def __post_init__(self):
         self.until = time.monotonic() + self.budget
 
-    def _replay(self, run, student: bool, stopped=None):
+    def _replay(self, run, stopped=None):
         """``run(limit)`` quietly (a replayed value may overflow: no proof, no noise), within the budget: _Stopped
         past it. The student's code runs under the clock's limit cut to what is left of the budget; stopped by the
         clock with budget left (an edit that loops), ``stopped`` comes back, or _Stopped when that is None."""
@@ -412,375 +184,1094 @@ class _Proof:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             try:
-                return run(min(self.time_limit or left, left) if student else None)
+                return run(min(self.time_limit or left, left))
             except StudentCodeTimeout:
                 if stopped is None or time.monotonic() >= self.until:
                     raise _Stopped from None
                 return stopped
 
-    def numformer_calls(self, overrides):
-        return self._replay(lambda _: recorded_calls(self.ex, self.ex.target, self.seed, overrides=overrides), False)
-
-    def numformers(self, overrides):
-        return self._replay(lambda _: recorded_run(self.ex, self.ex.target, self.seed, overrides=overrides)[1], False)
-
-    def students(self, overrides):
-        return self._replay(lambda limit: recorded_run(self.ex, self.answer, self.seed, self.file, limit,
-                                                        overrides, guard=False)[1], True)
+    def students(self, overrides, case=None, calls=False) -> list:
+        """The student's outcomes with ``overrides`` ({(call, key): value}, calls numbered as in a run of every
+        case); ``case``: that case alone (the others None); ``calls``: (the recorded calls, the outcomes)."""
+        start = self.starts.get(case, 0) if case is not None else 0
+        recorder, cls = _recorded_class(self.ex, self.answer, {(n - start, key): v for (n, key), v in overrides.items()},
+                                        guard=False)
+        got = self._replay(lambda limit: run_class(self.ex, cls, self.seed, self.file, limit,
+                                                   order=None if case is None else [case])[1],
+                           stopped=[None] * len(self.reference))
+        return (recorder.calls, got) if calls else got
 
     def run(self, fn, cases):
         """The outcomes of the student's code edited (``fn``) on ``cases`` (from 0; None: every case), None in the
         place of a case not run."""
         cls = self.ex.layer_class(fn, guard=False)  # a wrong shape is an error as good as the guard's here
-        return self._replay(lambda limit: run_class(self.ex, cls, self.seed, self.file, limit, order=cases)[1], True,
+        return self._replay(lambda limit: run_class(self.ex, cls, self.seed, self.file, limit, order=cases)[1],
                             stopped=[None] * len(self.reference))
 
-    def right(self, fn, cases) -> bool:
-        """Every gradient of ``fn`` (the student's code edited) right on ``cases`` (None: every case)."""
-        outcomes = self.run(fn, cases)
-        for k, (new, ref) in enumerate(zip(outcomes, self.reference)):
-            if cases is not None and k not in cases:
-                continue
+    def agreeing(self, outcomes, against=None) -> list:
+        """Per case, {tensor: where ``outcomes`` agree with numformer's (``against``: those outcomes instead), to the
+        grading's tolerance}, None for a case not run; a tensor missing or of another shape agrees nowhere."""
+        out = []
+        for k, ref in enumerate(against or self.reference):
+            new = outcomes[k] if outcomes else None
             if new is None or new.grads is None or ref.grads is None:
-                return False
-            tiny = floor(ref.grads)
-            if any(name not in new.grads or np.shape(new.grads[name]) != np.shape(g)
-                   or not _agree(new.grads[name], g, tiny).all() for name, g in ref.grads.items()):
-                return False
-        return True
+                out.append(None)
+                continue
+            tiny = floor(self.reference[k].grads)
+            out.append({name: _agree(new.grads[name], g, tiny) if name in new.grads and np.shape(new.grads[name])
+                        == np.shape(g) else np.zeros(np.shape(g), bool) for name, g in ref.grads.items()})
+        return out
 
-
-class _Stopped(Exception):
-    """The diagnosis' budget is spent: no replay starts."""
-
-
-def _entries(a, b, reference):
-    """Per case and tensor, where ``a`` and ``b`` agree (to the grading's tolerance): [(agree(a, b), ...)] over the
-    cases all three ran, or None when a tensor is missing."""
-    if a is None or b is None or len(a) != len(reference) or len(b) != len(reference):
-        return None
-    out = []
-    for x, y, r in zip(a, b, reference):
-        if x is None or y is None or x.grads is None or y.grads is None or r.grads is None:
-            continue
-        tiny = floor(r.grads)
-        for name, g in r.grads.items():
-            if name not in x.grads or name not in y.grads or np.shape(x.grads[name]) != np.shape(g) \
-                    or np.shape(y.grads[name]) != np.shape(g):
-                return None
-            out.append((name, x.grads[name], y.grads[name], g, tiny))
-    return out
+    def right(self, outcomes, cases=None) -> bool:
+        """Every gradient of ``outcomes`` right on ``cases`` (None: every case the student's code ran: one that raised
+        is the error line's to tell, grad_checks/raised_line.py)."""
+        ran = [k for k, m in enumerate(self.mine) if m.grads is not None] if cases is None else cases
+        return outcomes is not None and all(v is not None and all(a.all() for a in v.values())
+                                            for k, v in enumerate(self.agreeing(outcomes)) if k in ran)
 
 
 def _agree(a, b, tiny):
     return relative_errors(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), tiny) <= APPROX
 
 
-def _explains(replayed, proof) -> bool:
-    """numformer's backward replayed with the student's values computes the student's gradients, every one of them
-    (parameters' included: a child's backward given a wrong gradient accumulates wrong ones), and is not
-    numformer's somewhere."""
-    pairs = _entries(replayed, proof.mine, proof.reference)
-    if pairs is None:
-        return False
-    moved = False
-    for _, new, mine, ref, tiny in pairs:
-        moved |= not _agree(new, ref, tiny).all()
-        if not _agree(new, mine, tiny).all():
-            return False
-    return moved
+def _flat(outcomes, names, cases=None) -> np.ndarray | None:
+    """The graded gradients of ``outcomes`` on ``cases`` (None: every case), in ``names``' order, as one vector (None:
+    one missing)."""
+    parts = []
+    for k, (out, case_names) in enumerate(zip(outcomes or [], names)):
+        if cases is not None and k not in cases:
+            continue
+        if out is None or out.grads is None or any(n not in out.grads for n in case_names):
+            return None
+        parts += [np.asarray(out.grads[n], dtype=np.float64).ravel() for n in case_names]
+    return np.concatenate(parts) if parts else None
 
 
-def _within(replayed, proof) -> bool:
-    """The replay is not numformer's somewhere, and only where the student's is not numformer's either."""
-    pairs = _entries(replayed, proof.mine, proof.reference)
-    if pairs is None:
-        return False
-    moved = False
-    for _, new, mine, ref, tiny in pairs:
-        off = ~_agree(new, ref, tiny)
-        moved |= bool(off.any())
-        if (off & _agree(mine, ref, tiny)).any():
-            return False
-    return moved
+# -- known values --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Known:
+    """A value known independently of the student's code, in every call where it exists: numformer's backward's
+    (or forward's) record, an argument, a size the exercise names, an adjoint (grad_checks/adjoints.py)."""
+
+    kind: str           # "backward", "forward", "argument", "size", "adjoint"
+    values: dict        # call number -> array
+    label: str          # what a sentence calls it: "dS", "dxhat", "1/keep", "dL/d(var)"
+    code: str           # numformer's code of it ("" for a size; what it is, for an adjoint)
+    variable: str | None = None
+    records: dict = field(default_factory=dict)  # call number -> numformer's Record (backward, forward, argument)
 
 
-def _fixes(replayed, proof, whole: bool = False) -> bool:
-    """The student's code replayed with numformer's value at one line: every gradient the change touches is
-    right (``whole``: every gradient), and it touches one."""
-    pairs = _entries(replayed, proof.mine, proof.reference)
-    if pairs is None:
-        return False
-    moved = False
-    for _, new, mine, ref, tiny in pairs:
-        right = _agree(new, ref, tiny)
-        changed = ~_agree(new, mine, tiny)
-        moved |= bool(changed.any())
-        if (changed & ~right).any() or (whole and not right.all()):
-            return False
-    return moved
+def _label(ex, record) -> str:
+    if record.inside is not None:
+        return f"numformer's `{record.code}` in {record.inside}"
+    if record.code in ex.names:
+        return ex.names[record.code]
+    if record.variable and record.variable in ex.names:
+        return ex.names[record.variable]
+    if record.returned is not None and record.returned < len(ex.outputs):
+        return f"the returned {ex.outputs[record.returned]}"
+    return record.variable or record.code
 
 
-def _union(found) -> dict:
-    out = {}
-    for f in found:
-        out.update({(n, f.step_key): v for n, v in f.replacements.items()})
+def _knowns(ex, ref_calls, forward) -> list:
+    """Every array of numformer's backward and forward, by its key, in the calls holding it; equal values once (the
+    first: ``dx = ...`` before ``return dx``); numbers left out (a number is known as a size, :func:`_sizes`)."""
+    out, seen = [], {}
+    for source, calls in (("backward", ref_calls), ("forward", forward)):
+        by_key = {}
+        for n, call in enumerate(calls):  # a helper's arrays after the caller's: a value both hold is the caller's
+            for r in sorted(call.records, key=lambda r: r.inside is not None):
+                by_key.setdefault(r.key, {})[n] = r
+        for key, records in by_key.items():
+            first = next(iter(records.values()))
+            if first.value.ndim == 0:
+                continue
+            label = _label(ex, first) if source == "backward" or first.given else \
+                ex.names.get(first.code) or f"numformer's forward's `{first.code}`"
+            known = Known("argument" if first.given else source, {n: r.value for n, r in records.items()},
+                          label, first.code, first.variable, records)
+            sig = (first.value.shape, tuple(sorted(records)))
+            if any(all(same(known.values[n], k.values[n]) for n in records) for k in seen.get(sig, [])):
+                continue
+            seen.setdefault(sig, []).append(known)
+            out.append(known)
     return out
 
 
-def _prove(proof, found) -> list:
-    """The steps of ``found`` a replay proves, said; the first unproven one ends the list (what follows it was
-    found with its value in place)."""
-    replayable = [f for f in found if f.replacements is not None]
-    proven_a = set()
-    for k in range(len(replayable), 0, -1):  # the longest run of steps whose values, together, explain the student's
-        chosen = replayable[:k]
-        if not _explains(proof.numformers(_union(chosen)), proof):
-            continue
-        for j, f in enumerate(chosen):  # each one needed: without it, the others do not explain the student's
-            # a returned value found after it masks it (given the student's returned value, numformer's code
-            # returns the student's whatever came before): then it must, alone with those before it, make wrong
-            # only entries the student's has wrong
-            masking = [g for g in chosen[j + 1:] if g.returned]
-            rest = [g for g in chosen if g is not f and g not in masking]
-            if rest and _explains(proof.numformers(_union(rest)), proof):
-                continue
-            if masking and not _within(proof.numformers(_union(chosen[:j + 1])), proof):
-                continue
-            proven_a.add(id(f))
-        break
+def _sizes(engine, key) -> list:
+    """For a number of the student's computed from the arguments (a 0-d record): the sizes the exercise names and
+    expressions of one or two of them (grad_checks/factor_names.py), as Knowns, per call."""
+    per_call = engine.records[key]
+    first = next(iter(per_call.values()))
+    if first.value.ndim != 0 or not first.operands:
+        return []
+    values = {n: symbol_values(engine.ex, engine.my_calls[n].args) for n in per_call}
+    common = [s for s in next(iter(values.values())) if all(s in v for v in values.values())]
     out = []
-    for f in found:
-        if f.repeated:
+    for name, fn in expressions(common):
+        try:
+            out.append(Known("size", {n: np.array(fn(v)) for n, v in values.items()}, name, ""))
+        except (ZeroDivisionError, ValueError):
             continue
-        said = _fixed_at_operand(proof, f)  # upstream of the step: the operand the student computed wrongly
-        if said is None and id(f) in proven_a:
-            said = f.said
-        if said is None and f.replacements is not None and not _returned_line(proof, f.said.line) \
-                and _fixes(proof.students(_student_overrides(proof, f.ref_calls, f.said)), proof):
-            said = f.said  # numformer's value at the student's line puts right what it touches
-        if said is None:
-            break
-        out.append(said)
     return out
 
 
-def _returned_line(proof, line) -> bool:
-    return any(r.returned is not None and r.line == line for c in proof.my_calls for r in c.records)
-
-
-def _student_overrides(proof, ref_calls, said, record=None, ref_record=None) -> dict:
-    """{(call, the student's record's key): numformer's value} for every call holding both: the student's line
-    ``said.line`` (or ``record``) given numformer's value of the step (or ``ref_record``)."""
-    out = {}
-    for n, (mc, rc) in enumerate(zip(proof.my_calls, ref_calls)):
-        if record is not None:
-            s = next((r for r in mc.records if r.key == record.key), None)
-            r = next((x for x in rc.records if x.key == ref_record.key), None)
-        else:
-            s = next((r for r in mc.records if r.line == said.line and r.code in said.said and not r.given), None)
-            r = next((x for x in rc.records if x.code == said.code and not x.given), None)
-        if s is None or r is None:
-            continue
-        v = next(iter(views(r.value, s.value.shape)), None)
-        if v is not None:
-            out[(n, s.key)] = v
+def _aligned(forward, ref_calls) -> list:
+    """numformer's forward calls in the order of its backward calls (the backward's given arrays are values its
+    forward computed: xhat and r), or [] when there are none."""
+    if not forward:
+        return []
+    out = []
+    for call in ref_calls:
+        given = [r.value for r in call.records if r.given]
+        out.append(max(forward, key=lambda f: sum(any(v.shape == r.value.shape and same(v, r.value)
+                                                      for r in f.records) for v in given)))
     return out
 
 
-def _fixed_at_operand(proof, f):
-    """The step said at the student's operand when numformer's value there puts right what it touches."""
-    if f.operand is None:
-        return None
-    theirs, ours = f.operand
-    if not _fixes(proof.students(_student_overrides(proof, f.ref_calls, f.said, theirs, ours)), proof):
-        return None
-    label = _label(proof.ex, ours)
-    where = "" if label == ours.code else f" (numformer's `{ours.code}`)"
-    said = (f"first wrong step: your line {theirs.line} (`{theirs.code}`), used where numformer's uses {label}{where}: "
-            "with numformer's value in its place, what it feeds is right")
-    return WrongStep(label, ours.code, ours.variable, theirs.line, None, None, said, f.said.note)
+def _close(a, b) -> bool:
+    """Equal to the precision of central differences (grad_checks/adjoints.py's CLOSE)."""
+    return float(np.abs(a - b).max()) <= CLOSE * max(float(np.abs(b).max()), float(np.abs(a).max()), 1e-300)
 
 
-SEARCHED = 48   # replays of the student's code at most, looking for the line whose value is the mistake
+def _view(mine, theirs):
+    return next(iter(views(mine, theirs.shape)), None) if mine.size == theirs.size else None
 
 
-def _search(proof, ref_calls, steps, unproven_lines=()):
-    """A line of the student's own route whose value, replaced by one of numformer's, makes every gradient right,
-    and whose value put in numformer's code gives the student's gradients (a sigmoid recomputed with its sign lost:
-    numformer's s there, and all is right); the earliest, or None. Not a line computed from one where the data
-    flow found a step it could not prove (``unproven_lines``): the mistake may be there, where no value of
-    numformer's fits (another shape), and a line after it would only compensate; not numformer's returned values
-    (given those, any code returns the right thing)."""
-    if steps is None:
-        return None
-    wrong = [s for s in _wrong_outputs(steps)]
-    n = next((k for s in wrong for k, st in sorted(s.status.items()) if st[0] != "right"), None)
-    if n is None:
-        return None
-    mc, rc = proof.my_calls[n], ref_calls[n]
-    feeding = _slice(mc, [computed(mc, r).index for r in mc.records if r.returned is not None])
-    after = set()
-    for s in mc.records:  # the records computed from one on an unproven step's line
-        if s.line in unproven_lines or any(o in after for o in s.operands):
-            after.add(s.index)
-    tried = 0
-    for s in mc.records:
-        if s.index not in feeding or s.given or s.returned is not None or s.kind == "name" or s.index in after:
-            continue
-        for r in rc.records:
-            if _returned_as(rc, r) is not None:
+def _equal(a, b) -> bool:
+    return a.size == b.size and any(same(v, b) for v in views(a, b.shape))
+
+
+# -- the diagnosis -----------------------------------------------------------------------------------------------
+
+@dataclass
+class _Fix:
+    """The student's expression ``key`` given the known value ``known`` (times ``c``, per case: None for 1)."""
+
+    key: tuple
+    known: Known
+    c: dict | None = None       # case -> the factor the student's route needs on the known value
+    reduced: str = ""           # how the student's is the known value reduced ("summed over its axis 0 as well")
+    shape: str = ""             # the known value has another shape, which the student's code takes as well
+    after: Known | None = None  # the student's value is this one of numformer's, the known value computed from it
+
+    def values(self, engine) -> dict:
+        return {(n, self.key): self.known.values[n] * (1.0 if self.c is None else self.c.get(
+            engine.my_calls[n].case, 1.0)) for n in engine.records[self.key] if n in self.known.values}
+
+
+class _Engine:
+    """One wrong answer: the student's records and numformer's, what is right, and the replays."""
+
+    def __init__(self, ex, proof, my_calls, ref_calls, forward, adjoints=None):
+        self.ex, self.proof, self.my_calls, self.ref_calls = ex, proof, my_calls, ref_calls
+        self.forward = _aligned(forward, ref_calls)
+        self.knowns = _knowns(ex, ref_calls, self.forward)
+        self.adjoints = adjoints
+        self.names = [sorted(r.grads) if r.grads is not None else [] for r in proof.reference]
+        self.target = _flat(proof.reference, self.names)
+        params = [p for p in inspect.signature(ex.target).parameters if p != "self"]
+        self.upstream = set(ex.upstream or params[:1])
+        self.first_param = params[0] if params else None
+        self.records = {}   # key -> {call number: the student's record}
+        for n, call in enumerate(my_calls):
+            for r in call.records:
+                self.records.setdefault(r.key, {})[n] = r
+        for n, call in enumerate(my_calls):
+            proof.starts.setdefault(call.case, n)
+        self.wrong_cases = [k for k in range(len(proof.mine)) if not proof.right(proof.mine, [k])]
+        self.wrong_calls = [n for n, c in enumerate(my_calls) if c.returned and c.case in self.wrong_cases]
+        self.partial = []   # fixes that put right every tensor they change, another still wrong (see fits)
+        self._not_adjoint, self._absorbing = set(), {}  # keys no adjoint is; key -> whether it can absorb the error
+        self._down = {}     # call -> {record index: the indices computed from it}
+
+    # -- what the student's values are ------------------------------------------------------------------------
+    @cached_property
+    def right(self) -> set:
+        """The keys of the student's records equal (up to a view) to a known value in every call holding them: a
+        value of numformer's backward or forward, or an argument (the adjoints are asked in :meth:`slice`). A name
+        passed on (``self.norm.backward(dy)``, ``return dx``) is never right by its value alone: it can stand where
+        another value belongs. A quantity of the forward side is right by an argument, numformer's forward or a
+        named value of its backward, or by a use of it that is right (``t = 2 * gate - 1``, whose ``0.5 * (1 + t)``
+        is the gate): part of an expression of numformer's backward may equal it by chance (``2 * gate``, where the
+        t of ``2 * gate - 1`` lost its term). A number equal to a constant numformer's backward reads is right."""
+        out = {key for key, per_call in self.records.items()
+               if all(r.kind != "name" and (self._known_value(n, r, self.knowns if self.gradient_side(n, r) else
+                                                               self._trusted(n, r)) or self._stacked(n, r))
+                      for n, r in per_call.items())}
+        target = inspect.unwrap(self.ex.target)
+        constants = [v for name in target.__code__.co_names if type(v := target.__globals__.get(name)) is float]
+        def constant(r):  # C = sqrt(2 / pi) where it is first computed (not du = c * 1, which equals it too)
+            return r.value.ndim == 0 and any(np.isclose(float(r.value), c, rtol=1e-12, atol=0) for c in constants)
+        out |= {key for key, per_call in self.records.items() if all(
+            constant(r) and not any(constant(self.my_calls[n].records[i]) for i in r.operands)
+            for n, r in per_call.items())}
+        own = [key for key, per_call in self.records.items() if key not in out and all(
+            not r.given and r.kind != "name" and not self.gradient_side(n, r) for n, r in per_call.items())]
+        while True:
+            used = [key for key in own if key not in out and all(
+                any(self.my_calls[n].records[d].key in out for d in self._users(n, r.index)) for n, r in
+                self.records[key].items())]
+            if not used:
+                return out
+            out.update(used)
+
+    def _trusted(self, n, record) -> list:
+        """The known values a quantity of the forward side may be right by: an argument, numformer's forward, a
+        value of its backward bound to a name, returned or a call's; part of an expression of its backward only for
+        a value of the student's computed alike (``x * dg`` of x and numformer's dg; not ``0.5 * (1 + t)``, which
+        equals numformer's ``2 * gate`` when the t of ``2 * gate - 1`` is ``4 * gate - 1``)."""
+        def named(r):
+            return r.variable or r.returned is not None or r.kind.startswith("call")
+        return [k for k in self.knowns if k.kind != "backward" or n not in k.records or named(k.records[n])
+                or self._alike_operands(n, record, k.records[n])]
+
+    def _alike_operands(self, n, record, theirs) -> bool:
+        ours = [self.my_calls[n].records[i].value for i in record.operands]
+        other = [self.ref_calls[n].records[i].value for i in theirs.operands]
+        return _alike(theirs.kind, record.kind) and len(ours) == len(other) and all(
+            any(_equal(a, b) for b in other) for a in ours) and all(any(_equal(a, b) for a in ours) for b in other)
+
+    def _users(self, n, index) -> list:
+        """The indices of the records of call ``n`` computed from record ``index``, at any depth (names excluded)."""
+        if n not in self._down:
+            records, down = self.my_calls[n].records, {}
+            for r in records:
+                for i in _slice(self.my_calls[n], r.index) - {r.index}:
+                    if r.kind != "name" and not r.given:
+                        down.setdefault(i, []).append(r.index)
+            self._down[n] = down
+        return self._down[n].get(index, [])
+
+    def _stacked(self, n, record) -> bool:
+        """Known values side by side: ``record`` (2-d) split along an axis into two pieces, each one (x^T dy over
+        the rows of the weight, and the bias' row: a column of ones appended to x)."""
+        value = record.value
+        if value.ndim != 2:
+            return False
+        for axis in (0, 1):
+            for cut in range(1, value.shape[axis]):
+                pieces = np.split(value, [cut], axis=axis)
+                if all(any(k.values.get(n) is not None and _equal(piece, k.values[n]) for k in self.knowns)
+                       for piece in pieces):
+                    return True
+        return False
+
+    @staticmethod
+    def _known_value(n, record, knowns, close=False) -> bool:
+        if record.given:
+            return True
+        if record.value.ndim == 0:
+            return False  # a number: known only as a size (see _sizes), never by chance equality
+        for k in knowns:
+            v = k.values.get(n)
+            if v is not None and v.size == record.value.size and any(
+                    (_close(w, v) if close else same(w, v)) for w in views(record.value, v.shape)):
+                return True
+        return False
+
+    def gradient_side(self, n, record) -> bool:
+        """Whether ``record`` depends on the upstream gradient (the exercise's ``upstream`` arguments): else it is a
+        quantity of the forward side, the student's own definition (std = 1 / r), right unless known otherwise."""
+        return any(r.given and r.code in self.upstream for r in _upstream(self.my_calls[n], [record.index]))
+
+    def unknown_inputs(self, n, record, fixed=(), own=False) -> list:
+        """The student's records ``record`` is computed from, at any depth, that are neither right nor given nor
+        of the forward side (``fixed``: keys taken as right, a fix already made): those could hold the mistake.
+        ``own``: with the arrays of the forward side of the student's own on other lines that no known value is, nor
+        any value computed from them (a Jacobian built from y), where the walk stops: right unless they can absorb
+        the error (:func:`_diagnosis`; one beside it in its statement: :func:`_widened`)."""
+        def unknown(r):
+            return not (r.given or r.key in self.right or r.key in fixed or not self.gradient_side(n, r))
+
+        def mine(r):  # a number that is a size the exercise names (mask.max(), 1/keep) is right
+            return own and not (r.given or r.key in self.right or r.key in fixed) and (r.value.ndim > 0 or not any(
+                all(np.allclose(k.values[m], v.value) for m, v in self.records[r.key].items())
+                for k in _sizes(self, r.key)))
+
+        def through(r):  # the student's own forward side is walked inside the statement, to the lines it reads
+            return unknown(r) or (mine(r) and r.statement == record.statement)
+        return [r for r in _upstream(self.my_calls[n], record.operands, through)
+                if unknown(r) or (mine(r) and r.statement != record.statement)]
+
+    def slice(self) -> list:
+        """The keys of the student's records that feed a wrong returned value without passing through a right one,
+        in the order the code computes them (an argument and a right record end the walk). A record depending on the
+        upstream gradient bound to a name that equals the adjoint of a forward quantity is right too
+        (grad_checks/adjoints.py)."""
+        while True:
+            found = self._walk()
+            near = [key for key in found if key not in self.right and key not in self._not_adjoint
+                    and self.adjoints is not None and self._bound(key) and self._adjoint_right(key)]
+            if not near:
+                return found
+            self.right.update(near)
+
+    def _bound(self, key) -> bool:
+        """The student's value may be said to be an adjoint: it is bound to a name or returned (``dvar = ...``), a
+        quantity of their route, in every call; or part of an expression whose named inputs on the gradient side
+        are right (``(dxhat * xmu).sum(...)``, dL/dr from dxhat). Part of an expression of a named value not right
+        (``dvar * 2.0``) may equal one by chance: the adjoints of var, std and r differ by powers of r, and a wrong
+        power makes one of them."""
+        def named(r):
+            return r.given or r.variable or r.returned is not None
+        for n, record in self.records[key].items():
+            if named(record):
                 continue
-            view = next(iter(views(r.value, s.value.shape)), None)
-            if view is None or r.value.shape != view.shape and r.value.size != s.value.size:
+            inputs = _upstream(self.my_calls[n], record.operands, lambda r: not named(r))
+            if any(named(r) and not r.given and r.key not in self.right and self.gradient_side(n, r) for r in inputs):
+                return False
+        return True
+
+    def _adjoint_right(self, key) -> bool:
+        per_call = self.records[key]
+        adjoints = [] if any(r.kind == "name" for r in per_call.values()) else self.adjoints(self, key)
+        if adjoints and all(self._known_value(n, r, adjoints, close=True) for n, r in per_call.items()):
+            return True
+        self._not_adjoint.add(key)
+        return False
+
+    def _walk(self) -> list:
+        found = {}
+        for n in self.wrong_calls:
+            call, ref = self.my_calls[n], self.ref_calls[n]
+            roots = [r.index for r in call.records if (r.returned is not None and not _right_returned(r, ref))
+                     or (r.kind == "name" and r.returned is None)]  # wrong values returned, and names passed on
+            for r in _upstream(call, roots, lambda r: not r.given and r.key not in self.right):
+                if not r.given and (r.key not in self.right or self._recomputed(n, r)):
+                    found.setdefault(r.key, (n, r.index))
+        return sorted(found, key=lambda k: found[k])
+
+    def _recomputed(self, n, record) -> bool:
+        """A right value computed another way than numformer's value it equals (``1 / (1 + np.exp(x))``, which is
+        numformer's ``1 - s``, computed for s): it may stand where another value belongs, and is tried with known
+        values other than its own (:meth:`fits`), where it ends the walk. A right value computed as numformer's is
+        (the same operation: ``d_scores * scale``) is its step, and is not."""
+        call = self.my_calls[n]
+        if any(call.records[i].given and record.value.size == call.records[i].value.size and np.array_equal(
+                record.value.ravel(), call.records[i].value.ravel()) for i in record.operands):
+            return False  # an argument with an axis added or a copy (``dy[..., :, None]``): that value itself
+        equal = [k.records.get(n) for k in self.knowns if k.values.get(n) is not None
+                 and _equal(record.value, k.values[n])]
+        return bool(equal) and not any(r is not None and _alike(r.kind, record.kind) for r in equal)
+
+    # -- a value tried in the student's place ---------------------------------------------------------------
+    def _candidates(self, key) -> list:
+        """(known, reduced, shape) for the known values that could stand where ``key`` is in every call holding it:
+        as many entries (a view), the student's a reduction of it, or a shape the student's broadcasts like (the
+        same axes, one of them 1 where the other is not: a row sum kept over the wrong axis)."""
+        per_call = self.records[key]
+        out = []
+        for k in self.knowns + (self.adjoints(self, key) if self.adjoints else []):
+            if any(n not in k.values for n in per_call if n in self.wrong_calls) or not any(n in k.values
+                                                                                            for n in per_call):
                 continue
-            if tried >= SEARCHED:
+            how, shape = "", ""
+            for n, r in per_call.items():
+                if n not in k.values or r.value.size == k.values[n].size:
+                    continue
+                how = how or reduced(r.value, k.values[n]) or ""
+                if not how and _broadcasts_alike(r.value.shape, k.values[n].shape):
+                    shape = f"it has shape {r.value.shape}, {k.label}'s {k.values[n].shape}" + (
+                        "" if r.value.ndim == k.values[n].ndim else f": it lacks {_axes(k.values[n].ndim - r.value.ndim)}")
+                if not how and not shape:
+                    break
+            else:
+                out.append((k, how, shape))
+        return out + [(k, "", "") for k in _sizes(self, key)]
+
+    def fits(self, key, base=None) -> _Fix | None:
+        """The first known value that, in ``key``'s place (with the fixes ``base`` made), makes every gradient right:
+        one of them as it is; else, for a quantity of the forward side, a multiple of one the student's route needs,
+        one factor per case (the gradients are affine in such a value where the route is linear in it: the replay
+        with zero there and the one with the known value give the line, a third checks the fit). A fix that puts right every tensor it changes while another stays wrong is
+        kept in ``partial``: one of two mistakes on separate tensors."""
+        base, tried, right = base or {}, [], key in self.right
+        # a multiple only for a quantity of the forward side (a route's own constant: (1 - t)^2 is 2 times numformer's
+        # 2 g (1 - g)); a gradient of the route is its known value itself (a multiple of dL/d std would compensate a
+        # wrong power of var + eps in the same product)
+        gradient = self.gradient_side(*next(iter(self.records[key].items())))
+        # a value equal to one of numformer's, trusted or not (``1 - gate``), is no multiple of another: scaling it
+        # would compensate a factor missing beside it
+        equal = all(self._known_value(n, r, self.knowns) for n, r in self.records[key].items())
+        for known, how, shape in self._candidates(key):
+            if right and (how or shape or known.kind == "size" or all(
+                    _equal(r.value, known.values[n]) for n, r in self.records[key].items() if n in known.values)):
+                continue  # a right value: only another value of the same shape can show it stands in the wrong place
+            fix = _Fix(key, known, None, how, shape)
+            got = self.proof.students({**base, **fix.values(self)})
+            if self.proof.right(got):
+                return fix if self._alone(key, fix, base) else None
+            if not base and self._puts_right(got):
+                self.partial.append(fix)
+            if not (how or shape or known.kind == "size" or self.target is None or right or gradient or equal):
+                tried.append((fix, got))
+        zero = None
+        for fix, got in tried:
+            if zero is None:
+                zero = _flat(self.proof.students({**base, **{k: 0 * v for k, v in fix.values(self).items()}}),
+                             self.names)
+            c = self._factor(zero, _flat(got, self.names))
+            if c is not None:
+                fix = _Fix(key, fix.known, c)
+                if self.proof.right(self.proof.students({**base, **fix.values(self)})):
+                    return fix
+        return None
+
+    def consistent(self, fixes) -> bool:
+        """With ``fixes`` made, every other value of the student's that was right (a known value) is still one: a fix
+        that makes every gradient right by turning a right value wrong is a compensation (x - mu replaced by xhat
+        puts a wrong dvar right and dL/d std wrong), not the mistake."""
+        overrides = {k: v for f in fixes for k, v in f.values(self).items()}
+        calls, _ = self.proof.students(overrides, calls=True)
+        if calls is None or len(calls) != len(self.my_calls):
+            return False
+        fixed = {f.key for f in fixes}
+        for n, call in enumerate(calls):
+            for r in call.records:
+                if r.given or r.kind == "name" or r.key in fixed or r.key not in self.right or r.value.ndim == 0:
+                    continue
+                before = self.records[r.key].get(n)
+                if before is not None and before.value.shape == r.value.shape and same(r.value, before.value):
+                    continue  # as it was (a quantity of the forward side right by its use: no known value to be)
+                if not (self._known_value(n, r, self.knowns) or self._stacked(n, r) or (
+                        self.adjoints is not None and self._known_value(n, r, self.adjoints(self, r.key), True))):
+                    return False
+        return True
+
+    def _alone(self, key, fix, base) -> bool:
+        """No other known value of another value makes every gradient right in ``key``'s place as well: the value
+        it must hold is pinned (checked unique among the known ones), not one of many the rest of the code takes.
+        The adjoint of the forward quantity there pins it by itself: what the value must be, whatever the code after
+        it takes (dL/d xhat for a dxhat the later code takes up to a constant a row)."""
+        calls = [n for n in self.records[key] if n in fix.known.values]
+        adjoints = self.adjoints(self, key) if self.adjoints else []
+        if any(all(n in a.values and _close(fix.known.values[n], a.values[n]) for n in calls) for a in adjoints):
+            return True
+        for known, how, shape in self._candidates(key):
+            if known is fix.known or how or shape or any(
+                    _equal(known.values[n], fix.known.values[n]) for n in calls if n in known.values):
+                continue
+            if self.proof.right(self.proof.students({**base, **_Fix(key, known).values(self)})):
+                return False
+        return True
+
+    def _puts_right(self, got) -> bool:
+        """Every graded tensor the replay changed is right now, and some other is still wrong: a fix of one of two
+        mistakes on separate tensors (dW and db read from the wrong rows)."""
+        right, same_as_mine = self.proof.agreeing(got), self.proof.agreeing(got, self.proof.mine)
+        if any(v is None for v in right + same_as_mine):
+            return False
+        pairs = [(r[name].all(), m[name].all()) for r, m in zip(right, same_as_mine) for name in r]
+        return all(ok for ok, unchanged in pairs if not unchanged) and any(not unchanged for _, unchanged in pairs) \
+            and not all(ok for ok, _ in pairs)
+
+    def _factor(self, zero, one) -> dict | None:
+        """{case: c}, the line zero + c (one - zero) through two replays' gradients fitted to numformer's in each
+        case, when it reaches them all (to the tolerance), c not 1 somewhere; else None."""
+        if zero is None or one is None:
+            return None
+        out, start = {}, 0
+        for k, names in enumerate(self.names):
+            ref = self.proof.reference[k].grads
+            end = start + sum(int(np.size(ref[nm])) for nm in names)
+            slope, target = one[start:end] - zero[start:end], self.target[start:end]
+            if slope.any():
+                out[k] = float(slope @ (target - zero[start:end]) / (slope @ slope))
+                if not _agree(zero[start:end] + out[k] * slope, target, floor(ref)).all():
+                    return None
+            elif not _agree(zero[start:end], target, floor(ref)).all():
                 return None
-            tried += 1
-            over = _student_overrides(proof, ref_calls, None, s, r)
-            if not over or not _fixes(proof.students(over), proof, whole=True):
+            start = end
+        if not out or all(abs(c - 1.0) <= 1e-9 for c in out.values()) or any(abs(c) <= 1e-12 for c in out.values()):
+            return None
+        return out
+
+    def scaled(self, key) -> list:
+        """Fixes putting a known value where the student's is a multiple of it (c not 1, one c in a call): values
+        numformer's code computes before the arguments (``dy / scale`` is a multiple of ``dy * scale`` and of dy)."""
+        per_call = self.records[key]
+        found = [(i, _Fix(key, k)) for i, k in enumerate(self.knowns)
+                 if _multiples(per_call, k, self.wrong_calls) is not None]
+        return [f for _, f in sorted(found, key=lambda f: (f[1].known.kind == "argument", -f[0]))]
+
+    def wrong_entries(self, outcomes) -> int | None:
+        """How many graded entries of ``outcomes`` are wrong, over every case (None: one did not run)."""
+        got = self.proof.agreeing(outcomes)
+        return None if any(v is None for v in got) else sum(int((~a).sum()) for v in got for a in v.values())
+
+    # -- what else could hold the mistake ----------------------------------------------------------------------
+    def jacobian(self, key):
+        """(call, case, J, rest): the graded gradients of the smallest wrong case holding ``key`` as a function of
+        its value there, by one replay an entry (exact where the code after it is affine in it, as a backward is in
+        a gradient); ``rest`` what J must reach (numformer's gradients minus the student's). None past 256 entries."""
+        calls = [n for n in self.records[key] if n in self.wrong_calls]
+        n = min(calls, key=lambda m: self.records[key][m].value.size) if calls else None
+        if n is None or self.records[key][n].value.size > 256:
+            return None
+        value, case = self.records[key][n].value, self.my_calls[n].case
+        base = _flat(self.proof.students({}, case=case), self.names, [case])
+        target = _flat(self.proof.reference, self.names, [case])
+        h, columns = max(float(np.abs(value).max()), 1.0), []
+        for j in range(value.size):
+            moved = value.copy()
+            moved.flat[j] += h
+            columns.append(_flat(self.proof.students({(n, key): moved}, case=case), self.names, [case]))
+        if base is None or target is None or any(c is None for c in columns):
+            return None
+        return n, case, (np.stack(columns, axis=1) - base[:, None]) / h, target - base
+
+    def positions(self, n, record) -> list:
+        """The student's integer or boolean arrays (``starts = np.flatnonzero(np.diff(sorted_ids)) + 1``, ``counts =
+        np.bincount(ids)``) that ``record``'s statement, or one it is computed from, reads and that could absorb the
+        error (:meth:`_position_absorbs`), as stand-ins with their lines; a mask that is where an argument or a
+        known value is nonzero (or positive) is right and left out."""
+        call, nodes = self.my_calls[n], _RECORDED[self.proof.answer][self.ex.name][0].nodes.values()
+        lines = {call.records[i].statement for i in _slice(call, record.index)} - {None}
+        out = []
+        for name, (line, value) in call.indices.items():
+            if line is None or line in lines or not any(name in node.names for node in nodes if node.statement in lines):
                 continue
-            # and the other way round: numformer's code given the student's value there computes the student's
-            # gradients (a right line of another route that merely compensates a later mistake does not)
-            if _explains(proof.numformers(_numformer_overrides(proof, ref_calls, s, r)), proof):
-                label = _label(proof.ex, r)
-                where = "" if label == r.code else f" (numformer's `{r.code}`)"
-                said = (f"first wrong step: your line {s.line} (`{s.code}`) computes what numformer's code has as "
-                        f"{label}{where} differently: with numformer's value in its place, every gradient is right")
-                return WrongStep(label, r.code, r.variable, s.line, None, None, said)
-    return None
+            if value.dtype == bool and any(v is not None and v.shape == value.shape and (
+                    np.array_equal(v != 0, value) or np.array_equal(v > 0, value))
+                    for v in [k.values.get(n) for k in self.knowns]):
+                continue
+            if self._position_absorbs(name):
+                out.append(_Position(name, line))
+        return out
+
+    def _position_absorbs(self, name) -> bool:
+        """Whether one small change of the positions ``name`` holds (in every call binding it) makes every gradient
+        right: all ones or zeros (all True or False), one more or one less each, a 0 put first, the first one
+        dropped. Then its line could hold the mistake (counts of 1 and no division; starts from 0)."""
+        calls = [n for n, c in enumerate(self.my_calls) if name in c.indices]
+        for change in (np.ones_like, np.zeros_like, lambda v: v + 1, lambda v: v - 1,
+                       lambda v: np.concatenate([np.zeros(1, v.dtype), v]) if v.ndim == 1 else None,
+                       lambda v: v[1:] if v.ndim == 1 else None):
+            overrides = {}
+            for n in calls:
+                changed = change(self.my_calls[n].indices[name][1])
+                if changed is not None:
+                    overrides[(n, ("position", name))] = changed
+            if overrides and self.proof.right(self.proof.students(overrides)):
+                return True
+        return False
+
+    def known_shape(self, record) -> bool:
+        """Some known value has ``record``'s shape (in its call), or as many entries."""
+        n = next((m for m, r in self.records.get(record.key, {}).items() if r is record), 0)
+        return any(k.values.get(n) is not None and k.values[n].size == record.value.size for k in self.knowns)
+
+    def absorbs(self, key) -> bool:
+        """Whether some value in ``key``'s place, the rest of the student's code as written, makes every gradient
+        of the smallest wrong case right (least squares on :meth:`jacobian`). Too big to probe: not when its one
+        consumer cannot (all it changes goes through that), else assumed it can."""
+        if key not in self._absorbing:
+            self._absorbing[key] = True  # (a cycle of names cannot occur; a guard all the same)
+            got = self.jacobian(key)
+            if got is not None:
+                _, case, jac, rest = got
+                delta, *_ = np.linalg.lstsq(jac, rest, rcond=None)
+                self._absorbing[key] = bool(_agree(jac @ delta, rest, floor(self.proof.reference[case].grads)).all())
+            else:
+                n, record = _first(self, key)
+                users = [r for r in self.my_calls[n].records if record.index in r.operands]
+                self._absorbing[key] = len(users) != 1 or self.absorbs(users[0].key)
+        return self._absorbing[key]
 
 
-def _numformer_overrides(proof, ref_calls, record, ref_record) -> dict:
-    """{(call, numformer's record's key): the student's value of ``record``} for every call holding both."""
-    out = {}
-    for n, (mc, rc) in enumerate(zip(proof.my_calls, ref_calls)):
-        s = next((x for x in mc.records if x.key == record.key), None)
-        r = next((x for x in rc.records if x.key == ref_record.key), None)
-        v = next(iter(views(s.value, r.value.shape)), None) if s is not None and r is not None else None
-        if v is not None:
-            out[(n, r.key)] = v
-    return out
-
-
-def _slice(call, indices) -> set:
-    """The records the given ones are computed from, at any depth, themselves included."""
-    return _closure(indices, lambda i: list(call.records[i].operands))
-
-
-def _replay(step, my_calls, mine) -> dict:
-    """{call number: the student's value of the same expression as ``mine``, as numformer's step's shape}, for
-    every call holding both: numformer's reference is replayed with it, in every case alike (a case where the
-    two agree by chance, y = 1 in a row of one entry, must not make the next step look wrong)."""
-    out = {}
-    for n, r in step.records.items():
-        theirs = next((s for s in my_calls[n].records if s.key == mine.key), None) if n < len(my_calls) else None
-        view = next(iter(views(theirs.value, r.value.shape)), None) if theirs is not None else None
-        if view is not None:
-            out[n] = view
-    return out
-
-
-def _say(ex, step, ref_calls, my_calls, verify=None) -> tuple:
-    """(WrongStep, {call number: the student's value to replay numformer's with} or None). ``verify(n, value)``:
-    whether numformer's code, replayed with ``value`` at the step in call ``n``, carries on as the student's."""
-    rec = step.record
-    label = _label(ex, rec)
-    where = "" if label == rec.code else f" (numformer's `{rec.code}`)"
-    wrong = sorted(n for n, s in step.status.items() if s[0] != "right")
-    if all(step.status[n][0] == "scaled" for n in wrong):
-        # a call where numformer's is all zeros fits any factor (a row of one entry): it names nothing
-        calls = [k for k in sorted(step.status) if step.status[k][0] == "scaled" or step.records[k].value.any()]
-        factors = [step.status[k][1] if step.status[k][0] == "scaled" else 1.0 for k in calls]
-        named = name_factor(ex, factors, [ref_calls[k] for k in calls])
-        mine = my_calls[wrong[0]].records[step.status[wrong[0]][2]]
-        values = ", ".join(f"{c:.6g}" for c in factors)
-        what = f"{named} times numformer's" if named else f"numformer's times {values} in the calls of the cases"
-        said = (f"first wrong step: {label}{where}: your line {mine.line} (`{mine.code}`) is {what}"
-                + (f" ({named} = {values} in the calls of the cases)" if named and len(set(factors)) > 1 else ""))
-        return WrongStep(label, rec.code, rec.variable, mine.line, named, None, said), _replay(step, my_calls, mine)
-    n = wrong[0]
-    mine, view, note = counterpart(step.records[n], ref_calls[n], my_calls[n], verify and (lambda v: verify(n, v)))
-    if mine is None:
-        said = f"first wrong step: {label}{where}: your code never computes it from the right operands"
-        return WrongStep(label, rec.code, rec.variable, None, None, None, said), None
-    if view is None:
-        pattern, words = None, f"it has shape {mine.value.shape}, numformer's {step.records[n].value.shape}"
-    else:
-        pattern, words = entry_pattern(ex, ref_calls[n].args, view, step.records[n].value)
-    said = f"first wrong step: {label}{where}: your line {mine.line} (`{mine.code}`) computes it differently: " \
-           f"{words}{note}"
-    return WrongStep(label, rec.code, rec.variable, mine.line, None, pattern, said, note), _replay(step, my_calls, mine)
-
-
-def _wrong_returned(ex, steps, ref_calls, my_calls) -> list:
-    """(step, call number, numformer's record, the student's returned record, its view as numformer's shape, the
-    student's lines feeding it whose values numformer's code never computes) for each wrong returned value."""
-    out = []
-    for step in _wrong_outputs(steps):
-        n = min(k for k, s in step.status.items() if s[0] != "right")
-        r = step.records[n]
-        mine = next((s for s in my_calls[n].records if s.returned == r.returned), None)
-        view = next(iter(views(mine.value, r.value.shape)), None) if mine is not None else None
-        if view is None:
-            continue
-        mapped = _student_map(ref_calls[n], my_calls[n])
-        call = my_calls[n]
-        lines = sorted({call.records[i].line for i in _slice(call, [computed(call, mine).index])
-                        if not call.records[i].given and not mapped[i] and call.records[i].line is not None})
-        out.append((step, n, r, mine, view, lines))
-    return out
-
-
-def _outputs(ex, steps, ref_calls, my_calls, said_keys) -> list:
-    """The wrong returned values, each with where it differs and the student's lines that feed it, when no step
-    can be proven wrong: what the student returns is still worth a pattern (padding rows that got gradient), and the
-    mistake is on one of those lines (a slice of the student's data flow: the lines whose values numformer's code
-    also computes are right, and left out)."""
-    out = []
-    for step, n, r, mine, view, lines in _wrong_returned(ex, steps, ref_calls, my_calls):
-        if step.key in said_keys:
-            continue
-        pattern, words = entry_pattern(ex, ref_calls[n].args, view, r.value)
-        label = ex.outputs[r.returned] if r.returned < len(ex.outputs) else _label(ex, r)
-        feed = ""
-        if lines:
-            feed = (f"; no step of it is proven wrong: the mistake is on {'line' if len(lines) == 1 else 'lines'} "
-                    f"{_numbers(lines)}, which feed it (your lines whose values numformer's also computes are right)")
-        out.append(WrongStep(label, r.code, r.variable, mine.line, None, pattern,
-                             f"the returned {label}: your line {mine.line} (`{mine.code}`): {words}{feed}",
-                             proven=False, lines=tuple(lines)))
-    return out
-
-
-def _computes_right(call, line, pool) -> bool:
-    """The last array ``line`` computes in ``call`` (the statement's value) equals one of ``pool``, up to a view."""
-    mine = [r for r in call.records if r.line == line and not r.given]
-    return bool(mine) and any(same(v, value) for value in pool for v in views(mine[-1].value, value.shape))
-
-
-def _own_route(proof, ref_calls, steps):
-    """The line of the student's own route whose one edit makes every gradient right (grad_checks/own_route.py), as
-    a WrongStep, or None: the lines tried are those feeding a wrong returned value whose values numformer's code
-    never computes, in the order the student's code computes them."""
-    wrong = _wrong_returned(proof.ex, steps, ref_calls, proof.my_calls)
-    lines = sorted({line for *_, feeding in wrong for line in feeding})
-    cases = sorted({k for step, *_ in wrong for k, st in step.status.items() if st[0] != "right"})
-    forward = proof.recordings.forward if proof.recordings is not None else []
-    n = cases[0] if cases else 0
-    pool = [r.value for r in ref_calls[n].records] + \
-        ([r.value for r in forward[n].records] if len(forward) == len(ref_calls) else [])
-    # a line whose value is one numformer's backward or forward computes (x - mu, var + eps) is right: an edit there
-    # could only compensate a mistake elsewhere (xmu = xhat for xhat / r puts the variance route's wrong power right)
-    lines = [line for line in lines if not _computes_right(proof.my_calls[n], line, pool)]
-    fixed = repair(proof, lines, cases)
-    if fixed is None:
+def _multiples(per_call, known, wrong_calls) -> list | None:
+    """[c per call] when the student's value is c times the known one in every call holding both (1 where equal,
+    some c not 1), the known value in every wrong call; else None."""
+    calls = [n for n in per_call if n in known.values]
+    if not calls or any(n in wrong_calls for n in per_call if n not in known.values):
         return None
-    name = fixed.variable or fixed.statement
-    said = (f"first wrong step: your line {fixed.line} (`{fixed.statement}`), a step of your own route: with "
-            f"`{fixed.after}` for `{fixed.before}` there, every gradient is right, and no single edit of another line "
-            "of your route does that" + (f"; {fixed.differs}" if fixed.differs else ""))
-    return WrongStep(name, fixed.statement, fixed.variable, fixed.line, None, None, said, own=True)
+    out = []
+    for n in calls:
+        mine, theirs = per_call[n].value, known.values[n]
+        if mine.shape != theirs.shape:
+            return None
+        if not theirs.any() and not mine.any():
+            continue  # both zero (a row of one entry): any factor fits, none is said
+        c = 1.0 if same(mine, theirs) else factor(mine, theirs)
+        if c is None:
+            return None
+        out.append(c)
+    return out if any(c != 1.0 for c in out) else None
+
+
+@dataclass
+class _Position:
+    """A stand-in for an integer or boolean array of the student's among a step's suspects: its name and line."""
+
+    code: str
+    statement: int
+    line: int = 0
+    key: tuple = ()
+
+    def __post_init__(self):
+        self.line, self.key = self.statement, ("position", self.code)
+
+
+def _broadcasts_alike(a: tuple, b: tuple) -> bool:
+    """A row statistic kept over another axis: the same axes, each of the two shapes with a 1 where the other has not
+    ((B, h, 1, Tk) for (B, h, Tq, 1)); or fewer axes that broadcast to the other's (a gain (d,) where dy * gamma
+    (n, d) belongs)."""
+    if len(a) < len(b):
+        return len(a) > 0 and b[len(b) - len(a):] == a
+    return len(a) == len(b) and a != b and all(x == y or x == 1 or y == 1 for x, y in zip(a, b)) and \
+        any(x == 1 != y for x, y in zip(a, b)) and any(y == 1 != x for x, y in zip(a, b))
+
+
+def _axes(k: int) -> str:
+    return "its leading axis" if k == 1 else f"its {k} leading axes"
+
+
+def _right_returned(record, ref_call) -> bool:
+    """The student's returned value equals numformer's at the same place, as returned (a transposed dW is wrong)."""
+    theirs = next((r for r in ref_call.records if r.returned == record.returned), None)
+    return theirs is not None and theirs.value.shape == record.value.shape and same(record.value, theirs.value)
+
+
+def first_wrong_steps(ex, answer, seed: int = 0, file=None, time_limit=None, recordings=None,
+                      budget: float = None) -> list:
+    """The :class:`WrongStep` s of ``answer`` (a function or a layer class), at most :data:`MOST`; [] when its code or
+    numformer's cannot be recorded, or the calls do not line up. ``recordings``: the two runs already recorded
+    (:class:`Recordings`); ``budget``: the replays' seconds (:data:`SEARCH_BUDGET` when None)."""
+    recordings = recordings or Recordings(ex, answer, seed, file, time_limit)
+    my_calls, mine = recordings.student
+    if not my_calls:
+        return []
+    ref_calls, reference = recordings.reference
+    if not ref_calls or len(ref_calls) != len(my_calls):
+        return []
+    proof = _Proof(ex, answer, seed, file, time_limit, mine, reference, SEARCH_BUDGET if budget is None else budget)
+    engine = _Engine(ex, proof, my_calls, ref_calls, recordings.forward, adjoints(recordings))
+    try:
+        return _diagnosis(engine)
+    except _Stopped:
+        stopped = (f"; the search for the step stopped at its budget ({proof.budget:.3g} s of replays): this is "
+                   "what it had")
+        return [replace(s, said=s.said + stopped) for s in _outputs(engine)][:MOST]
+
+
+def _diagnosis(engine) -> list:
+    """The steps, by the rules of the module's docstring, in their order of preference."""
+    float32 = _float32(engine)
+    if float32 is not None:
+        return [float32]
+    keys = engine.slice()
+    found = []  # (fix, call, the student's record there, its unknown inputs that could absorb the error)
+    for key in keys:
+        fix = engine.fits(key)
+        if fix is None:
+            continue
+        n, record = _first(engine, key)
+        if not engine.consistent([fix]):
+            continue
+        fix, record = _widened(engine, fix, n, record)
+        # an input that cannot absorb the error (no value of its shape there puts every gradient right) holds no
+        # mistake of its own, unless its shape is one no known value has (the mistake may be that shape); positions
+        # the student computed (starts, order) are inputs no value can be put in the place of: they stay suspects
+        unknown = [u for u in engine.unknown_inputs(n, record, own=True) if u.statement == record.statement
+                   or engine.absorbs(u.key) or not engine.known_shape(u)] + engine.positions(n, record)
+        found.append((fix, n, record, unknown))
+        if not unknown:  # the first wrong step: a value known there, every input right; or two, an input's first
+            return _said(engine, _missing(engine, n, record) or _before(engine, fix, n, record) or [fix])
+    two = _two(engine, keys)
+    if two:
+        return _said(engine, two)
+    inside = [f for f in found if all(u.statement == f[2].statement for u in f[3])]
+    if inside:  # its inputs unknown only inside its own statement: the smallest expression of it known named
+        statement = inside[0][2].statement
+        fix, n, record, _ = min((f for f in inside if f[2].statement == statement),  # a value itself first
+                                key=lambda f: (f[0].c is not None, len(f[2].code)))
+        return _said(engine, _missing(engine, n, record) or _before(engine, fix, n, record) or [fix])
+    if found:  # compensation: the lines its unknown inputs are on could absorb the error as well
+        return [_together(engine, *found[0])]
+    return _outputs(engine)[:MOST]
+
+
+def _widened(engine, fix, n, record) -> tuple:
+    """(fix, record) again, or of an expression of its statement around it, when a term beside it could absorb the
+    error as well: the largest product around a multiple fitted, or a value a multiple of the known one put there
+    (a factor missing or extra: ``0.5 * x * ... * du * 0.5``,
+    half numformer's x * dg, where each factor could take it, not the first of them), where another of its factors
+    admits a multiple too, or is of the student's own forward side and right by nothing; and the smallest
+    expression with a known value holding a quantity of the student's own forward side beside it (``dxhat * xmu``
+    with numformer's ``dxhat * xhat`` put right by ``r ** 2`` where ``r ** 3`` belongs: dL/d(var) named)."""
+    call = engine.my_calls[n]
+
+    def parents(r, kinds=None):
+        while True:
+            r = next((p for p in call.records[r.index + 1:] if r.index in p.operands
+                      and p.statement == record.statement and (kinds is None or p.kind in kinds)), None)
+            if r is None:
+                return
+            yield r
+
+    def own(o):
+        return not o.given and o.key not in engine.right and not engine.gradient_side(n, o)
+
+    def scaled(f, key):  # a multiple fitted, or a value a multiple of the known one put there
+        return f is not None and (f.c is not None or _multiples(engine.records[key], f.known, engine.wrong_calls)
+                                  is not None)
+
+    if scaled(fix, record.key):
+        chain, current = [], record
+        for parent in parents(record, ("Mult", "Div")):
+            chain += [call.records[i] for i in parent.operands if i != current.index]
+            current = parent
+        if any(own(o) and (o.value.ndim == 0 or scaled(engine.fits(o.key), o.key)) for o in chain):
+            for top in reversed([p for p in parents(record, ("Mult", "Div"))]):
+                wide = engine.fits(top.key)
+                if wide is not None and engine.consistent([wide]):
+                    return wide, top
+        return fix, record
+    current = record
+    for parent in parents(record):
+        beside = [call.records[i] for i in parent.operands if i != current.index]
+        if any(o.statement == record.statement and own(o) and engine.absorbs(o.key) for o in beside):
+            wide = engine.fits(parent.key)
+            if wide is not None and engine.consistent([wide]):
+                return wide, parent
+        current = parent
+    return fix, record
+
+
+def _first(engine, key) -> tuple:
+    """(call number, the student's record of ``key``) in the first wrong call holding it, else the first call."""
+    per_call = engine.records[key]
+    n = next((n for n in engine.wrong_calls if n in per_call), next(iter(per_call)))
+    return n, per_call[n]
+
+
+def _two(engine, keys) -> list:
+    """Two mistakes, each with right inputs (the other one made), in the order computed; [] when none:
+
+    * two values that are each a multiple of a known one, neither enough alone, that together make every gradient
+      right (sums where two means belong);
+    * two fixes each putting right the tensors it changes, together all (dW and db read from the wrong rows).
+    (A multiple fixed first, then the step it feeds: :func:`_before`.)"""
+    scaled = [f for key in keys for f in engine.scaled(key)[:1]][:6]
+    alone = {id(f): engine.proof.right(engine.proof.students(f.values(engine))) for f in scaled}
+    for i, a in enumerate(scaled):
+        for b in scaled[i + 1:]:
+            if a.key == b.key or alone[id(a)] or alone[id(b)]:
+                continue
+            if engine.proof.right(engine.proof.students({**a.values(engine), **b.values(engine)})) and \
+                    _inputs_right(engine, a, b):
+                return [a, b]
+    for i, a in enumerate(engine.partial):
+        for b in engine.partial[i + 1:]:
+            if a.key != b.key and _inputs_right(engine, a, b) and engine.proof.right(
+                    engine.proof.students({**a.values(engine), **b.values(engine)})):
+                return sorted([a, b], key=lambda f: _first(engine, f.key)[1].index)
+    return []
+
+
+def _before(engine, fix, n, record) -> list:
+    """[a, the fix again with a made] when an input of ``record`` is a multiple of a known value whose fix leaves
+    fewer entries wrong (``dy / scale`` where ``dy * scale`` belongs, feeding the scatter found): a mistake before it;
+    else []."""
+    before = engine.wrong_entries(engine.proof.mine)
+    call = engine.my_calls[n]
+    inputs = {call.records[i].key for i in _slice(call, record.index) if call.records[i].key not in engine.right
+              and not call.records[i].given and engine.gradient_side(n, call.records[i])} - {record.key}
+    for key in sorted(inputs, key=lambda k: _first(engine, k)[1].index):
+        for a in engine.scaled(key)[:1]:
+            after = engine.wrong_entries(engine.proof.students(a.values(engine)))
+            b = None if before is None or after is None or after >= before else \
+                engine.fits(fix.key, base=a.values(engine))
+            if b is not None and _inputs_right(engine, a, b):
+                return [a, b]
+    return []
+
+
+def _missing(engine, n, record) -> list:
+    """A step of numformer's missing after a right input of ``record`` (itself wrong): the student's value is
+    numformer's A, and the code after it needs numformer's B, computed from A (``dropout_backward(dp)`` from ``dp``),
+    which no value of the student's holds: B there makes every gradient right. Then that input's line holds A where B
+    belongs (B one of numformer's next values bound to a name or returned, the nearest first): [that fix]; else []."""
+    call, ref = engine.my_calls[n], engine.ref_calls[n]
+    if record.key in engine.right:
+        return []  # the step's own value is numformer's A: said there ("yours is numformer's ...")
+    held = lambda v: any(not s.given and _equal(s.value, v) for s in call.records)  # noqa: E731
+    for r in sorted(_upstream(call, record.operands, lambda r: r.key not in engine.right), key=lambda r: r.index):
+        if r.given or r.kind == "name" or r.key not in engine.right:
+            continue
+        shapes = {m: mine.value.shape for m, mine in engine.records[r.key].items() if m in engine.wrong_calls}
+        for a in [k for k in engine.knowns if k.kind == "backward" and n in k.records and _equal(r.value, k.values[n])]:
+            after = [b for b in engine.knowns if b.kind == "backward" and b is not a and n in b.records
+                     and (b.records[n].variable or b.records[n].returned is not None)
+                     and all(m in b.values and b.values[m].shape == shape for m, shape in shapes.items())
+                     and a.records[n].index in _slice(ref, b.records[n].index) and not held(b.values[n])]
+            for b in sorted(after, key=lambda b: b.records[n].index)[:3]:
+                fix = _Fix(r.key, b, after=a)
+                if engine.proof.right(engine.proof.students(fix.values(engine))) and engine.consistent([fix]):
+                    return [fix]
+    return []
+
+
+def _inputs_right(engine, a, b) -> bool:
+    return all(not engine.unknown_inputs(*_first(engine, f.key), fixed={a.key, b.key}) for f in (a, b))
+
+
+# -- the sentences ---------------------------------------------------------------------------------------------------
+
+def _said(engine, fixes) -> list:
+    """The steps of ``fixes``, each said as the student's code computes it once the fixes before it are made (the
+    repeated ids lost, said once the scale is right)."""
+    out, made = [], []
+    for fix in fixes[:MOST]:
+        n, record = _first(engine, fix.key)
+        per_call = engine.records[fix.key]
+        if made:
+            calls, _ = engine.proof.students({k: v for f in made for k, v in f.values(engine).items()}, calls=True)
+            again = {m: r for m, c in enumerate(calls or []) for r in c.records if r.key == fix.key}
+            if n in again:
+                record, per_call = again[n], again
+        out.append(_step(engine, fix, n, record, made, per_call))
+        made.append(fix)
+    return out
+
+
+def _named(known, code, variable) -> str:
+    """How a sentence names the known value beside the student's ``code``: its label with numformer's code, never in
+    words the student's code shares ("it uses `dy` where numformer's uses dy")."""
+    label = known.label
+    if known.kind == "size" or label.startswith("numformer's"):
+        return label
+    if known.kind == "adjoint":
+        return f"{label} ({known.code})"
+    if label in (code, variable, known.code):
+        return f"numformer's `{known.code}`" if known.code else "numformer's value there"
+    return label if not known.code else f"{label} (numformer's `{known.code}`)"
+
+
+def _shares(label, code, variable) -> bool:
+    """``label`` has the student's ``code`` or ``variable`` as a word ("the returned dz" beside `dz`): said against
+    it ("`dz` where ... the returned dz"), numformer's code names it instead."""
+    return any(w and re.search(rf"(?<![\w.]){re.escape(w)}(?![\w(])", label) for w in (code, variable))
+
+
+def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
+    ex, known, per_call = engine.ex, fix.known, per_call or engine.records[fix.key]
+    line = record.statement or record.line
+    where = f"your line {line} (`{_shown(engine, n, record)}`)"
+    what = _named(known, record.code, record.variable)
+    code_only = what.startswith("numformer's")  # its label is its code: said after, not before
+    head, ref = ("first wrong step: ", what) if code_only else (f"first wrong step: {what}: ", "numformer's")
+    ref = "it" if known.kind == "adjoint" else ref
+    calls = [m for m in per_call if m in known.values and (known.values[m].any() or per_call[m].value.any())]
+    factors = _multiples(per_call, known, engine.wrong_calls) if fix.c is None else None
+    factor_name, pattern, note = None, None, "" if made else _operand_note(engine, n, record, known)
+    if fix.after is not None:  # the two named by their code where their labels are one ("dP = dO V^T")
+        a, b = (f"numformer's `{k.code}`" if fix.after.label == known.label else _named(k, record.code, record.variable)
+                for k in (fix.after, known))
+        said = (f"first wrong step: a step missing after {where}: yours is {a}, and your code after it needs {b} "
+                "there, which numformer's computes from it")
+    elif record.kind == "name":  # a value passed on, returned or bound: what it passes
+        what = f"numformer's `{known.code}`" if known.code and _shares(what, record.code, record.variable) else what
+        said = (f"first wrong step: {where} returns `{record.code}` where your code needs {what}{note}"
+                if record.returned is not None else
+                f"first wrong step: {where} binds `{record.code}` where your code needs {what}: {fix.shape}"
+                if fix.shape else
+                f"first wrong step: {where} passes `{record.code}` where numformer's passes {what}{note}")
+        note = ""
+    elif fix.reduced:
+        said = f"{head}{where} is {ref} {fix.reduced}: keep that axis"
+    elif fix.shape:
+        said = f"{head}{where} computes {'it' if not code_only else ref} over another axis: {fix.shape}"
+    elif known.kind == "size":
+        wants = ", ".join(f"{float(known.values[m]):.6g}" for m in per_call)
+        values = ", ".join(f"{float(per_call[m].value):.6g}" for m in per_call)
+        said = f"first wrong step: {where} must be {known.label} ({wants} in the calls of the cases); yours is {values}"
+    elif factors is not None:
+        factor_name = name_factor(ex, factors, [engine.my_calls[m] for m in calls])
+        values = ", ".join(f"{c:.6g}" for c in factors)
+        said = (f"{head}{where} is {factor_name or values} times {ref}"
+                + (f" ({factor_name} = {values} in the calls of the cases)" if factor_name and len(set(
+                    f"{c:.6g}" for c in factors)) > 1 else ""))
+    else:
+        theirs = known.values[n] * (1.0 if fix.c is None else fix.c.get(engine.my_calls[n].case, 1.0))
+        view = _view(record.value, theirs)
+        if view is None:
+            words = f"it has shape {record.value.shape}, numformer's {theirs.shape}"
+        else:
+            pattern, words = entry_pattern(ex, engine.my_calls[n].args, view, theirs)
+        if fix.c is not None:
+            cs = list(dict.fromkeys(fix.c.values()))
+            c_name = name_factor(ex, cs, [engine.my_calls[m] for m in calls])
+            said = (f"first wrong step: {where}: your code needs {c_name or ', '.join(f'{c:.6g}' for c in cs)} times "
+                    f"{what} there; {words}")
+        elif known.kind == "adjoint":
+            said = f"first wrong step: {where} must be {what}; {words}"
+        elif known.kind == "argument" and record.kind == "in place":
+            said = (f"first wrong step: {where} changes `{known.code}`, which your code needs as it was given (the "
+                    f"argument, with what other uses put in it): {words}")
+        elif known.kind == "argument":
+            said = f"first wrong step: {where} stands where your code needs the argument `{known.code}`: {words}"
+        else:
+            said = f"{head}{where} computes {'it' if not code_only else ref} differently: {words}"
+    if fix.key in engine.right and (record.kind != "name" or record.returned is not None) and fix.after is None:
+        equal = next((k for k in engine.knowns if k.values.get(n) is not None and _equal(record.value, k.values[n])),
+                     None)
+        note += f"; yours is {_named(equal, record.code, record.variable)}" if equal is not None else ""
+    said += note + _fix_words(engine, record)
+    return WrongStep(known.label, known.code, known.variable, line, factor_name, pattern, said, note,
+                     own=known.kind != "backward")
+
+
+def _shown(engine, n, record) -> str:
+    """The student's code of ``record``; for a name passed on, the call it is passed to."""
+    if record.kind != "name":
+        return record.code
+    if record.variable and record.variable != record.code and record.returned is None:
+        return f"{record.variable} = {record.code}"  # a name bound again
+    call = engine.my_calls[n]
+    user = next((r for r in call.records[record.index + 1:] if record.index in r.operands), None)
+    return user.code if user is not None else record.code
+
+
+def _operand_note(engine, n, record, known) -> str:
+    """"; it uses `dy` where numformer's uses dxhat (your `dy * gamma`, line 75)" when the student's expression and
+    numformer's differ by one operand, the others alike; for a name passed on, what it passes."""
+    call = engine.my_calls[n]
+    if record.kind == "name":  # (said in the sentence itself): the student's value that would do, if any
+        instead = next((s for s in call.records if not s.given and s.kind != "name" and s.index != record.index
+                        and known.values.get(n) is not None and _equal(s.value, known.values[n])), None)
+        return f" (your `{instead.variable or instead.code}`, line {instead.statement or instead.line})" \
+            if instead is not None else ""
+    theirs = known.records.get(n)
+    source = engine.ref_calls if known.kind == "backward" else engine.forward if known.kind == "forward" else None
+    if theirs is None or source is None or not theirs.operands or not record.operands \
+            or not _alike(theirs.kind, record.kind):
+        return ""
+    ours = [source[n].records[i] for i in theirs.operands]
+    mine = [call.records[i] for i in record.operands]
+    odd_mine = [m for m in mine if not any(_equal(m.value, o.value) for o in ours)]
+    odd_ours = [o for o in ours if not any(_equal(m.value, o.value) for m in mine)]
+    if len(odd_mine) != 1 or len(odd_ours) != 1:
+        return ""
+    m, o = odd_mine[0], odd_ours[0]
+    instead = next((s for s in call.records if not s.given and s.kind != "name" and s.index != record.index
+                    and _equal(s.value, o.value)), None)
+    label = _label(engine.ex, o)
+    if label in (m.code, m.variable) or _shares(label, m.code, m.variable):
+        label = f"`{o.code}`" if o.code not in (m.code, m.variable) else "another value"
+    yours = f" (your `{instead.variable or instead.code}`, line {instead.statement or instead.line})" \
+        if instead is not None and instead.index != m.index else ""
+    used = f"`{m.variable}` (line {m.statement or m.line})" if m.variable and m.variable != m.code else f"`{m.code}`"
+    return f"; it uses {used} where numformer's uses {label}{yours}"
+
+
+_FAMILIES = ({"Mult", "Div"}, {"Add", "Sub"})
+
+
+def _alike(ours: str, theirs: str) -> bool:
+    """Whether the student's expression of kind ``theirs`` computes what numformer's of kind ``ours`` does, so that
+    their operands correspond: the same operator (or its inverse), the same array function, or both a call or an
+    in-place update (numformer's ``scatter_add`` is a student's ``np.add.at``)."""
+    called = lambda k: k.startswith("call") or k == "in place"  # noqa: E731
+    return ours == theirs or any(ours in f and theirs in f for f in _FAMILIES) or (called(ours) and called(theirs))
+
+
+def _fix_words(engine, record) -> str:
+    """"; a fix: `x` for `y`" when one edit of the student's line makes every gradient right (a suggestion only:
+    grad_checks/own_route.py), else ""."""
+    found = suggestion(engine.proof, record.statement or record.line, record.code)
+    if found is None:
+        return ""
+    return f"; a fix: `{found.after}` for `{found.before}`" + (
+        f" (Python reads `{found.before}` as `{found.reading}`)" if found.reading else "")
+
+
+def _together(engine, fix, n, record, unknown) -> WrongStep:
+    """The lines that can each absorb the error, named together: the known value's line and those of its inputs that
+    no known value fixes."""
+    line = record.statement or record.line
+    lines = sorted({u.statement or u.line for u in unknown} | {line})
+    others = [k for k in lines if k != line]
+    where = ", ".join(f"line {k}" for k in lines[:-1]) + f" or line {lines[-1]}"
+    said = (f"the mistake is on {where}: with {_named(fix.known, record.code, record.variable)} in the place of your "
+            f"`{_shown(engine, n, record)}` (line {line}) every gradient is right, and what it is computed from on "
+            f"{'line' if len(others) == 1 else 'lines'} {', '.join(map(str, others))} is no value known here: each "
+            "could hold the mistake, or one compensate the other")
+    return WrongStep(fix.known.label, fix.known.code, fix.known.variable, None, None, None, said, proven=False,
+                     lines=tuple(lines))
+
+
+def _float32(engine) -> WrongStep | None:
+    """The student's lines whose arrays are float32 (or float16) in the float64 check, the first of each chain (a
+    cast), or None."""
+    lines = []
+    for call in engine.my_calls:
+        for r in call.records:
+            if _low(r) and not any(_low(call.records[o]) for o in r.operands):
+                lines.append((r.statement or r.line, r.code, str(r.dtype)))
+    if not lines:
+        return None
+    lines = list(dict.fromkeys(lines))
+    said = "; ".join(f"your line {k} (`{code}`) computes in {dtype}" for k, code, dtype in lines[:3])
+    said += (": the check runs in float64 and numformer's backward keeps its inputs' dtype: compute in the dtype you "
+             "are given (no astype, no np.float32)")
+    return WrongStep("float32", "", None, lines[0][0], None, None, "first wrong step: " + said,
+                     lines=tuple(k for k, *_ in lines), own=True)
+
+
+def _low(record) -> bool:
+    """Computed in float32 or float16 (the check's arrays are float64)."""
+    return getattr(record.dtype, "kind", "f") == "f" and getattr(record.dtype, "itemsize", 8) < 8
+
+
+def _outputs(engine) -> list:
+    """The wrong returned values, each with where it differs and the student's lines that feed it, when no step
+    can be proven wrong (the lines whose values are known right left out)."""
+    out, said = [], set()
+    for n in engine.wrong_calls:
+        call, ref = engine.my_calls[n], engine.ref_calls[n]
+        for r in ref.records:
+            if r.returned is None or r.returned in said:
+                continue
+            mine = next((s for s in call.records if s.returned == r.returned), None)
+            view = None if mine is None or _right_returned(mine, ref) else _view(mine.value, r.value)
+            if view is None:
+                continue
+            said.add(r.returned)
+            pattern, words = entry_pattern(engine.ex, ref.args, view, r.value)
+            lines = sorted({call.records[i].statement or call.records[i].line for i in _slice(call, mine.index)
+                            if not call.records[i].given and call.records[i].key not in engine.right
+                            and call.records[i].line is not None})
+            label = engine.ex.outputs[r.returned] if r.returned < len(engine.ex.outputs) else _label(engine.ex, r)
+            feed = ""
+            if lines:
+                feed = (f"; no step of it is proven wrong: the mistake is on {'line' if len(lines) == 1 else 'lines'} "
+                        f"{_numbers(lines)}, which feed it (your lines whose values numformer's also computes are "
+                        "right)")
+            out.append(WrongStep(label, r.code, r.variable, mine.line, None, pattern,
+                                 f"the returned {label}: your line {mine.line} (`{mine.code}`): {words}{feed}",
+                                 proven=False, lines=tuple(lines)))
+    return out
+
+
+def _slice(call, index) -> set:
+    """The indices of the records ``index`` is computed from, at any depth, itself included."""
+    return {r.index for r in _upstream(call, [index])}
+
+
+def _upstream(call, start, through=lambda r: True) -> list:
+    """The records the indices ``start`` name and those they are computed from, at any depth, each once; the walk
+    goes past a record only where ``through(record)``."""
+    out, seen, todo = [], set(), list(start)
+    while todo:
+        i = todo.pop()
+        if i not in seen:
+            seen.add(i)
+            out.append(call.records[i])
+            todo += list(call.records[i].operands) if through(call.records[i]) else []
+    return out
 
 
 def _numbers(lines) -> str:

@@ -16,16 +16,11 @@ and every input's):
 * the student's gradient against central differences (:func:`numformer.finite_differences.run_case`), an
   oracle that does not trust numformer's backward either.
 
-When the student's code is wrong, each catalogued mistake is run on the same cases: one that
-agrees with the student's output on every case (to the approximate tolerance, or failing with
-the same error) is named, with its one-line explanation. Otherwise the mistake is located
-(grad_checks/locate.py): a single edit of numformer's backward that reproduces the student's
-output names the term ("your dx is right except that the term ... enters with a + sign"); else
-numformer's terms weighed differently name each wrong term; else each gradient is said right or
-wrong, and for a wrong one which entries (with the worst one described: all zeros, a constant
-factor, float32). An exception, NotImplementedError, a wrong shape or NaN in the student's code
-is one line each, never a traceback; so is a case that does not return within the time limit
-(numformer/user_code_clock.py), which stops the grading.
+When the student's code is wrong: what numformer's code, edited, computes the same gradients with (the
+catalogue, then single edits: grad_checks/locate.py) names the mistake as arithmetic; the first wrong step
+(grad_checks/first_wrong_step.py) names the student's line, only where the value it must hold is known. An
+exception, NotImplementedError, a wrong shape or NaN in the student's code is one line each, never a traceback;
+so is a case that does not return within the time limit (numformer/user_code_clock.py), which stops the grading.
 """
 from __future__ import annotations
 
@@ -37,16 +32,15 @@ from numformer.finite_differences import run_case
 from numformer.finite_differences.tangent_checks import run_tangent_case
 from numformer.kernels import kernel_mode
 
-from .candidates import (APPROX, EXACT, Outcome, closest, compare, constant_factor, floor, relative_errors,
-                         run_class, run_function, verdict)
+from .candidates import (APPROX, EXACT, Outcome, compare, constant_factor, floor, relative_errors, run_class,
+                         run_function, verdict)
 from numformer.user_code_clock import DEFAULT_TIME_LIMIT, deadline
 from .exercise import Exercise
 from .first_wrong_step import Recordings, first_wrong_steps
 from .kept_state import kept_state, snapshot
 from .own_code import describe, watch
 from .raised_line import raised_line
-from .locate import (located_sentence, same_error, same_error_sentence, single_edit, weighed_sentence, weighed_terms,
-                     wrong_entries)
+from .locate import located_sentence, reproduced, same_error, same_error_sentence, wrong_entries
 
 
 
@@ -88,6 +82,7 @@ class Grade:
     raised: bool = False  # every case stopped at an exception: the error line is where it went wrong
     steps: list = field(default_factory=list)  # the first wrong steps (grad_checks/first_wrong_step.py)
     not_yours: str | None = None  # numformer's own backward called (grad_checks/own_code.py): what and where
+    own_uses: list = field(default_factory=list)  # each use of it (grad_checks/own_code.py's OwnCall)
     keeps_state: str | None = None  # a case's outcome changes with the calls before it (grad_checks/kept_state.py)
     raised_at: str | None = None    # what the line that raised reads, in the exercise's terms (raised_line.py)
     hints: list = field(default_factory=list)
@@ -125,7 +120,8 @@ class Grade:
         if self.keeps_state:
             return "WRONG: " + self.keeps_state.split(". A backward must")[0]
         named = f": the catalogued mistake {self.mistake}" if self.mistake else \
-            ": the mistake located (see the diagnosis)" if self.location or self.steps else ""
+            ": the mistake located (see the diagnosis)" if self.location or any(s.proven for s in self.steps) else \
+            ": the lines that could hold the mistake named (see the diagnosis)" if self.steps else ""
         wrong = [t for t in self.tensors if t.verdict == "wrong" or (t.fd is not None and not t.fd.passed)]
         if self.errors:
             raised = self.raised_cases
@@ -186,11 +182,6 @@ class Grade:
             lines.append(f"hint: {hint}")
         lines.append(f"result: {self.summary()}")
         return "\n".join(lines)
-
-
-def closest_mistake(ex: Exercise, mine: list, reference: list, seed: int = 0):
-    """(name, worst error) of the catalogued mistake that agrees with ``mine`` on every case, or None."""
-    return closest(((m.__name__, run_function(ex, m, seed)[1]) for m in ex.mistakes), mine, reference)
 
 
 # The worst relative error a float32 step in a float64 computation leaves: float32's unit roundoff (6e-8) grown
@@ -264,41 +255,36 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
                 by_name = {r.tensor: r for r in checked}
                 for t in cg.tensors:
                     t.fd = by_name.get(t.tensor)
-        if diagnose and not result.passed:
+        # code that hands numformer's own result on is not the student's, right or wrong: nothing of it to diagnose
+        result.own_uses, result.not_yours = list(own), describe(own) if own else None
+        if diagnose and not result.passed and not result.not_yours:
             # a backward that keeps state computes another function at every call: matching one pass of it to a
             # catalogued mistake or a single edit would blame a step it may have right; its steps are still shown
-            found = None if result.keeps_state else closest_mistake(ex, mine, reference, seed)
+            found = None if result.keeps_state else reproduced(ex, mine, reference, seed)
             recordings = Recordings(ex, answer, seed, file, time_limit)  # each run recorded once, for both readers
-            result.mistake = found[0] if found is not None else None
-            if found is None:
+            result.mistake = found[1] if found is not None and found[0] == "mistake" else None
+            if result.mistake is None:
                 if not result.keeps_state:
-                    _locate(result, ex, mine, reference, seed)
-                if any(o.output for o in mine):  # numformer's intermediates against the student's, step by step
+                    _locate(result, ex, mine, reference, seed, found)
+                if any(o.output for o in mine):  # the student's line, where the value it must hold is known
                     result.steps = first_wrong_steps(ex, answer, seed, file, time_limit, recordings)
             raised = next(((k, c) for k, c in enumerate(result.cases, 1) if (c.error or "").startswith("raised ")),
                           None)
             if raised is not None:  # the raising line in the exercise's terms (grad_checks/raised_line.py)
                 result.raised_at = raised_line(ex, answer, seed, file, time_limit, raised[0], raised[1].name,
                                                raised[1].error, recordings)
-        # after the diagnosis: code that hands numformer's own result on is not the student's, right or wrong
-        result.not_yours = describe(own) if own else None
     return result
 
 
-def _locate(result: Grade, ex: Exercise, mine: list, reference: list, seed: int) -> None:
-    """No catalogued mistake explains the answer: a single edit of numformer's backward, numformer's terms
-    weighed differently, or which gradients and entries are wrong (grad_checks/locate.py)."""
+def _locate(result: Grade, ex: Exercise, mine: list, reference: list, seed: int, found) -> None:
+    """No catalogued mistake explains the answer: the single edit of numformer's backward that does (``found``), the
+    edits that raise the student's very error, or which gradients and entries are wrong (grad_checks/locate.py)."""
     raising = same_error(ex, mine, seed)
     if raising:
         result.location = same_error_sentence(ex, raising)
         return
-    mutant = single_edit(ex, mine, reference, seed)
-    if mutant is not None:
-        result.location = located_sentence(ex, mutant) + _right_and_wrong(result)
-        return
-    weighed = weighed_terms(ex, mine, reference, seed)
-    if weighed is not None:
-        result.location = weighed_sentence(weighed) + _right_and_wrong(result)
+    if found is not None:
+        result.location = located_sentence(ex, found[1]) + _right_and_wrong(result)
         return
     result.hints += _hints(result, mine, reference)
     if any(t.verdict == "wrong" for t in result.tensors):

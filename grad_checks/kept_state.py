@@ -1,19 +1,19 @@
 """State kept between calls: a student's backward whose result depends on the calls before it.
 
-A backward is a function of its arguments (and the layer's saved tensors): the same case must give the same
-gradients whenever it runs. A scratch buffer at module level that is added into and never zeroed, a cache
-keyed by shape, a mutable default argument, a class attribute: each makes the first call right and a later
-one wrong, and the grading of one pass over the cases can only point at the line where the wrong value
-appears, not say why. So the cases run a second time, on new layers, in the reverse order (each case then
-runs both before and after every other one), and a case whose gradients differ between the passes (to the
-bit: the same code on the same inputs computes the same floats) is named: which case, whether it was right
-as the first call and wrong later, and what in the student's code changed from one call to the next, with
-its line (a module-level name of the student's file, a default argument, a class attribute), found by
-comparing a fingerprint of each before the first pass and after the second.
+A backward is a function of its arguments (and the layer's saved tensors): the same case must give the same gradients
+whenever it runs. A buffer added into and never zeroed, a cache, a mutable default, a class attribute, a
+hyper-parameter kept from the first call (the smoothing eps cached at module level): each makes the first call right
+and a later one wrong. So the cases run again: a second pass on new layers in the reverse order (a buffer that
+grows), and, when that repeats the first exactly, every case but the first alone as the first call, the student's
+module-level names, defaults and attributes put back as they were (deep copies): a value kept from the first call
+stops changing after it, and the case with another eps or p run first computes something else. A case whose gradients
+differ (to the bit) is named, with whether it was right as the first call and what in the student's file changed
+(a fingerprint of each place before the first pass and after), with its line.
 """
 from __future__ import annotations
 
 import ast
+import copy
 import hashlib
 import sys
 from pathlib import Path
@@ -40,30 +40,66 @@ def _fingerprint(value, depth: int = 0):
 
 
 def _places(answer) -> dict:
-    """{description: value} of where a student's code can keep state: the module-level names of the file that
-    defines it, its default arguments, its class's attributes."""
+    """{(kind, name): (value, where it is: a dict or an object with that attribute)} of where a student's code can
+    keep state: the module-level names of the file that defines it, its default arguments and attributes, its class's
+    attributes."""
     places = {}
     fn = answer
     module = sys.modules.get(getattr(answer, "__module__", None) or "")
     namespace = getattr(fn, "__globals__", None) or (vars(module) if module is not None else {})
     for name, value in namespace.items():
         if not (name.startswith("__") or callable(value) or type(value).__name__ == "module"):
-            places[("name", name)] = value
-    for value in (getattr(fn, "__defaults__", None) or ()):
-        places[("default", getattr(fn, "__name__", "?"))] = value
+            places[("name", name)] = value, namespace
+    if getattr(fn, "__defaults__", None):
+        places[("default", fn.__name__)] = fn.__defaults__, fn
+    for name, value in (vars(fn) if callable(fn) and not isinstance(fn, type) else {}).items():
+        if not name.startswith("__"):
+            places[("attribute", f"{fn.__name__}.{name}")] = value, fn
     if isinstance(answer, type):
         for klass in answer.__mro__:
             if klass.__module__ == answer.__module__:
                 for name, value in vars(klass).items():
                     if not (name.startswith("__") or callable(value) or isinstance(value, (property, staticmethod,
                                                                                            classmethod))):
-                        places[("attribute", f"{klass.__name__}.{name}")] = value
+                        places[("attribute", f"{klass.__name__}.{name}")] = value, klass
     return places
 
 
+def _put(key, holder, value) -> None:
+    """The place ``key`` (see :func:`_places`) set to ``value`` (:data:`GONE`: removed, a place made since)."""
+    name = key[1].split(".")[-1] if key[0] == "attribute" else "__defaults__" if key[0] == "default" else key[1]
+    if isinstance(holder, dict):
+        holder.pop(name, None) if value is GONE else holder.__setitem__(name, value)
+    elif value is not GONE:
+        setattr(holder, name, value)
+    elif name in vars(holder):
+        delattr(holder, name)
+
+
+GONE = object()  # a place the snapshot did not find: put back by removing it
+
+
+
+
 def snapshot(answer) -> dict:
-    """The fingerprint of every place :func:`_places` finds, before the first pass."""
-    return {key: _fingerprint(value) for key, value in _places(answer).items()}
+    """{(kind, name): (fingerprint, a deep copy or None)} of every place :func:`_places` finds, before the first
+    pass: what to compare after it, and what to put back for a fresh order."""
+    out = {}
+    for key, (value, _) in _places(answer).items():
+        try:
+            kept = (copy.deepcopy(value),)
+        except Exception:  # noqa: BLE001  (a value that cannot be copied: compared, never put back)
+            kept = None
+        out[key] = (_fingerprint(value), kept)
+    return out
+
+
+def _put_back(answer, before: dict) -> None:
+    """Every place as :func:`snapshot` found it (a deep copy again: a fresh order may change it once more)."""
+    for key, (value, holder) in _places(answer).items():
+        kept = before.get(key, (None, (GONE,)))[1]
+        if kept is not None:
+            _put(key, holder, kept[0] if kept[0] is GONE else copy.deepcopy(kept[0]))
 
 
 def _line_of(file, kind: str, name: str) -> int | None:
@@ -88,15 +124,15 @@ def _line_of(file, kind: str, name: str) -> int | None:
 
 def _changed(before: dict, answer, file) -> list[str]:
     """``_scratch`` (my_layernorm.py:12), a module-level name, for each place whose fingerprint changed."""
-    after = snapshot(answer)
+    after = {key: value for key, (value, _) in snapshot(answer).items()}
     said = []
     for key in sorted(set(before) | set(after), key=str):
-        if before.get(key) == after.get(key):
+        if before.get(key, (None,))[0] == after.get(key):
             continue
         kind, name = key
         line = _line_of(file, kind, name)
         at = f" ({Path(file).name}:{line})" if line is not None else ""
-        what = {"name": "a module-level name", "default": "a default argument of", "attribute": "a class attribute"}
+        what = {"name": "a module-level name", "default": "a default argument of", "attribute": "an attribute"}
         said.append(f"{what[kind]} {name}{at}" if kind == "default" else f"{name}{at}, {what[kind]}")
     return said
 
@@ -126,11 +162,22 @@ def kept_state(ex, cls, answer, seed, file, time_limit, first: list, reference: 
         return None
     _, again = run_class(ex, cls, seed, file, time_limit, order=range(n - 1, -1, -1))
     differ = [i for i in range(n) if not _same(first[i], again[i])]
-    if not differ:
-        return None
-    k = differ[0]
-    # case k ran after k cases in the first pass and after n - 1 - k in the second
-    runs = sorted([(k, first[k]), (n - 1 - k, again[k])], key=lambda r: r[0])
+    if differ:  # case k ran after k cases in the first pass and after n - 1 - k in the second
+        k = differ[0]
+        runs = [(k, first[k]), (n - 1 - k, again[k])]
+    else:  # each case as the first call, the student's state as it was before the first pass
+        fresh = {}
+        for k in range(1, n):
+            _put_back(answer, before)
+            fresh[k] = run_class(ex, cls, seed, file, time_limit, order=[k])[1][k]
+            if not _same(first[k], fresh[k]):
+                break
+        differ = [k for k, out in fresh.items() if not _same(first[k], out)]
+        if not differ:
+            return None
+        k = differ[0]
+        runs = [(0, fresh[k]), (k, first[k])]
+    runs = sorted(runs, key=lambda r: r[0])
     (early, e_out), (late, l_out) = runs
     calls = lambda m: "as the first call" if m == 0 else f"after {m} call{'s' if m > 1 else ''}"  # noqa: E731
     right_early, right_late = _right(e_out, reference[k]), _right(l_out, reference[k])

@@ -1,27 +1,19 @@
-"""Where a wrong backward goes wrong, when no catalogued mistake explains it: the term, or the entries.
+"""What numformer's code, edited, computes the student's gradients with: a catalogued mistake, or one edit.
 
-The grading (grad_checks/grading.py) first tries the exercise's catalogue of classic mistakes. When
-none reproduces the student's gradients, this module tries, in order:
+One search, two sources of the same kind of candidate (a function with the reference's signature, run in the layer
+on the exercise's cases, grad_checks/candidates.py): the exercise's catalogue of classic mistakes, hand-written
+beside it, then every single-edit mutant of numformer's backward (grad_checks/mutants.py: a term dropped, a sign
+flipped, a factor or a transpose dropped, operands swapped, a sum made a mean, a reduction over the wrong axis, a
+masking or a child's backward skipped, returned values swapped). The first whose gradients agree with the student's
+on every case, to the finite-difference tolerance (the closest among those of one source), explains the answer: a
+catalogued mistake by its name and explanation, a mutant as "your dx is right except that the term `xhat * ...`
+enters with a + sign". Neither names a line of the student's: that is the first wrong step's
+(grad_checks/first_wrong_step.py), where an edit of the student's own line is only ever a suggested fix. A student's
+code that raises has no output to compare: when at most three mutants raise the very same error (type and message)
+on every case, they are named. Otherwise :func:`wrong_entries` says, for each gradient, which entries are wrong.
 
-1. **A single edit of numformer's own backward** (grad_checks/mutants.py: a term dropped, a sign
-   flipped, a factor or a transpose dropped, operands swapped, a sum made a mean, a reduction over
-   the wrong axis, a masking or a child's backward skipped, returned values swapped). A mutant whose
-   gradients agree with the student's on every case, to the finite-difference tolerance, locates the
-   mistake: "your dx is right except that the term `xhat * ...` enters with a + sign". A student's code
-   that raises has no output to compare; when at most three mutants raise the very same error (type and
-   message) on every case, they are named: "your code raises the error that numformer's backward raises
-   when the product `dy @ w.T` has its operands the other way round; or when ...".
-2. **The terms, weighed.** Each additive term of the reference contributes ``reference - (reference
-   with the term dropped)`` to the gradients. When the student's gradients are numformer's plus a
-   combination of those contributions (least squares over every case and tensor, residual below the
-   tolerance), the terms with weight 1 are right and the others are named with the weight they have
-   ("enters 2 times", "enters with the opposite sign", "is missing"): two mistakes at once are located.
-3. **The entries.** Otherwise, for each gradient: right or wrong, and for a wrong one how many entries,
-   which (all in one row or column; only where numformer's is zero, i.e. masked or padded positions;
-   the first few indices).
-
-The mutants' gradients are computed once per exercise and seed and kept (``_OUTCOMES``): grading many
-answers, or every mutant (``python -m grad_checks mutants``), runs each mutant once.
+The mutants' gradients are computed once per exercise and seed and kept (``_OUTCOMES``): grading many answers, or
+every mutant (``python -m grad_checks mutants``), runs each mutant once.
 """
 from __future__ import annotations
 
@@ -29,9 +21,6 @@ import numpy as np
 
 from .candidates import closest, constant_factor, relative_errors, run_function
 from .mutants import mutants
-
-TERM_DROPPED = "term `"  # the mutants.py edit "term `x` dropped": that term's contribution
-
 
 _OUTCOMES: dict = {}  # (exercise name, seed) -> [(Mutant, outcomes)]
 
@@ -73,80 +62,16 @@ def same_error_sentence(ex, found: list) -> str:
     return "your code raises the error that numformer's backward raises when " + "; or when ".join(whens)
 
 
-def single_edit(ex, mine: list, reference: list, seed: int = 0):
-    """The mutant that reproduces ``mine`` on every case (the closest, if several), or None; ``mine`` must have
-    an output on some case (an exception is not one: two edits raising the same error say nothing of which it
-    was; :func:`same_error` names those)."""
-    if not any(o.output for o in mine):
-        return None
-    found = closest(mutant_outcomes(ex, seed), mine, reference)
-    return found[0] if found is not None else None
-
-
-def _stack(outcomes, names) -> np.ndarray:
-    return np.concatenate([o.grads[n].ravel() for o, case_names in zip(outcomes, names) for n in case_names])
-
-
-def weighed_terms(ex, mine: list, reference: list, seed: int = 0, tolerance: float = 1e-6):
-    """``[(term, weight)]`` when the student's gradients are numformer's with its additive terms weighed
-    differently (every term listed, 1.0 = as numformer has it), else None."""
-    if any(o.grads is None for o in mine + reference):
-        return None
-    names = [sorted(r.grads) for r in reference]
-    if any(sorted(m.grads) != n for m, n in zip(mine, names)):
-        return None
-    ref = _stack(reference, names)
-    diff = _stack(mine, names) - ref
-    terms, columns = [], []
-    for mutant, theirs in mutant_outcomes(ex, seed):
-        if not mutant.edit.startswith(TERM_DROPPED) or any(o.grads is None for o in theirs):
-            continue
-        if any(sorted(o.grads) != n for o, n in zip(theirs, names)):
-            continue
-        term = mutant.edit[len(TERM_DROPPED):].rsplit("` dropped", 1)[0]
-        column = ref - _stack(theirs, names)
-        if not np.any(column) or term in terms:
-            continue
-        terms.append(term)
-        columns.append(column)
-    if not terms:
-        return None
-    # independent terms only, the smallest first: a term that holds others (`a - b`) is the sum of their columns
-    keep, basis = [], np.zeros((len(ref), 0))
-    for i in sorted(range(len(terms)), key=lambda i: len(terms[i])):
-        if basis.shape[1]:
-            fit, *_ = np.linalg.lstsq(basis, columns[i], rcond=None)
-            if np.linalg.norm(basis @ fit - columns[i]) <= 1e-9 * np.linalg.norm(columns[i]):
-                continue
-        keep.append(i)
-        basis = np.concatenate([basis, columns[i][:, None]], axis=1)
-    terms, matrix = [terms[i] for i in keep], basis
-    weights, *_ = np.linalg.lstsq(matrix, diff, rcond=None)
-    residual = np.linalg.norm(matrix @ weights - diff)
-    if residual > tolerance * max(np.linalg.norm(ref), 1e-30) or np.linalg.norm(diff) == 0:
-        return None
-    weights = np.round(1.0 + weights, 6)
-    if np.all(np.abs(weights - 1.0) <= 1e-3):  # numformer's to rounding: a precision problem, not a term
-        return None
-    if len(weights) > 1 and np.all(weights == weights[0]):  # every term alike: a factor, said as one
-        return None
-    return [(t, float(w)) for t, w in zip(terms, weights)]
-
-
-def weighed_sentence(weighed) -> str:
-    """"your gradients are numformer's except that the term `b` enters 2 times; the terms `a`, `c` are right"."""
-    def how(w):
-        if w == 0:
-            return "is missing"
-        if w == -1:
-            return "enters with the opposite sign"
-        return f"enters {w:g} times (numformer's: once)"
-    wrong = [f"the term `{t}` {how(w)}" for t, w in weighed if abs(w - 1.0) > 1e-6]
-    right = [f"`{t}`" for t, w in weighed if abs(w - 1.0) <= 1e-6]
-    text = "your gradients are numformer's except that " + " and ".join(wrong)
-    if right:
-        text += f"; the term{'s' if len(right) > 1 else ''} {', '.join(right)} {'are' if len(right) > 1 else 'is'} right"
-    return text
+def reproduced(ex, mine: list, reference: list, seed: int = 0):
+    """What reproduces ``mine`` on every case: ("mistake", its name) for a catalogued mistake, ("edit", the Mutant)
+    for a single edit of numformer's backward, the closest of the first source that has one; or None. A catalogued
+    mistake may raise as the student's code does (the same error); an edit must have an output to compare (two
+    edits raising the same error say nothing of which it was: :func:`same_error` names those)."""
+    found = closest(((m.__name__, run_function(ex, m, seed)[1]) for m in ex.mistakes), mine, reference)
+    if found is not None:
+        return "mistake", found[0]
+    found = closest(mutant_outcomes(ex, seed), mine, reference) if any(o.output for o in mine) else None
+    return None if found is None else ("edit", found[0])
 
 
 def wrong_entries(name: str, got, ref, tiny: float, tolerance: float = 1e-6) -> str:

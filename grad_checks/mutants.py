@@ -16,7 +16,7 @@ made to numformer's code and as a student reads it about theirs:
 * a backward skipped: ``child.backward(g)`` or ``softmax_backward(g, y)`` -> ``g``
 * two returned values swapped: ``return a, b`` -> ``return b, a``
 
-Each mutant is compiled in its reference's module (same globals). grad_checks/mutation_testing.py
+Each mutant is compiled in its reference's module (same globals, file and lines). grad_checks/mutation_testing.py
 grades them (``python -m grad_checks mutants``); grad_checks/locate.py uses them to locate a
 student's mistake to the term. Some edits change nothing mathematically (an equivalent mutant): each
 exercise's ``equivalent`` names them, with the reason; :func:`equivalent` (``EQUIVALENT``) gathers them.
@@ -26,7 +26,6 @@ from __future__ import annotations
 import ast
 import copy
 import inspect
-import sys
 import textwrap
 from dataclasses import dataclass
 
@@ -201,51 +200,47 @@ def _edits(node) -> list:
     return out
 
 
-def _sites(fn_def):
-    """(parent, field, index or None, node) for every node of the function body, docstring left out."""
-    body = fn_def.body
-    start = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
-    stack = [(fn_def, "body", i, stmt) for i, stmt in reversed(list(enumerate(body))) if i >= start]
+def _nodes(fdef):
+    """Every node of the function's body in the order written (a statement before what it holds), docstring left out."""
+    body = fdef.body
+    stack = list(reversed(body[1:] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                          else body))
     while stack:
-        parent, fieldname, index, node = stack.pop()
-        yield parent, fieldname, index, node
-        children = []
-        for name, value in ast.iter_fields(node):
-            if isinstance(value, list):
-                children += [(node, name, i, v) for i, v in enumerate(value) if isinstance(v, ast.AST)]
-            elif isinstance(value, ast.AST):
-                children.append((node, name, None, value))
-        stack.extend(reversed(children))
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(list(ast.iter_child_nodes(node))))
+
+
+def replaced(source: str, node, new) -> str:
+    """``source`` with ``node``'s text replaced by ``new``'s, every other line where it was (the one mechanism of
+    an edit: a mutant of numformer's code, a fix suggested for a student's, grad_checks/own_route.py)."""
+    lines = source.splitlines(keepends=True)
+    start, end = node.lineno - 1, node.end_lineno - 1
+    head = lines[start].encode()[:node.col_offset].decode()
+    tail = lines[end].encode()[node.end_col_offset:].decode()
+    text = ast.unparse(new)
+    if isinstance(node, ast.expr):
+        text = f"({text}{chr(10) * (end - start)})"  # parenthesised: it binds as the node did, over as many lines
+    else:
+        text += "\n" * (end - start)
+    return "".join(lines[:start]) + head + text + tail + "".join(lines[end + 1:])
 
 
 def mutants(ex) -> list:
-    """Every single-edit mutant of ``ex``'s reference, compiled in the reference's module."""
-    target = ex.target
-    source = textwrap.dedent(inspect.getsource(target))
-    first_line = inspect.getsourcelines(target)[1]
-    module = sys.modules[target.__module__]
-    n_sites = len(list(_sites(ast.parse(source).body[0])))
+    """Every single-edit mutant of ``ex``'s reference, compiled in the reference's module at its lines."""
+    from .recorded_run import rewritten  # noqa: PLC0415  (the recording's compiler, which keeps file and lines)
+
+    source = textwrap.dedent(inspect.getsource(ex.target))
+    first, fdef = inspect.getsourcelines(ex.target)[1], ast.parse(source).body[0]
     found = []
-    for k in range(n_sites):
-        probe = ast.parse(source).body[0]
-        parent, fieldname, index, node = list(_sites(probe))[k]
-        for j in range(len(_edits(node))):
-            tree = ast.parse(source)
-            parent, fieldname, index, node = list(_sites(tree.body[0]))[k]
-            stmt = _statement(tree.body[0], node)
-            subject = _subject(stmt, node, ex.outputs) if stmt is not None else ""
-            statement = _text(stmt, 80) if stmt is not None else ""
-            edit, new, said = _edits(node)[j]
-            new = ast.copy_location(new, node)
-            if index is None:
-                setattr(parent, fieldname, new)
-            else:
-                getattr(parent, fieldname)[index] = new
-            ast.fix_missing_locations(tree)
-            namespace = dict(vars(module))
-            exec(compile(tree, f"<mutant of {target.__qualname__}>", "exec"), namespace)  # noqa: S102
-            found.append(Mutant(ex.name, first_line + node.lineno - 1, edit, ast.unparse(tree),
-                                namespace[target.__name__], said, subject, statement))
+    for node in (n for n in _nodes(fdef) if hasattr(n, "lineno")):
+        stmt = _statement(fdef, node)
+        subject, statement = (_subject(stmt, node, ex.outputs), _text(stmt, 80)) if stmt is not None else ("", "")
+        for edit, new, said in _edits(node):
+            text = replaced(source, node, new)
+            fn = rewritten(ex.target, text)
+            if fn is not None:
+                found.append(Mutant(ex.name, first + node.lineno - 1, edit, text, fn, said, subject, statement))
     return found
 
 

@@ -2,30 +2,23 @@
 exercise grades EXACT, since it *is* numformer's; this finds such code, so that the grading can say so.
 
 What counts is numformer's function for the exercise (its reference, ``ex.target``: for a method, the method as
-written) and the reference's fast twins (the kernels
-registered under its dotted name, numformer/kernels/twins.py). Nothing else: a composite calling its children's
-backward (``MultiHeadAttention.backward`` calling ``self.attention.backward``) or attention's backward calling
-numformer's ``softmax_backward`` is the student using pieces the exercise does not ask for.
+written) and the reference's fast twins (the kernels registered under its dotted name, numformer/kernels/twins.py).
+Nothing else: a composite calling its children's backward (``MultiHeadAttention.backward`` calling
+``self.attention.backward``) or attention's backward calling numformer's ``softmax_backward`` is the student using
+pieces the exercise does not ask for.
 
 Two ways a student's code gets there:
 
-* it *calls* one: :func:`watch`, around the run of the student's code, sees each call of those functions
-  (``sys.setprofile``: Python 3.11 has no ``sys.monitoring``, and a profiler, unlike ``sys.settrace``, is not
-  called for every line; the callback returns at once for any event but ``'call'``) and keeps those made from
-  the student's file, or from a file beside it (a helper module it imports; ``load_file`` puts the folder on
-  the path for that), with the line. The caller is the nearest frame outside numformer's package: a call
-  through numformer's own code (``kernel(f)(...)`` through the switch of numformer/kernels/__init__.py, ``LayerNorm.backward`` through the
-  layer) is made by whoever called numformer. The grader's own calls do not count: the output guard of
-  grad_checks/exercise.py runs the reference on a copy of the arguments, from grad_checks, on every call of a
-  student's function, so a detector that ignored the caller's file would call every answer numformer's.
-* it *is* one: ``layernorm_backward = L.layernorm_backward`` (or ``backward = NumformerLayer.backward`` in the
-  class) is then called by numformer's layer, from numformer's file, and no call is the student's:
-  :func:`reexported` compares the answer's code object with numformer's.
-
-The student's code runs on the grading thread, which the profiler watches; what it hands to another thread, a
-process or ``exec`` is found by grad_checks/trip_wires.py (numformer's backward and its twin made trip wires for
-every thread, an audit hook for processes and exec). A profiler installed before (cProfile, a Python profile function) is put back afterwards,
-and a Python one still sees every event in between.
+* it *calls* one, by any route: while :func:`watch` is on, those functions refuse to run
+  (grad_checks/trip_wires.py), whoever calls them: the student's line, a thread, a torch hook, ``functools``, a
+  descriptor, a C extension's callback, the grader itself through what the student's ``backward`` resolves to.
+  Each refused call is an :class:`OwnCall`, at the nearest line of the student's file (or a file beside it: a
+  helper module it imports; ``load_file`` puts the folder on the path for that) on the calling thread's stack. The
+  grader's own calls run: the output guard of grad_checks/exercise.py runs the reference on a copy of the
+  arguments after the student's function has returned, from a code object it permits.
+* it *is* one: ``layernorm_backward = L.layernorm_backward`` (or ``backward = NumformerLayer.backward``, a
+  ``@property`` returning ``super().backward``, any descriptor) is resolved as the grader will call it and compared
+  with numformer's before any call (:func:`reexported`).
 """
 from __future__ import annotations
 
@@ -33,24 +26,21 @@ import contextlib
 import functools
 import inspect
 import os
-import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
-import threading
-
-import numformer
-
-from .trip_wires import original_code, wired
+from .trip_wires import NotYours, original_code, wired  # noqa: F401  (NotYours: what a refused call raises)
 
 
 @dataclass(frozen=True)
 class OwnCall:
-    """numformer's own backward for the exercise, used by the student's code: called from ``file`` at ``line``,
-    or (``line`` None, ``how`` "call") the student's function is numformer's itself. ``how``: "call" (on the
-    grading thread), "thread" (from another thread; ``detail`` its name), "process" (a process started, where
-    no watch reaches; ``detail`` its command, ``callee`` None) or "exec" (numformer's source run through exec):
-    grad_checks/trip_wires.py finds the last three."""
+    """numformer's own backward for the exercise, used by the student's code: called from ``file`` at ``line``
+    (None: no line of the student's on the stack: a torch hook, a property's result called by the grader), or
+    (``how`` "is") the student's function resolves to numformer's itself, ``line`` where it is made. ``how``: "call"
+    (on the grading thread), "thread" (from another thread; ``detail`` its name), "is", "process" (a process
+    started, where no watch reaches; ``detail`` its command, ``callee`` None) or "exec" (numformer's source run
+    through exec)."""
 
     callee: str | None  # its dotted name: "numformer.layers.layernorm.layernorm_backward"
     file: str | None    # the student's file (or the helper beside it) the call is made from
@@ -62,12 +52,7 @@ class OwnCall:
         return f"{Path(self.file).name}:{self.line}" if self.file and self.line else f"thread {self.detail!r}"
 
     def __str__(self) -> str:
-        if self.how != "call":  # found by the trip wires: worded once, by describe
-            return describe([self])
-        where = Path(self.file).name if self.file else "the answer"
-        if self.line is None:
-            return f"numformer's {self.callee} itself ({where} assigns it instead of writing it)"
-        return f"numformer's {self.callee} ({where}:{self.line})"
+        return describe([self])
 
 
 def describe(calls) -> str:
@@ -75,15 +60,19 @@ def describe(calls) -> str:
     numformer.layers.layernorm.layernorm_backward (my_layernorm.py:81)``) and how many more there are."""
     first, n = calls[0], len(calls) - 1
     more = f" (and {n} more use{'s' if n != 1 else ''})" if n else ""
+    at = f" ({Path(first.file).name}:{first.line})" if first.file and first.line else ""
     if first.how == "thread":
         return f"calls numformer's own {first.callee} from a thread ({first.where()}){more}"
     if first.how == "process":
         return f"starts a process ({first.detail}; {first.where()}), whose work the grading cannot see{more}"
     if first.how == "exec":
         return f"runs numformer's own {first.callee} from its source through exec ({first.where()}){more}"
-    if first.line is None:
-        return f"is numformer's own {first.callee}, assigned instead of written{more}"
-    return f"calls numformer's own {first.callee} ({Path(first.file).name}:{first.line}){more}"
+    if first.how == "is":
+        return f"is numformer's own {first.callee}{first.detail or ', assigned instead of written'}{at}{more}"
+    if not at:
+        return f"has numformer's own {first.callee} called while it runs, from no line of its own (a hook, a " \
+               f"callback?){more}"
+    return f"calls numformer's own {first.callee}{at}{more}"
 
 
 def _unwrapped(fn):
@@ -121,28 +110,48 @@ def numformer_backward_names(ex) -> dict:
     return {original_code(fn): name for fn, name in numformer_backward_functions(ex).items()}
 
 
-def _answer_function(ex, answer):
-    """The student's function or method for ``ex`` out of ``answer``: the function itself, their class's own
-    method (a composition), or the function their ``using(...)`` class calls (``train.py --swap``'s class)."""
+def _resolved(ex, answer):
+    """(what the grader will call for ``ex`` out of ``answer``, how it got there: None, or ", a property ..." and the
+    line): the function itself, their class's attribute resolved as an instance's (a ``@property`` or any
+    descriptor is run, its getter's result taken), or the function their ``using(...)`` class calls
+    (``train.py --swap``'s class)."""
     if not isinstance(answer, type):
-        return answer
-    if ex.is_method:
-        return vars(answer).get(ex.target.__name__)
-    return getattr(answer, "using", {}).get(ex.target.__name__)
+        return answer, None
+    if not ex.is_method:
+        return getattr(answer, "using", {}).get(ex.target.__name__), None
+    name = ex.target.__name__
+    attribute = inspect.getattr_static(answer, name, None)
+    if attribute is None or inspect.isfunction(attribute) or isinstance(attribute, (staticmethod, classmethod)):
+        return attribute, None
+    getter = getattr(attribute, "fget", None) or getattr(type(attribute), "__get__", None)
+    how = f", returned by the {type(attribute).__name__} {name}", getattr(getattr(getter, "__code__", None),
+                                                                          "co_firstlineno", None)
+    try:  # the descriptor as the grader's call will see it: on an instance (made without __init__)
+        return attribute.__get__(object.__new__(answer), answer), how
+    except Exception:  # noqa: BLE001  (a getter that needs a built layer: its call is refused by the wires)
+        return None, None
 
 
 def reexported(ex, answer, file=None) -> OwnCall | None:
-    """An :class:`OwnCall` (line None) when the student's function for ``ex`` is numformer's own (assigned, or
-    wrapped in something that only forwards to it), else None."""
-    fn = _unwrapped(_answer_function(ex, answer))
-    code = original_code(fn) if hasattr(fn, "__code__") else None  # as written, a trip wire on it or not
+    """An :class:`OwnCall` (``how`` "is") when what the grader calls for ``ex`` is numformer's own (assigned,
+    wrapped in something that only forwards to it, or given by a descriptor), or when the answer's module holds a
+    copy of it (a new function object on numformer's code, which no trip wire is on); else None."""
+    fn, how = _resolved(ex, answer)
+    fn = _unwrapped(fn)
     # identity, not ==: code objects compare by content, and a copy of numformer's source at the same line
     # numbers (written, not assigned) would compare equal
-    name = next((n for c, n in numformer_backward_names(ex).items() if c is code), None)
-    return None if name is None else OwnCall(name, None if file is None else str(file), None)
-
-
-_NUMFORMER = os.path.realpath(os.path.dirname(numformer.__file__)) + os.sep
+    names = {id(c): n for c, n in numformer_backward_names(ex).items()}
+    where = None if file is None else str(file)
+    name = names.get(id(original_code(fn))) if hasattr(fn, "__code__") else None  # as written, wired or not
+    if name is not None:
+        detail, line = how if how is not None else (None, None)
+        return OwnCall(name, where, line, "is", detail)
+    functions = set(numformer_backward_functions(ex))
+    held = getattr(_unwrapped(answer if not isinstance(answer, type) else fn), "__globals__", None) or {}
+    for value in list(held.values()):
+        if isinstance(value, types.FunctionType) and value not in functions and id(value.__code__) in names:
+            return OwnCall(names[id(value.__code__)], where, None, "is", f", copied as {value.__name__}")
+    return None
 
 
 def _beside(file):
@@ -162,32 +171,20 @@ def _beside(file):
     return theirs
 
 
-def _in_numformer(name: str, cache: dict) -> bool:
-    if name not in cache:
-        cache[name] = os.path.realpath(name).startswith(_NUMFORMER)
-    return cache[name]
-
-
 @contextlib.contextmanager
 def watch(ex, file, answer=None, whose=None):
-    """``with watch(ex, file, answer) as calls:`` run the student's code for ``ex`` (from ``file``); ``calls`` then
-    holds an :class:`OwnCall` for each distinct place their code uses numformer's own backward for ``ex``:
-    :func:`reexported` first (when ``answer`` is given), then each call seen, in the order first made.
+    """``with watch(ex, file, answer) as calls:`` run the student's code for ``ex`` (from ``file``): numformer's own
+    backward for ``ex`` refuses to run in the block (grad_checks/trip_wires.py), and ``calls`` then holds an
+    :class:`OwnCall` for each distinct use of it: :func:`reexported` first (when ``answer`` is given), then each
+    refused call, process and exec, in the order first made.
 
     ``whose``: whether a caller's file name is the student's (default: ``file`` and the files beside it; with
-    ``file`` None, none is, and only :func:`reexported` can find anything). The previous profiler is restored
-    on the way out, exception or not."""
-    # by identity: a code object's hash is computed from its contents on every lookup, and a copy of the
-    # reference's source (a student's) at the same line numbers would compare equal to it
-    codes = {id(code): name for code, name in numformer_backward_names(ex).items()}
+    ``file`` None, none is, and a refused call has no line)."""
     theirs = whose or _beside(file)
-    calls, seen, library = [], set(), {}
+    calls, seen = [], set()
     own = None if answer is None else reexported(ex, answer, file)
     if own is not None:
         calls.append(own)
-    previous = sys.getprofile()
-    chain = previous if callable(previous) else None
-    grading = threading.current_thread()
 
     def record(callee, frame, how, detail):
         where = (None, None) if frame is None else (frame.f_code.co_filename, frame.f_lineno)
@@ -196,44 +193,16 @@ def watch(ex, file, answer=None, whose=None):
             seen.add(key)
             calls.append(OwnCall(callee, *where, how, detail))
 
-    live = [True]  # False once the watch ends: a thread started in it then drops this profiler at its next event
-
-    def profile(frame, event, arg):
-        if not live[0]:
-            sys.setprofile(None)  # (only another thread gets here: the grading thread's profiler is put back)
-            return
-        if event == "call":
-            callee = codes.get(id(frame.f_code))
-            if callee is not None:
-                caller = frame.f_back
-                while caller is not None and _in_numformer(caller.f_code.co_filename, library):
-                    caller = caller.f_back  # numformer only passed the call on: its caller made it
-                here = threading.current_thread()
-                if here is not grading:  # a thread the student's code started (trip_wires.wired gives it this)
-                    while caller is not None and not theirs(caller.f_code.co_filename):
-                        caller = caller.f_back
-                    record(callee, caller, "thread", here.name)
-                elif caller is not None and theirs(caller.f_code.co_filename):
-                    record(callee, caller, "call", None)
-        if chain is not None and threading.current_thread() is grading:
-            chain(frame, event, arg)
-
-    sys.setprofile(profile)
-    try:
-        with wired(numformer_backward_functions(ex), record, theirs, profile):
-            yield calls
-    finally:
-        live[0] = False
-        if previous is not None and not callable(previous) and hasattr(previous, "enable"):
-            sys.setprofile(None)
-            previous.enable()  # cProfile: sys.getprofile gives its object, which re-installs its C hook itself
-        else:
-            sys.setprofile(previous)
+    with wired(numformer_backward_functions(ex), record, theirs):
+        yield calls
 
 
 def calls_to_numformer(ex, run, file, answer=None) -> list:
     """:func:`watch` around ``run()`` (a function of no arguments that runs the student's code): the list of
-    :class:`OwnCall`."""
+    :class:`OwnCall`. A refused call's :class:`NotYours` stops ``run`` there."""
     with watch(ex, file, answer) as calls:
-        run()
+        try:
+            run()
+        except NotYours:
+            pass
     return calls

@@ -16,8 +16,6 @@ import ast
 import re
 from pathlib import Path
 
-import numpy as np
-
 from .counterparts import same
 from .first_wrong_step import Recordings
 
@@ -63,25 +61,6 @@ def _what(ex, ref_call, record) -> str | None:
     return f"numformer's `{r.variable or r.code}`" + (f", {term}" if term else "")
 
 
-def _same_args(a, b) -> bool:
-    """The two calls got the same arrays (floats to round-off, masks and ids exactly); other arguments (a scale, a
-    function) are not compared: the arrays tell the cases apart."""
-    if a.args.keys() != b.args.keys():
-        return False
-    for k in a.args:
-        x, y = a.args[k], b.args[k]
-        if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)):
-            continue
-        if x.shape != y.shape:
-            return False
-        if np.issubdtype(x.dtype, np.floating) and np.issubdtype(y.dtype, np.floating):
-            if not same(x, y):
-                return False
-        elif not np.array_equal(x, y):
-            return False
-    return True
-
-
 def raised_line(ex, answer, seed: int, file, time_limit, case_number: int, case_name: str, error: str,
                 recordings=None) -> str | None:
     """The sentence for case ``case_number`` (from 1), which raised ``error`` (the outcome's line, which names
@@ -97,12 +76,13 @@ def raised_line(ex, answer, seed: int, file, time_limit, case_number: int, case_
     source, names = _line_and_names(file, line)
     recordings = recordings or Recordings(ex, answer, seed, file, time_limit)
     mine, ours = recordings.student[0], recordings.reference[0]
-    if not mine or not ours or case_number > len(ours):
+    # the case's call that raised, and numformer's call at its place in the case (a recording knows each call's case)
+    mine_here = [c for c in mine or [] if c.case == case_number - 1]
+    ours_here = [c for c in ours or [] if c.case == case_number - 1]
+    at = next((i for i, c in enumerate(mine_here) if not c.returned), 0)
+    if at >= len(mine_here) or at >= len(ours_here):
         return None
-    ref_call = ours[case_number - 1]
-    my_call = next((c for c in mine if _same_args(c, ref_call)), None)
-    if my_call is None:
-        return None
+    my_call, ref_call = mine_here[at], ours_here[at]
     said, returned_read = [], 0
     for name in names:
         record = _latest(my_call, name)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+_FLOAT64 = np.dtype(np.float64)
 RECORDER = "__nf_recorder__"   # the names the rewritten code uses: unlikely in a student's file
 CALL = "__nf_call__"
 
@@ -44,6 +45,9 @@ class Record:
     given: bool = False           # an argument of the call, not computed
     kind: str = ""                # what computed it (see _kind)
     occurrence: int = 0           # how many records of the same expression came before it in the call
+    dtype: np.dtype = _FLOAT64    # the dtype the code computed it in (the copy is float64)
+    statement: int | None = None  # the line of the statement it is part of
+    inside: str | None = None     # the helper of numformer's it was computed in (``softmax_backward``), if any
 
     @property
     def key(self) -> tuple:
@@ -62,12 +66,17 @@ class Call:
     by_node: dict = field(default_factory=dict)     # node id -> index of its latest record
     seen: dict = field(default_factory=dict)        # node id -> records of it so far
     returned: bool = False                          # it reached a return (did not raise)
+    indices: dict = field(default_factory=dict)     # name -> (line, value) of an integer or boolean array bound
+    case: int = 0                                   # the exercise's case it ran in (from 0)
 
 
 def _array(value):
-    """A float64 copy of a floating array (numpy or anything with __array__), else None (ids, masks, shapes)."""
+    """A float64 copy of a floating array (numpy or anything with __array__; a float scalar as a 0-d array: a factor
+    computed on its own line), else None (ids, masks, shapes, counts)."""
     if isinstance(value, np.ndarray):
         arr = value
+    elif isinstance(value, float):
+        arr = np.array(value)
     elif hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape"):
         try:
             arr = np.asarray(value)
@@ -75,9 +84,27 @@ def _array(value):
             return None
     else:
         return None
-    if arr.dtype.kind != "f" or arr.ndim == 0 or arr.size == 0:
-        return None  # a scalar (a constant cast to an array, a loss value) is no intermediate to compare
+    if arr.dtype.kind != "f" or arr.size == 0:
+        return None
     return np.array(arr, dtype=np.float64)
+
+
+def _dtype(value):
+    return getattr(value, "dtype", _FLOAT64)
+
+
+def _as_value(override, value):
+    """``override`` in the place of ``value``: its dtype, its shape when it has as many entries (another shape: a
+    value of numformer's that the student's reduced, put back unreduced), a float for a float."""
+    if isinstance(value, float) and not isinstance(value, np.floating):
+        return float(np.asarray(override))
+    out = np.asarray(override, dtype=getattr(value, "dtype", None))
+    shape = np.shape(value)
+    if out.shape == shape or out.size != int(np.prod(shape)):
+        return out
+    if out.ndim == len(shape) and all(a == b or a == 1 or b == 1 for a, b in zip(out.shape, shape)):
+        return out  # a row statistic kept over the other axis: put back with its own axes, which broadcast
+    return out.reshape(shape)
 
 
 @dataclass
@@ -87,6 +114,7 @@ class _Node:
     children: tuple     # node ids directly inside it
     names: tuple        # names it reads that no child reads for it
     kind: str = ""      # what computes it (see _kind); "in place" for a statement changing an array
+    statement: int = 0  # the line of the statement it is part of
 
 
 class Recorder:
@@ -95,21 +123,22 @@ class Recorder:
     def __init__(self, overrides: dict | None = None):
         self.calls: list = []
         self.nodes: dict = {}
+        self.case = 0   # the case running now (set by the caller, see grad_checks/candidates.py's run_class)
         # {(call number, (node, occurrence)): array}: what an expression evaluates to instead, in that call
         # (numformer's reference replayed with a student's value at one step, to find the next mistake)
         self.overrides = overrides or {}
 
     # -- called by the rewritten code --------------------------------------------------------------
     def enter(self, args: dict) -> Call:
-        call = Call(len(self.calls), dict(args))
+        call = Call(len(self.calls), dict(args), case=self.case)
         for name, value in args.items():
             override = self.overrides.get((call.number, ("arg", name)))
             if override is not None and isinstance(value, np.ndarray):  # an argument replayed with another value
-                value = call.args[name] = np.asarray(override, dtype=value.dtype).reshape(value.shape)
+                value = call.args[name] = _as_value(override, value)
             arr = _array(value)
             if arr is not None:
                 call.by_name[name] = self._add(call, Record(len(call.records), None, name, None, arr,
-                                                            variable=name, given=True))
+                                                            variable=name, given=True, dtype=_dtype(value)))
         self.calls.append(call)
         return call
 
@@ -125,6 +154,17 @@ class Recorder:
                          for i, (item, name) in enumerate(zip(value, names)))
         return self._record(call, node, value, bind if isinstance(bind, str) else None, returned)
 
+    def inner(self, call: Call, node: int, value, helper: str):
+        """The value of expression ``node`` of a helper of numformer's (``softmax_backward``) run inside the call:
+        recorded with no operands, no name, never returned (see :func:`recorded`'s ``helpers``)."""
+        arr = _array(value)
+        if arr is not None and call is not None:
+            info = self.nodes[node]
+            occurrence = call.seen[node] = call.seen.get(node, -1) + 1
+            self._add(call, Record(len(call.records), node, info.code, info.line, arr, kind=info.kind,
+                                   occurrence=occurrence, dtype=_dtype(value), statement=info.statement, inside=helper))
+        return value
+
     def changed(self, call: Call, node: int, name: str, value) -> None:
         """``name``'s array after a statement that may have changed it in place."""
         arr = _array(value)
@@ -138,7 +178,8 @@ class Recorder:
             value[...] = np.asarray(override).reshape(value.shape)  # changed in place: so is its replacement
             arr = _array(value)
         call.by_name[name] = self._add(call, Record(len(call.records), node, info.code, info.line, arr, operands,
-                                                    variable=name, kind=info.kind, occurrence=occurrence))
+                                                    variable=name, kind=info.kind, occurrence=occurrence,
+                                                    dtype=_dtype(value), statement=info.statement))
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def _operands(self, call: Call, info: _Node) -> tuple:
@@ -155,18 +196,24 @@ class Recorder:
         arr = _array(value)
         info = self.nodes[node]
         if arr is None:
+            if bind and isinstance(value, np.ndarray) and value.dtype.kind in "biu":  # positions, a mask: kept aside
+                override = self.overrides.get((call.number, ("position", bind)))
+                value = value if override is None else np.asarray(override, dtype=value.dtype)
+                call.indices[bind] = (info.statement, value.copy())
             return value
         occurrence, override = self._next(call, node)
         if override is not None:
-            replaced = np.asarray(override, dtype=value.dtype).reshape(value.shape)
-            if returned is not None and isinstance(value, np.ndarray) and value.flags.writeable:
+            replaced = _as_value(override, value)
+            if returned is not None and isinstance(value, np.ndarray) and value.flags.writeable \
+                    and np.shape(replaced) == value.shape:
                 value[...] = replaced  # a returned array may be a buffer filled in place (a parameter's .grad)
             else:
                 value = replaced
             arr = _array(value)
         index = self._add(call, Record(len(call.records), node, info.code, info.line, arr,
                                        self._operands(call, info), variable=bind, returned=returned,
-                                       kind=info.kind, occurrence=occurrence))
+                                       kind=info.kind, occurrence=occurrence, dtype=_dtype(value),
+                                       statement=info.statement))
         call.by_node[node] = index
         if bind:
             call.by_name[bind] = index
@@ -186,16 +233,21 @@ _RECORDED = (ast.BinOp, ast.UnaryOp, ast.Call, ast.Subscript, ast.Attribute, ast
 class _Rewriter(ast.NodeTransformer):
     """Wraps each array-capable expression in ``__nf_recorder__.value(__nf_call__, id, expr)``."""
 
-    def __init__(self, recorder: Recorder, source: str, first_line: int):
+    def __init__(self, recorder: Recorder, source: str, first_line: int, helper: str | None = None):
         self.recorder, self.source, self.offset = recorder, source, first_line - 1
+        self.helper = helper  # a helper's name: its values recorded inside the caller's call (Recorder.inner)
 
     # expressions ------------------------------------------------------------------------------------
     def _wrap(self, node, original, bind=None, returned=None):
         node_id = len(self.recorder.nodes)
         children, names = _direct(original)
         self.recorder.nodes[node_id] = _Node(ast.get_source_segment(self.source, original) or ast.unparse(original),
-                                             original.lineno + self.offset, children, names, _kind(original))
+                                             original.lineno + self.offset, children, names, _kind(original),
+                                             getattr(original, "_nf_statement", original.lineno) + self.offset)
         original._nf_id = node_id
+        if self.helper is not None:
+            return ast.Call(ast.Attribute(ast.Name(RECORDER, ast.Load()), "inner", ast.Load()),
+                            [ast.Name(CALL, ast.Load()), ast.Constant(node_id), node, ast.Constant(self.helper)], [])
         keywords = []
         if bind is not None:
             keywords.append(ast.keyword("bind", ast.Constant(bind)))
@@ -220,10 +272,13 @@ class _Rewriter(ast.NodeTransformer):
         return super().generic_visit(node)
 
     def visit_Call(self, node):
+        # a name passed to a child layer's method or a helper (``self.norm.backward(dy)``, ``dropout_backward(dp)``)
+        # is recorded at that use too: the value a call is given, which can be wrong where the name is not
+        use = isinstance(node.func, ast.Name) or (isinstance(node.func, ast.Attribute) and _on_self(node.func))
         node.func = self._visit_func(node.func)
-        node.args = [self._expr(a) for a in node.args]
+        node.args = [self._expr(a, always=use and isinstance(a, ast.Name)) for a in node.args]
         for k in node.keywords:
-            k.value = self._expr(k.value)
+            k.value = self._expr(k.value, always=use and isinstance(k.value, ast.Name))
         return node
 
     def _visit_func(self, func):
@@ -275,7 +330,8 @@ class _Rewriter(ast.NodeTransformer):
     def visit_Expr(self, node):
         node.value = self._expr(node.value)
         call = node.value if isinstance(node.value, ast.Call) else None
-        names = [a.id for a in getattr(_unwrapped(call), "args", []) if isinstance(a, ast.Name)] if call else []
+        names = [a.id for a in map(_unwrapped, getattr(_unwrapped(call), "args", [])) if isinstance(a, ast.Name)] \
+            if call else []
         return [node] + self._changed(node, names)
 
     def visit_Return(self, node):
@@ -293,12 +349,15 @@ class _Rewriter(ast.NodeTransformer):
         return target
 
     def _changed(self, stmt, names) -> list:
+        if self.helper is not None:
+            return []  # a helper's arrays changed in place are its caller's (recorded there)
         out = []
         for name in dict.fromkeys(n for n in names if n):
             node_id = len(self.recorder.nodes)
             children, reads = _direct(stmt)
             self.recorder.nodes[node_id] = _Node(ast.get_source_segment(self.source, stmt) or ast.unparse(stmt),
-                                                 stmt.lineno + self.offset, children, reads, "in place")
+                                                 stmt.lineno + self.offset, children, reads, "in place",
+                                                 stmt.lineno + self.offset)
             call = ast.Call(ast.Attribute(ast.Name(RECORDER, ast.Load()), "changed", ast.Load()),
                             [ast.Name(CALL, ast.Load()), ast.Constant(node_id), ast.Constant(name),
                              ast.Name(name, ast.Load())], [])
@@ -352,6 +411,13 @@ def _unwrapped(call):
             and isinstance(call.func.value, ast.Name) and call.func.value.id == RECORDER:
         return call.args[2]
     return call
+
+
+def _on_self(func) -> bool:
+    """``self.norm.backward``, ``self._split``: an attribute chain starting at ``self``."""
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return isinstance(func, ast.Name) and func.id == "self"
 
 
 def _base_name(target):
@@ -414,14 +480,28 @@ def _made(fn, fdef, first: int, filename: str, namespace: dict):
     return new
 
 
-def recorded(fn, recorder: Recorder, source: str | None = None):
+def recorded(fn, recorder: Recorder, source: str | None = None, helpers: bool = False):
     """``fn`` rewritten to record into ``recorder`` (see the module's docstring), or None when its source
-    cannot be read or rewritten; ``source``: its text edited, to run in its place (see :func:`_parsed`)."""
+    cannot be read or rewritten; ``source``: its text edited, to run in its place (see :func:`_parsed`).
+    ``helpers``: the functions of numformer's layers it calls by name (``softmax_backward(dp, p)`` in attention's
+    backward) record their arrays too, inside its call (numformer's reference: its row sums are values known)."""
     parsed = _parsed(fn, source)
     if parsed is None:
         return None
     fn, source, first, filename, fdef = parsed
+    namespace = dict(fn.__globals__)
+    for node in ast.walk(fdef) if helpers else ():
+        name = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+        helper = fn.__globals__.get(name)
+        if inspect.isfunction(helper) and helper.__module__.startswith("numformer.layers."):
+            inside = _helper(helper, recorder)
+            if inside is not None:
+                namespace[name] = inside
     params = [a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs if a.arg != "self"]
+    for stmt in ast.walk(fdef):  # each expression's statement (an inner statement's after its outer one's)
+        if isinstance(stmt, ast.stmt) and stmt is not fdef:
+            for node in ast.walk(stmt):
+                node._nf_statement = stmt.lineno
     rewriter = _Rewriter(recorder, source, first)
     fdef.body = [rewriter.visit(stmt) for stmt in fdef.body]
     # a statement may come back as a list (it and its ``changed`` calls); NodeTransformer flattens the nested
@@ -431,6 +511,20 @@ def recorded(fn, recorder: Recorder, source: str | None = None):
     # the arguments as enter() hands them back: an override replaces one (see Recorder.overrides)
     rebind = [ast.parse(f"{p} = {CALL}.args.get({p!r}, {p})").body[0] for p in params]
     fdef.body = [enter] + rebind + fdef.body
+    namespace[RECORDER] = recorder
+    return _made(fn, fdef, first, filename, namespace)
+
+
+def _helper(fn, recorder: Recorder):
+    """A helper of numformer's rewritten to record its arrays into the caller's current call (its last), or None."""
+    parsed = _parsed(fn)
+    if parsed is None:
+        return None
+    fn, source, first, filename, fdef = parsed
+    rewriter = _Rewriter(recorder, source, first, helper=fn.__name__)
+    fdef.body = [rewriter.visit(stmt) for stmt in fdef.body]
+    fdef.body = [s for stmt in fdef.body for s in (stmt if isinstance(stmt, list) else [stmt])]
+    fdef.body = [ast.parse(f"{CALL} = {RECORDER}.calls[-1] if {RECORDER}.calls else None").body[0]] + fdef.body
     namespace = dict(fn.__globals__)
     namespace[RECORDER] = recorder
     return _made(fn, fdef, first, filename, namespace)

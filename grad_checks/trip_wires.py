@@ -1,28 +1,20 @@
-"""Trip wires: numformer's own backward reached by a student's code where the grading thread's profiler
-(grad_checks/own_code.py's :func:`~grad_checks.own_code.watch`) cannot see it: from another thread, from a
-process the code starts, or by running numformer's source through ``exec``. Each use found is an
-:class:`~grad_checks.own_code.OwnCall`, and the grade says NOT YOURS, never EXACT.
+"""Trip wires: while a student's code is graded, numformer's own backward for the exercise refuses to run, whoever
+calls it; a process the code starts, or numformer's source run through ``exec``, is reported.
 
-* **Any thread.** While a watch is on, numformer's backward for the exercise and its fast twin *are* trip
-  wires: the function object's code is swapped for a two-line forwarder (compiled under numformer's file
-  name, so the frames it adds read as numformer's and the caller is still the student's) that reports the
-  call and runs the original code. A name the student imported before (``from numformer.layers.layernorm
-  import layernorm_backward``) is the same function object, so a call through it, from any thread,
-  numformer's own thread pool included, is seen. The grading thread's calls are left to the profiler (it
-  tells the grader's own reference runs from the student's); a call from any other thread counts, at the
-  nearest line of the student's files on that thread's stack, else by the thread's name. A method
-  (``MultiHeadAttention.backward`` calls ``super()``, a closure Python cannot swap code under) is watched in
-  the threads started during the watch instead (``threading.setprofile``).
-* **Processes.** A process started from the student's code (``subprocess``, ``os.system``, ``os.exec*``,
-  ``os.posix_spawn``, ``os.fork``: ``multiprocessing`` goes through them) computes where no wire reaches:
-  named, with its command, as not the student's work.
-* **exec.** Code run through ``exec``/``eval`` from the student's code that holds numformer's backward (the
-  same bytecode, names and constants as the reference's: the source of numformer's file read and run) is
-  named. Code the student typed into their own file is theirs, as own_code.py says; an import (numformer's
-  modules are executed by importlib the first time) is not an ``exec`` of the student's.
+* **Refused, whoever calls.** While a watch is on (grad_checks/own_code.py), numformer's backward for the exercise and
+  its fast twin *are* trip wires: the function's code is swapped for a forwarder (under numformer's file name and at
+  its line: ``inspect.getsource`` still finds the source; a method's ``__class__`` cell kept) that reports the call
+  and raises :class:`NotYours`. A name imported before is the same function object, so every route reaches the wire:
+  the student's line, a thread or a pool, a torch tensor hook run by ``out.backward()``, ``functools.partial``, a
+  descriptor or ``@property`` whose result the grader calls, a C extension's callback. Only a code object the grader
+  :func:`permit` s calls it (the output guard, grad_checks/exercise.py, after the student's function has returned).
+  Each refusal is reported at the nearest line of the student's files on the calling thread's stack, if any.
+* **Processes.** One started from the student's code (``subprocess``, ``os.system``, ``os.exec*``,
+  ``os.posix_spawn``, ``os.fork``: ``multiprocessing`` goes through them) computes where no wire reaches: named.
+* **exec.** Code run through ``exec``/``eval`` from the student's code that holds numformer's backward (its bytecode,
+  names and constants: numformer's source read and run) is named; an import (importlib executing a module) is not.
 
-The last two use an audit hook (``sys.addaudithook``, PEP 578): Python has no way to remove one, so one is
-added per process, the first time a watch starts, and it returns at once while no watch is on.
+The last two use an audit hook (``sys.addaudithook``, PEP 578), added once per process and idle while no watch is on.
 """
 from __future__ import annotations
 
@@ -36,8 +28,18 @@ import types
 _WATCHES: list = []            # the watches on now (innermost last): each a _Wires
 _HOOK_ADDED = False
 _ORIGINAL_CODE: dict = {}      # id(function) -> its code as written, while a wire is on it
+_PERMITTED: set = set()        # the grader's code objects whose calls of a wired function run
 _KEYS = itertools.count()
 PROCESS_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork"}
+
+
+class NotYours(RuntimeError):
+    """Raised in the student's code by numformer's own backward for the exercise, which refuses to run there."""
+
+
+def permit(code) -> None:
+    """Calls of a wired function made directly from ``code`` (a code object of the grader's) run as usual."""
+    _PERMITTED.add(code)
 
 
 def original_code(fn):
@@ -60,33 +62,41 @@ class _Wires:
         return frame
 
 
-def _report_thread_call(callee: str, frame) -> None:
-    """A wired function was called: report it to every watch whose grading thread this is not."""
+def _tripped(callee: str, frame) -> None:
+    """A wired function was called from ``frame``: unless the grader permits that caller, every watch records the
+    use and the call is refused."""
+    if frame.f_code in _PERMITTED or not _WATCHES:
+        return
     here = threading.current_thread()
     for wires in list(_WATCHES):
-        if here is not wires.thread:
-            wires.record(callee, wires.student_frame(frame), "thread", here.name)
+        theirs = here is wires.thread
+        wires.record(callee, wires.student_frame(frame), "call" if theirs else "thread", None if theirs else here.name)
+    raise NotYours(f"numformer's own {callee} refuses to run while your code is graded: the exercise is to write it")
 
 
 def _wire(fn, callee: str):
-    """Swap ``fn``'s code for a forwarder that reports each call and runs the original; returns the undo, or
-    None for a function Python cannot swap (a closure: ``super()`` in a method)."""
-    code = fn.__code__
-    if code.co_freevars or not isinstance(fn, types.FunctionType):
+    """Swap ``fn``'s code for a forwarder that trips (see :func:`_tripped`) and then runs the original; returns the
+    undo, or None for what is not a Python function."""
+    if not isinstance(fn, types.FunctionType):
         return None
-    original = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__)
+    code = fn.__code__
+    original = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     original.__kwdefaults__ = fn.__kwdefaults__
     key = f"__grad_checks_trip_wire_{next(_KEYS)}"
-    # compiled under numformer's file name: the frame it adds reads as numformer's, which passes calls on;
-    # with the original's parameters (what the output guard and inspect.signature read), passed on by name
     params, passed = _parameters(code)
-    source = ("\n" * (code.co_firstlineno - 1)  # at the original's line: inspect.getsource still finds its source
-              + f"def {code.co_name}({params}):\n"
-              f"    {key}[0]({callee!r}, __import__('sys')._getframe(1))\n"
-              f"    return {key}[1]({passed})\n")
-    forwarder = next(c for c in compile(source, code.co_filename, "exec").co_consts
-                     if isinstance(c, types.CodeType))
-    fn.__globals__[key] = (_report_thread_call, original)
+    free = code.co_freevars  # a method using super() has a __class__ cell: the forwarder has the same free names
+    pad = "    " * (2 if free else 1)
+    source = (f"def {code.co_name}({params}):\n"
+              + (f"{pad}if False: ({', '.join(free)},)\n" if free else "")
+              + f"{pad}{key}[0]({callee!r}, __import__('sys')._getframe(1))\n{pad}return {key}[1]({passed})\n")
+    if free:  # the free names as the parameters of a function around it, which makes them cells
+        source = f"def __nf_outer__({', '.join(free)}):\n" + "".join("    " + line + "\n" for line in source.splitlines())
+    # at the original's line: inspect.getsource still finds numformer's source
+    compiled = compile("\n" * max(code.co_firstlineno - 1 - bool(free), 0) + source, code.co_filename, "exec")
+    for _ in range(1 + bool(free)):
+        compiled = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
+    forwarder = compiled.replace(co_freevars=free) if free else compiled
+    fn.__globals__[key] = (_tripped, original)
     _ORIGINAL_CODE.setdefault(id(fn), code)
     fn.__code__ = forwarder
 
@@ -180,11 +190,10 @@ def _audit(event: str, args) -> None:
 
 
 @contextlib.contextmanager
-def wired(functions: dict, record, theirs, profile):
-    """While the block runs: ``functions`` ({function object: dotted name}, numformer's backward for the
-    exercise and its fast twin) are trip wires for every thread but this one, the threads started in the
-    block get ``profile`` (the watch's own profiler, for what cannot be wired), and processes and exec's
-    started from the student's code (``theirs``: a predicate on a file name) are reported.
+def wired(functions: dict, record, theirs):
+    """While the block runs: ``functions`` ({function object: dotted name}, numformer's backward for the exercise
+    and its fast twin) refuse to run unless the grader permits the caller (:func:`permit`), and processes and
+    exec's started from the student's code (``theirs``: a predicate on a file name) are reported.
     ``record(callee, frame, how, detail)``: ``frame`` the student's frame the use was made from (or None)."""
     global _HOOK_ADDED
     wires = _Wires(record, theirs, {original_code(fn): name for fn, name in functions.items()})
@@ -192,13 +201,17 @@ def wired(functions: dict, record, theirs, profile):
         sys.addaudithook(_audit)
         _HOOK_ADDED = True
     undos = [u for u in (_wire(fn, name) for fn, name in functions.items()) if u is not None]
-    previous_profile = threading.getprofile()
-    threading.setprofile(profile)
+    previous_hook = threading.excepthook
+
+    def quiet(args):  # a thread of the student's stopped by a refusal: recorded, not printed as a traceback
+        if not isinstance(args.exc_value, NotYours):
+            previous_hook(args)
+    threading.excepthook = quiet
     _WATCHES.append(wires)
     try:
         yield
     finally:
         _WATCHES.remove(wires)
-        threading.setprofile(previous_profile)
+        threading.excepthook = previous_hook
         for undo in reversed(undos):
             undo()

@@ -85,7 +85,7 @@ EXERCISE = Exercise(
     name="embedding", title="the embedding's backward", paper="Section 3.4", target=embedding_backward,
     symbols={"n": lambda a: a["ids"].size, "d": lambda a: a["dy"].shape[-1]},
     entry_sets=_entry_sets,
-    layer=Embedding, cases=cases, outputs=("grad",), swap="Embedding", in_place=("grad",),
+    layer=Embedding, cases=cases, outputs=("grad",), swap="Embedding", upstream=("dy",), in_place=("grad",),
     mistakes=(repeated_ids_overwritten, scale_forgotten, assigned_not_added, new_array_not_in_place),
     notes="grad is the weight's .grad (V, d_model): add into it in place and return it. ids (n,) and dy (n, d_model) "
           "are flattened over batch and time; scale is sqrt(d_model), or 1 when the layer has no scale. Forward "

@@ -77,7 +77,7 @@ EXERCISE = Exercise(
     symbols={"T": lambda a: a["dy"].shape[-2], "d": lambda a: a["dy"].shape[-1],
              "B": lambda a: a["dy"].reshape(-1, *a["dy"].shape[-2:]).shape[0]},
     target=learned_positions_backward, layer=LearnedPositionalEmbedding, cases=cases, outputs=("grad", "dx"),
-    swap="LearnedPositionalEmbedding", in_place=("grad",),
+    swap="LearnedPositionalEmbedding", upstream=("dy",), in_place=("grad",),
     mistakes=(assigned_not_added, batch_not_summed, batch_averaged, offset_ignored, input_gradient_zero,
               input_gradient_none),
     notes="grad is the table's .grad (max_len, d_model): add into it in place and return it, with dx. dy is "

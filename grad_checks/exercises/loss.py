@@ -75,7 +75,7 @@ EXERCISE = Exercise(
              "tokens": lambda a: int((a["weight"] != 0).sum())},
     entry_sets=lambda a, shape: {"padding": (a["weight"] == 0)[:, None]} if len(shape) == 2 else {},
     target=smoothed_cross_entropy_backward, layer=LabelSmoothedCrossEntropy, cases=cases, outputs=("dz",),
-    in_place=("p",),
+    upstream=("weight",), in_place=("p",),
     mistakes=(eps_over_v_minus_1, smoothing_forgotten, mean_over_all_positions, padding_positions_with_gradient),
     show=(smoothed_cross_entropy,), swap="LabelSmoothedCrossEntropy",
     notes="p is softmax(z) (N, V), kept by forward; y (N,) the target ids; weight (N,) is [not padding] / "

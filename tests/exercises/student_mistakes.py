@@ -110,11 +110,14 @@ def softmax_rows_reshaped_wrong_way(dy, y):
 
 expect(softmax_row_sum_of_dy_squared, "softmax", step="dy * y", line="(dy * dy)",
        note="the row sum weighs dy by y (sum of dy * y), not by dy itself")
-expect(softmax_recomputed_from_output, "softmax", step="y", line="probs = e / e.sum(axis=-1, keepdims=True)",
+expect(softmax_recomputed_from_output, "softmax", step="y", line="e = np.exp(y - y.max(axis=-1, keepdims=True))",
        note="y is already the softmax's output: applying the softmax to it again gives other weights; the mistake "
-            "is the line recomputing it, not the line using it (issue 61: numformer's y there, and all is right)")
-expect(softmax_row_sum_scaled_by_dy, "softmax", step="dy - (dy * y).sum(axis=-1, keepdims=True)",
-       line="dy * (y - s)", note="the row-sum term is multiplied by dy instead of y: dx = y * (dy - s)")
+            "is the line recomputing it, not the line using it (issue 61: numformer's y there, and all is right; "
+            "issue 67: the first line of the two that recompute it, exp(y) where y belongs, the normalisation after "
+            "it then right)")
+expect(softmax_row_sum_scaled_by_dy, "softmax", step="y * (dy - (dy * y).sum(axis=-1, keepdims=True))",
+       line="dy * (y - s)", note="the row-sum term is multiplied by dy instead of y: dx = y * (dy - s); y - s is a "
+       "value no one computes, so the smallest expression whose value is known is the returned dx (issue 67)")
 expect(softmax_jacobian_diagonal_twice, "softmax", step="dy * y", line=None, own="diagonal = y * (1.0 - y)",
        note="the Jacobian diag(y) - y y^T already has y_i (1 - y_i) on its diagonal: y_i^2 is taken off twice")
 expect(softmax_rows_reshaped_wrong_way, "softmax", step="(dy * y).sum(axis=-1, keepdims=True)",
@@ -168,16 +171,20 @@ def loss_gradient_of_the_probabilities(p, y, eps, weight):
     return -q / p * weight[:, None]
 
 
-expect(loss_uniform_part_outside_the_weight, "loss", step="p - eps / p.shape[1]", line="- eps / v",
-       note="the smoothing's eps / V is left outside the weight: padding rows get -eps / V, real rows it unweighted")
+expect(loss_uniform_part_outside_the_weight, "loss", step="dz * weight[:, None]", line="- eps / v",
+       note="the smoothing's eps / V is left outside the weight: padding rows get -eps / V, real rows it unweighted; "
+            "the student's dz (p - onehot (1 - eps)) is a right value of their own route (issue 67: the returned "
+            "expression is the one whose value is known, its inputs right)")
 expect(loss_classes_counted_as_rows, "loss", step="p - eps / p.shape[1]", line="p - eps / n",
        note="eps is spread over the V classes (p.shape[1]); len(p) counts the rows")
 expect(loss_padding_rows_kept, "loss", step="dz * weight[:, None]", line="dz / tokens",
        note="the per-row weight is forgotten: padding rows get gradient and the normalizer given is ignored")
-expect(loss_normalised_twice, "loss", step="dz * weight[:, None]", line="per_token * weight[:, None]",
-       factor="1/tokens", note="weight already divides by the normalizer: dividing by the token count again")
-expect(loss_gradient_of_the_probabilities, "loss", step="p - eps / p.shape[1]", line=None,
-       note="the gradient is with respect to the logits z (p - q), not the probabilities (-q / p)")
+expect(loss_normalised_twice, "loss", step="dz[xp.arange(p.shape[0]), y] -= 1.0 - eps", line="dz / tokens",
+       factor="1/tokens", note="weight already divides by the normalizer: dividing by the token count again, at the "
+       "line that divides (issue 67: per_token is numformer's p - q times 1/tokens, and with p - q there all is right)")
+expect(loss_gradient_of_the_probabilities, "loss", step="dz[xp.arange(p.shape[0]), y] -= 1.0 - eps", line="-q / p",
+       note="the gradient is with respect to the logits z (p - q), not the probabilities (-q / p): the smoothed target "
+            "q is right (a quantity of the forward side), -q / p stands where p - q belongs")
 
 
 # ---- LayerNorm: dx = r * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma --------------
@@ -247,10 +254,12 @@ expect(layernorm_gain_outside_the_means, "layernorm", step="dxhat", line=None,
        note="dxhat = dy * gamma comes first: the means are over the features, so gamma cannot be taken out of them")
 expect(layernorm_bias_averaged_and_r_forgotten, "layernorm", step="dbeta", line="dbeta = dy.mean(axis=0)",
        second="dx", factor="1/n", note="two mistakes: dbeta sums over the rows (not a mean), and dx lacks the factor r")
-expect(layernorm_r_on_first_term_only, "layernorm", step=INNER, line="dx = r * (dxhat - mean_g) - xhat * mean_gx",
-       note="r multiplies the whole bracket: the variance path's term needs it too")
-expect(layernorm_gain_gradient_from_dxhat, "layernorm", step="dy * xhat", line="dgamma = (dxhat * xhat)",
-       note="dgamma = sum(dy * xhat): dxhat already holds gamma, which does not depend on itself")
+expect(layernorm_r_on_first_term_only, "layernorm", step="dx", line="dx = r * (dxhat - mean_g) - xhat * mean_gx",
+       note="r multiplies the whole bracket: the variance path's term needs it too (r * (dxhat - mean_g) is known "
+            "nowhere: the returned dx is the smallest expression known wrong)")
+expect(layernorm_gain_gradient_from_dxhat, "layernorm", step="dgamma", line="dgamma = (dxhat * xhat)",
+       note="dgamma = sum(dy * xhat): dxhat already holds gamma, which does not depend on itself (dxhat * xhat is "
+            "a right value numformer's projection uses: the sum of it is the step, used where dy * xhat belongs)")
 expect(layernorm_gain_applied_twice, "layernorm", step="dx", line="dx = gamma * r * inner",
        note="gamma entered through dxhat already: multiplying dx by it again counts it twice")
 
@@ -287,8 +296,9 @@ def dropout_empirical_keep_rate(dy, mask):
 
 expect(silu_product_rule_with_s_for_x, "silu", step="x * ds", line="local = s + s * ds",
        note="the product rule's second term is x * ds/dx: the factor left over from x * s is x, not s")
-expect(silu_dy_on_one_term_only, "silu", step="s + x * ds", line="dy * s + x * ds",
-       note="the chain rule multiplies the whole derivative s + x * s (1 - s) by dy, not its first term")
+expect(silu_dy_on_one_term_only, "silu", step="dy * (s + x * ds)", line="dy * s + x * ds",
+       note="the chain rule multiplies the whole derivative s + x * s (1 - s) by dy, not its first term (dy * s is "
+            "known nowhere: the returned dx is the smallest expression known wrong)")
 expect(relu_gradient_rectified_alone, "relu", step="dy * positive", line="np.maximum(dy, 0.0)",
        note="the gradient passes where the input was positive (positive), whatever its own sign")
 expect(dropout_scale_without_the_mask, "dropout", step="dy * mask", line="dy * keep_scale",

@@ -117,17 +117,23 @@ def attention_softmax_backward_with_p_used(dout, q, k, v, p, p_used, masked, sca
 
 expect(attention_mask_polarity_reversed, "attention", step=WHERE, line="np.where(masked, d_scores, 0.0)",
        pattern="mask reversed", note="masked is True where a score was replaced: those get 0, the others keep dS")
-expect(attention_scale_forgotten_in_dk, "attention", step="ds.swapaxes(-1, -2) @ q",
+expect(attention_scale_forgotten_in_dk, "attention", step="ds.swapaxes(-1, -2)",
        line="dk = ds.swapaxes(-1, -2) @ q", factor="2",
-       note="dK = dS^T Q * scale: the scaled dS was made for dQ and forgotten for dK (scale = 1/2 here)")
-expect(attention_values_weighted_by_p, "attention", step="dv", line="dv = np.swapaxes(p, -1, -2) @ dout",
-       note="dV = P_used^T dO: with attention dropout the weights that multiplied V are p_used, not p")
-expect(attention_row_sum_over_queries, "attention", step=SOFTMAX, line="grad_s = p * (grad_p - total)",
-       note="the softmax's row sum runs over the keys (the last axis), each query's row on its own")
+       note="dK = dS^T Q * scale: the scaled dS was made for dQ and forgotten for dK (scale = 1/2 here); the term "
+            "named is the transpose, of the unscaled ds (issue 67: the smallest one whose value is known)")
+expect(attention_values_weighted_by_p, "attention", step="p_used.swapaxes(-1, -2)",
+       line="dv = np.swapaxes(p, -1, -2) @ dout",
+       note="dV = P_used^T dO: with attention dropout the weights that multiplied V are p_used, not p (the term named "
+            "is the transposed weights)")
+expect(attention_row_sum_over_queries, "attention", step="(dy * y).sum(axis=-1, keepdims=True)",
+       line="(grad_p * p).sum(axis=-2, keepdims=True)",
+       note="the softmax's row sum runs over the keys (the last axis), each query's row on its own; the line is the "
+            "sum's (issue 67: with numformer's row sum there, every gradient is right; the line using it is right)")
 expect(attention_dropout_after_the_softmax, "attention", step="dropout_backward(dp)", line="ds = dropout_backward(ds)",
        note="dropout came after the softmax in the forward, so its backward comes before the softmax's, on dP")
-expect(attention_scaled_twice, "attention", step="ds @ k", line="dq = scale * d_scores @ k",
-       second="ds.swapaxes(-1, -2) @ q", factor="1/2", note="the scale enters once: dS * scale is already dL/d(Q K^T)")
+expect(attention_scaled_twice, "attention", step="ds * scale", line="dq = scale * d_scores @ k",
+       second="ds * scale", factor="1/2", note="the scale enters once: dS * scale is already dL/d(Q K^T); the term "
+       "named is the smallest known wrong, scale * d_scores, in each of the two lines (issue 67)")
 expect(attention_softmax_backward_with_p_used, "attention", step=SOFTMAX, line="ds = p_used * (dp - inner)",
        note="the softmax's backward takes the softmax's output p; p_used is what dropout made of it")
 
@@ -237,8 +243,9 @@ def linear_weight_gradient_reshaped_not_transposed(dy, x, w, with_bias):
     return dx, dw, db
 
 
-expect(linear_ones_column_read_from_the_wrong_end, "linear", step="dy.sum(axis=0)", line="dwa[1:], dwa[0]",
-       second="matmul(x.T, dy)", note="the ones column was appended last: db is dwa[-1] and dW is dwa[:-1]")
+expect(linear_ones_column_read_from_the_wrong_end, "linear", step="matmul(x.T, dy)", line="dwa[1:], dwa[0]",
+       second="dy.sum(axis=0)", note="the ones column was appended last: db is dwa[-1] and dW is dwa[:-1] (dwa is "
+       "x^T dy and the bias' row side by side, known; dW is read first)")
 expect(linear_weight_gradient_reshaped_not_transposed, "linear", step="matmul(x.T, dy)", line="dw.reshape(w.shape)",
        note="dy^T x is the transpose of dW = x^T dy: a reshape to W's shape scrambles it")
 

@@ -175,17 +175,19 @@ def test_a_wrong_answer_outside_the_catalogue_gets_a_hint():
 
 
 def test_float32_arithmetic_is_wrong_with_a_hint_and_a_small_error_is_approximate():
-    ref = exercises.get("layernorm").target
-
-    def float32(dy, xhat, r, gamma):
-        out = ref(dy.astype(np.float32), xhat.astype(np.float32), r.astype(np.float32), gamma.astype(np.float32))
-        return tuple(o.astype(np.float64) for o in out)
+    def float32(dy, xhat, r, gamma):  # numformer's formula written out (calling it would be NOT YOURS), in float32
+        dy, xhat, r, gamma = (a.astype(np.float32) for a in (dy, xhat, r, gamma))
+        dxhat = dy * gamma
+        dx = r * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+        return tuple(o.astype(np.float64) for o in (dx, (dy * xhat).sum(0), dy.sum(0)))
 
     result = _grade_layernorm(float32)
     assert not result.passed and "computed in float32" in str(result)
 
     def nearly(dy, xhat, r, gamma):  # right to 1e-8 relative: within the tolerance, not to round-off
-        return tuple(o * (1 + 1e-8) for o in ref(dy, xhat, r, gamma))
+        dxhat = dy * gamma
+        dx = r * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+        return tuple(o * (1 + 1e-8) for o in (dx, (dy * xhat).sum(0), dy.sum(0)))
 
     result = _grade_layernorm(nearly)
     assert result.passed and not result.exact

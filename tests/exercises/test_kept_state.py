@@ -16,6 +16,20 @@ def _graded(ex, path):
     return grade(ex, student_code(load_file(path), ex), file=path, finite_differences=False)
 
 
+def _with_first_lines(ex, tmp_path, lines: str, *, args: str = "", above: str = ""):
+    """The reference written out, `lines` put first in its body (`args` added to its signature, `above` before
+    it): the written file's path."""
+    path = lab_files.write(ex, ex.target, tmp_path)
+    text = path.read_text()
+    name = ex.target.__name__
+    if above:
+        text = text.replace(f"def {name}(", f"{above}\n\n\ndef {name}(", 1)
+    head = text[text.index(f"def {name}("):].split(":\n", 1)[0]
+    text = text.replace(head + ":\n", head[:-1] + args + "):\n" + lines, 1)
+    path.write_text(text)
+    return path
+
+
 def _line(path, text) -> int:
     (n,) = [i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line]
     return n
@@ -45,14 +59,9 @@ def test_a_scratch_buffer_never_zeroed_is_named_with_its_line(tmp_path):
 
 def test_a_mutable_default_argument_is_named(tmp_path):
     ex = exercises.get("relu")
-    path = lab_files.write(ex, ex.target, tmp_path)
-    text = path.read_text()
     name = ex.target.__name__
-    head = text[text.index(f"def {name}("):].split(":\n", 1)[0]
-    args = head[len(f"def {name}("):-1]
-    text = text.replace(head + ":\n", f"def {name}({args}, _calls=[]):\n    _calls.append(1)\n"
-                        f"    if len(_calls) > 1:\n        dy = dy * 1.5\n", 1)
-    path.write_text(text)
+    path = _with_first_lines(ex, tmp_path, "    _calls.append(1)\n    if len(_calls) > 1:\n        dy = dy * 1.5\n",
+                             args=", _calls=[]")
     result = _graded(ex, path)
     assert result.keeps_state is not None
     assert f"a default argument of {name} ({path.name}:{_line(path, f'def {name}(')})" in result.keeps_state
@@ -64,3 +73,27 @@ def test_a_right_answer_keeps_no_state(name, tmp_path):
     path = lab_files.write(ex, ex.target, tmp_path)
     result = _graded(ex, path)
     assert result.keeps_state is None and result.exact
+
+
+def test_a_hyper_parameter_kept_from_the_first_call_is_named(tmp_path):
+    """Issue 67: the smoothing eps cached at module level on the first call. It never changes after that call, so a
+    second pass over the cases repeats the first one's outcomes exactly; run first, the case with eps 0.3 is right,
+    after the case with eps 0.1 it is wrong. Before, no state was named and the diagnosis went looking for a line."""
+    ex = exercises.get("loss")
+    path = _with_first_lines(ex, tmp_path, "    if not _SMOOTHING:\n        _SMOOTHING.append(eps)\n"
+                             "    eps = _SMOOTHING[0]\n", above="_SMOOTHING = []")
+    result = _graded(ex, path)
+    assert result.keeps_state is not None, str(result)
+    assert "case 2 is right as the first call of your backward and wrong after 1 call" in result.keeps_state
+    assert f"_SMOOTHING ({path.name}:{_line(path, '_SMOOTHING = []')}), a module-level name" in result.keeps_state
+
+
+def test_a_value_kept_on_the_function_is_named(tmp_path):
+    """The dropout probability kept as an attribute of the function on its first call."""
+    ex = exercises.get("dropout")
+    name = ex.target.__name__
+    path = _with_first_lines(ex, tmp_path, f"    if not hasattr({name}, 'scale'):\n"
+                             f"        {name}.scale = mask.max()\n    mask = (mask != 0) * {name}.scale\n")
+    result = _graded(ex, path)
+    assert result.keeps_state is not None, str(result)
+    assert f"{name}.scale, an attribute" in result.keeps_state

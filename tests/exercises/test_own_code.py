@@ -15,8 +15,9 @@ import pytest
 import lab_files
 from grad_checks import exercises
 from grad_checks.grading import grade
-from grad_checks.own_code import (OwnCall, calls_to_numformer, describe, numformer_backward_names, reexported,
-                                  watch)
+from grad_checks.own_code import (NotYours, OwnCall, calls_to_numformer, describe, numformer_backward_names,
+                                  reexported, watch)
+from numformer.finite_differences import run_case
 from grad_checks.student_file import student_code
 from numformer.kernels import kernel_mode
 from numformer.user_code import load_file
@@ -70,11 +71,10 @@ def _line(path, text) -> int:
     return lines[0]
 
 
-def _graded(ex, answer, path, **kw):
+def _graded(ex, answer, path):
     """(the grade, the uses of numformer's own backward seen) of ``answer`` graded as ``check`` grades it."""
-    with watch(ex, path, answer, **kw) as calls:
-        result = grade(ex, answer, file=path, finite_differences=False, diagnose=False)
-    return result, calls
+    result = grade(ex, answer, file=path, finite_differences=False, diagnose=False)
+    return result, result.own_uses
 
 
 @pytest.mark.parametrize("fn, callee, text", [
@@ -136,7 +136,7 @@ def test_numformers_function_assigned_as_the_answer_is_found(tmp_path):
     path.write_text(path.read_text() + "\nfrom numformer.layers.layernorm import layernorm_backward  # noqa\n")
     answer = student_code(load_file(path), ex)
     result, calls = _graded(ex, answer, path)
-    assert calls == [OwnCall(LN, str(path), None)]
+    assert calls == [OwnCall(LN, str(path), None, "is")]
     assert not result.exact and result.not_yours == describe(calls)
     assert describe(calls) == f"is numformer's own {LN}, assigned instead of written"
     # a composition's method assigned in the class, and the function a --swap class (using(...)) calls
@@ -157,31 +157,34 @@ def test_the_right_answer_written_out_is_not_numformers(name, tmp_path):
 
 def test_only_the_exercises_own_backward_counts_not_a_piece_it_calls(tmp_path):
     """The attention answer calls numformer's softmax_backward, the multi-head answer its attention's backward:
-    both calls are made from the student's file (a watch for those exercises finds them), neither is
-    numformer's backward for the exercise graded."""
+    neither is numformer's backward for the exercise graded, and both grade exact; a watch for the piece's own
+    exercise refuses that very call, at the student's line."""
     attention, softmax = exercises.get("attention"), exercises.get("softmax")
     path, answer = _answer(attention, attention.target, tmp_path)
     assert "from numformer.layers.attention import softmax_backward" in path.read_text()
-    with watch(softmax, path) as pieces:
-        _, calls = _graded(attention, answer, path)
-    assert calls == [] and pieces == [OwnCall(softmax.reference_name, str(path),
-                                              _line(path, "ds = softmax_backward(dp, p)"))]
+    result, calls = _graded(attention, answer, path)
+    assert result.exact and calls == []
+    cases = attention.cases(attention.layer_class(answer, guard=False), 0)
+    pieces = calls_to_numformer(softmax, lambda: run_case(cases[0], np.random.default_rng(0)), path)
+    assert pieces == [OwnCall(softmax.reference_name, str(path), _line(path, "ds = softmax_backward(dp, p)"))]
     multihead = exercises.get("multihead")
     path, answer = _answer(multihead, multihead.target, tmp_path)
-    with watch(attention, path) as pieces:
-        _, calls = _graded(multihead, answer, path)
-    assert calls == [] and [c.line for c in pieces] == [_line(path, "= self.attention.backward(")]
+    result, calls = _graded(multihead, answer, path)
+    assert result.exact and calls == []
 
 
-def test_the_graders_own_call_of_the_reference_happens_and_is_not_counted(tmp_path):
-    """The planted detector that counts any caller's call calls the right answer numformer's: the output guard
-    (grad_checks/exercise.py) runs the reference on every call of the student's function."""
+def test_the_graders_own_call_of_the_reference_runs_and_no_other(monkeypatch, tmp_path):
+    """Planted: without the output guard's permit (grad_checks/exercise.py runs the reference on a copy of the
+    arguments after each call of the student's function) the right answer is refused and NOT YOURS; with it, exact."""
+    from grad_checks import trip_wires
     ex = exercises.get("layernorm")
     path, answer = _answer(ex, ex.target, tmp_path)
-    _, anyones = _graded(ex, answer, path, whose=lambda name: True)
-    assert any(Path(c.file).parts[-2:] == ("grad_checks", "exercise.py") and c.callee == LN for c in anyones)
-    _, calls = _graded(ex, answer, path)
-    assert calls == []
+    result, calls = _graded(ex, answer, path)
+    assert result.exact and calls == []
+    monkeypatch.setattr(trip_wires, "_PERMITTED", set())
+    monkeypatch.setattr("grad_checks.exercise.permit", lambda code: None)
+    result, calls = _graded(ex, answer, path)
+    assert not result.exact and result.not_yours and calls[0].callee == LN and calls[0].line is None
 
 
 def test_what_is_watched_is_the_reference_as_written_and_its_fast_twin():
@@ -192,7 +195,9 @@ def test_what_is_watched_is_the_reference_as_written_and_its_fast_twin():
     assert name == mha.reference_name and code.co_name == "backward" and code.co_filename.endswith("attention.py")
 
 
-def test_the_previous_profiler_is_put_back_and_still_sees_the_events(tmp_path):
+def test_a_profiler_installed_before_is_left_alone_and_sees_the_events(tmp_path):
+    """The watch installs no profiler (the trip wires are in the functions themselves): a Python profiler or
+    cProfile running before the grading keeps running through it and stays installed after."""
     ex = exercises.get("layernorm")
     path, answer = _answer(ex, returns_numformers, tmp_path)
     seen = []
@@ -205,9 +210,8 @@ def test_the_previous_profiler_is_put_back_and_still_sees_the_events(tmp_path):
             with watch(ex, path, answer):
                 raise RuntimeError("the student's code failed")
         assert sys.getprofile() is mine
-        calls = calls_to_numformer(ex, lambda: grade(ex, answer, file=path, finite_differences=False,
-                                                     diagnose=False), path)
-        assert sys.getprofile() is mine and len(calls) == 1 and "call" in seen
+        result, calls = _graded(ex, answer, path)
+        assert sys.getprofile() is mine and len(calls) == 1 and "call" in seen and result.not_yours
     finally:
         sys.setprofile(None)
     profiler = cProfile.Profile()
@@ -215,7 +219,7 @@ def test_the_previous_profiler_is_put_back_and_still_sees_the_events(tmp_path):
     try:
         with watch(ex, path, answer):
             pass
-        assert sys.getprofile() is profiler  # cProfile's hook installed again
+        assert sys.getprofile() is profiler
     finally:
         profiler.disable()
     assert sys.getprofile() is None
@@ -321,15 +325,151 @@ def test_the_trip_wires_are_taken_off_after_the_grading(tmp_path):
     assert calls == []
 
 
-def test_a_thread_started_during_the_watch_drops_its_profiler_after_it(tmp_path):
-    """A pool started while the student's code ran keeps its threads: after the watch they run unprofiled."""
+def test_a_thread_started_during_the_watch_runs_numformers_freely_after_it(tmp_path):
+    """A pool started while the student's code ran keeps its threads: after the watch they call numformer's
+    backward unrefused and uncounted."""
     from concurrent.futures import ThreadPoolExecutor
+    from numformer.layers.layernorm import layernorm_backward
     ex = exercises.get("layernorm")
     path, _ = _answer(ex, returns_numformers, tmp_path)
-    with watch(ex, path):
+    rng = np.random.default_rng(0)
+    args = rng.normal(size=(2, 4)), rng.normal(size=(2, 4)), rng.random((2, 1)), rng.normal(size=4)
+    with watch(ex, path) as calls:
         pool = ThreadPoolExecutor(1)
-        assert pool.submit(sys.getprofile).result() is not None  # watched while the watch is on
+        with pytest.raises(NotYours):
+            pool.submit(layernorm_backward, *args).result()
     try:
-        assert pool.submit(sys.getprofile).result() is None
+        assert len(calls) == 1 and calls[0].how == "thread"
+        pool.submit(layernorm_backward, *args).result()
+        assert len(calls) == 1
     finally:
         pool.shutdown()
+
+
+# -- issue 67: no numformer backward during a student's call, by any route ---------------------------------------
+# Before, the watch counted a call only when made from the student's file: numformer's softmax_backward run as a
+# torch tensor hook (called by torch's autograd engine, its caller torch's file) and a backward written as a
+# @property returning super().backward (the grader itself then called numformer's method) both graded EXACT.
+
+def softmax_through_a_torch_hook(dy, y):
+    import functools
+    import torch
+    from numformer.layers import softmax as S
+    t = torch.tensor(dy, requires_grad=True)
+    out = t * 1.0
+    out.register_hook(functools.partial(S.softmax_backward, y=torch.from_numpy(y)))
+    out.backward(torch.from_numpy(dy))
+    return t.grad.numpy()
+
+
+def layernorm_through_map(dy, xhat, r, gamma):
+    import functools
+    import numformer.layers.layernorm as L
+    return next(map(functools.partial(L.layernorm_backward, r=r, gamma=gamma), [dy], [xhat]))
+
+
+def _copy_of_numformers():
+    import types
+    import numformer.layers.layernorm as L
+    return types.FunctionType(L.layernorm_backward.__code__, vars(L), "copied")
+
+
+copied = _copy_of_numformers()  # made when the student's file is imported, before any wire is on
+
+
+def layernorm_through_a_copy(dy, xhat, r, gamma):
+    return copied(dy, xhat, r, gamma)
+
+
+PROPERTY = '''
+class MultiHeadAttention(NumformerMultiHeadAttention):
+    @property
+    def backward(self):
+        return super().backward
+'''
+
+DESCRIPTOR = '''
+class Borrowed:
+    def __get__(self, layer, owner=None):
+        return NumformerMultiHeadAttention.backward.__get__(layer, owner)
+
+
+class MultiHeadAttention(NumformerMultiHeadAttention):
+    backward = Borrowed()
+'''
+
+GETATTRIBUTE = '''
+class MultiHeadAttention(NumformerMultiHeadAttention):
+    def backward(self, dy):
+        raise NotImplementedError("never called")
+
+    def __getattribute__(self, name):
+        if name == "backward":
+            return NumformerMultiHeadAttention.backward.__get__(self)
+        return super().__getattribute__(name)
+'''
+
+
+def _class_file(ex, tmp_path, text):
+    """The multi-head exercise file with its class replaced by ``text``."""
+    path = lab_files.write(ex, ex.target, tmp_path)
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("class MultiHeadAttention("))
+    path.write_text("\n".join(lines[:start]) + "\n" + text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("fn, exercise", [(softmax_through_a_torch_hook, "softmax"),
+                                          (layernorm_through_map, "layernorm"), (layernorm_through_a_copy, "layernorm")])
+def test_numformers_backward_called_through_a_hook_or_a_builtin_is_not_yours(fn, exercise, tmp_path):
+    from grad_checks import lab
+    ex = exercises.get(exercise)
+    path = lab_files.write(ex, fn, tmp_path)
+    result, status, _ = lab.check_file(str(path))
+    assert status == 1 and not result.exact and result.summary().startswith("NOT YOURS: "), str(result)
+    assert result.own_uses[0].callee == ex.reference_name and result.own_uses[0].file == str(path)
+    if fn is layernorm_through_a_copy:
+        assert result.not_yours == f"is numformer's own {LN}, copied as copied"
+
+
+@pytest.mark.parametrize("text", [PROPERTY, DESCRIPTOR, GETATTRIBUTE], ids=["property", "descriptor", "getattribute"])
+def test_a_backward_resolved_to_numformers_is_not_yours(text, tmp_path):
+    """What the grader calls is resolved (a property's or a descriptor's result) and compared before the call; and
+    the call itself is refused, whoever makes it (``__getattribute__`` hands numformer's method to the grader)."""
+    from grad_checks import lab
+    ex = exercises.get("multihead")
+    path = _class_file(ex, tmp_path, text)
+    result, status, _ = lab.check_file(str(path))
+    assert status == 1 and not result.exact and result.summary().startswith("NOT YOURS: "), str(result)
+    assert result.own_uses[0].callee == ex.reference_name
+    if text is PROPERTY:
+        assert result.own_uses[0].how == "is" and result.own_uses[0].line == _line(path, "@property")
+        assert "returned by the property backward (my_multihead.py:" in result.not_yours
+
+
+def test_a_refused_call_in_a_thread_prints_no_traceback(tmp_path, capfd):
+    from grad_checks import lab
+    ex = exercises.get("layernorm")
+    result, _, _ = lab.check_file(str(lab_files.write(ex, from_a_thread_it_starts, tmp_path)))
+    assert result.not_yours and "Traceback" not in capfd.readouterr().err
+
+
+class _Base:
+    def backward(self, dy):
+        return dy
+
+
+class _Child(_Base):
+    def backward(self, dy):  # a __class__ cell (super()): the trip wire keeps the same free names
+        return 2 * super().backward(dy)
+
+
+def test_a_method_using_super_is_wired_and_unwired(tmp_path):
+    from grad_checks.trip_wires import wired
+    method = _Child.backward
+    assert method.__code__.co_freevars == ("__class__",)
+    seen = []
+    with wired({method: "_Child.backward"}, lambda *a: seen.append(a), lambda name: False):
+        with pytest.raises(NotYours):
+            _Child().backward(3)
+    assert _Child().backward(3) == 6 and len(seen) == 1 and seen[0][0] == "_Child.backward"

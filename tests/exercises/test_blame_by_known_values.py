@@ -1,0 +1,363 @@
+"""Issue 67: a grader a student can trust. A line is named wrong only where the value it must hold is known (numformer's
+value, the adjoint of a forward quantity, a size the exercise names, a multiple of one the student's route needs), the
+smallest wrong expression of it is named with what it should be, and two lines that could each absorb the error are
+named together, never one alone (grad_checks/first_wrong_step.py).
+
+One test per kind of failure the issue reports, each with a wrong answer written here (numpy only, the reference's
+signature) and what the diagnosis must and must never say; each of these failed at 4439216:
+
+* right lines blamed: LayerNorm derived through std with ``dstd / 2 * std`` (read as ``(dstd / 2) * std``) where
+  ``dstd / (2 * std)`` belongs: the line of dstd (right) was blamed, an edit there compensating; two casts to float32
+  were told a missing minus sign, "differs at 0 of 144 entries"; a tied embedding that wipes the rows it scatters into
+  had the scatter blamed; a decoder layer passing ``dy`` where the feed-forward's gradient belongs got "it uses `dy`
+  where numformer's uses dy"; dropout's and multi-head attention's factor was named at a line after the wrong one;
+* vague where proof was missing: a two-line SiLU backward and a two-line softmax backward got "the mistake is on lines
+  ... or ..." for one wrong term;
+* a LayerNorm's dxhat doubled named together with the line after it, right ("no value known here"), and a fix
+  suggested at a term beside the one named (``x * 2.0`` where ``dy * 0.5`` halves dW);
+* LayerNorm by the variance route with ``r ** 2`` for ``r ** 3``: the line after it blamed, a compensating edit
+  suggested;
+* a gain bound where its gradient belongs (``dxhat = gamma``), dL/dmu summed over the rows, the tanh identity's
+  2 written 4, a factor extra at the end of a product, a constant of the student's own wrong (``np.sqrt(2)``):
+  each blamed on a line using the wrong value, or on the first factor of the product;
+* a step of numformer's left out (the attention dropout's backward, the loss' weight) blamed on the line after it,
+  which is right, or said as "passes `dz` where numformer's passes the returned dz";
+* mistakes not seen: a table gradient summed over time as well, not matched to numformer's (T, d) value; a GELU-tanh
+  answer with two mistakes got "the term `1` enters 2.33333 times" (and one with ``(1 - t) ** 2`` for ``1 - t ** 2``
+  was not located).
+
+Two guard the rules from going too far, and passed at 4439216 as well: a value of numformer's that the student's code
+computes and does not read is no step missing (the line reading the other is named); a softmax built on its own
+Jacobian, the Jacobian wrong, never has the product with it named alone.
+
+(State kept from the first call: tests/exercises/test_kept_state.py; the cheats: tests/exercises/test_own_code.py.)
+"""
+import re
+
+import numpy as np
+import pytest
+
+import lab_files
+from grad_checks import exercises, lab
+
+
+# ---- the answers ---------------------------------------------------------------------------------------------------
+
+def layernorm_through_std_precedence(dy, xhat, r, gamma):
+    # x - mu = xhat * std; d std / d var = 1 / (2 std), written dstd / 2 * std
+    d = dy.shape[-1]
+    dgamma = (dy * xhat).sum(axis=0)
+    dbeta = dy.sum(axis=0)
+    dxhat = dy * gamma
+    std = 1.0 / r
+    xmu = xhat * std
+    dstd = -(dxhat * xmu).sum(axis=-1, keepdims=True) / std ** 2
+    dvar = dstd / 2 * std
+    dxmu = dxhat / std + dvar * 2.0 * xmu / d
+    dmu = -dxmu.sum(axis=-1, keepdims=True)
+    dx = dxmu + dmu / d
+    return dx, dgamma, dbeta
+
+
+def layernorm_two_casts_to_float32(dy, xhat, r, gamma):
+    dxhat = (dy * gamma).astype(np.float32)
+    centre = dxhat.mean(axis=-1, keepdims=True)
+    spread = (dxhat * xhat).astype(np.float32).mean(axis=-1, keepdims=True)
+    dx = r * (dxhat - centre - xhat * spread)
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def embedding_rows_wiped_before_the_scatter(grad, ids, dy, scale):
+    # "start the rows I write from zero": with a tied table the other use's gradient is in those rows
+    grad[ids] = 0.0
+    np.add.at(grad, ids, dy * scale)
+    return grad
+
+
+def decoder_cross_attention_given_dy(self, dy):
+    d_ffn = self.ffn_residual.backward(dy, self.ffn)
+    d_cross, dmemory = self.cross_attn_residual.backward(dy, self.cross_attn)
+    d_self = self.self_attn_residual.backward(d_cross, self.self_attn)
+    return d_self, dmemory
+
+
+def dropout_scale_doubled(dy, mask):
+    inverse = mask.max()  # 1 / (1 - p)
+    scale = 2.0 * inverse
+    return dy * (mask != 0) * scale
+
+
+def multihead_query_path_doubled(self, dy):
+    d_heads = self._split(self.w_o.backward(dy))
+    dq, dk, dv = self.attention.backward(d_heads)
+    dq = dq * 2.0
+    dx = self.w_q.backward(self._merge(dq))
+    dkv = self.w_k.backward(self._merge(dk)) + self.w_v.backward(self._merge(dv))
+    if self._cross:
+        return dx, dkv
+    return dx + dkv
+
+
+def silu_derivative_factored_wrong(dy, x, s):
+    # s + x s (1 - s) = s (1 + x (1 - s)), written s (1 + x) (1 - s)
+    local = s * (1 + x) * (1 - s)
+    return dy * local
+
+
+def softmax_row_sum_on_the_product(dy, y):
+    # the row sum put back on dy * y where it goes on y
+    weighted = dy * y
+    return weighted - weighted * weighted.sum(axis=-1, keepdims=True)
+
+
+def positions_summed_over_time_too(grad, dy, offset):
+    t, d = dy.shape[-2:]
+    total = dy.reshape(-1, d).sum(axis=0)
+    grad[offset:offset + t] += total
+    return grad, dy
+
+
+def gelu_tanh_square_of_the_difference(dy, x, gate):
+    # tanh' = 1 - tanh^2, written (1 - tanh)^2
+    t = 2.0 * gate - 1.0
+    du = np.sqrt(2.0 / np.pi) * (1.0 + 3 * 0.044715 * x ** 2)
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t) ** 2 * du)
+
+
+def gelu_tanh_two_mistakes(dy, x, gate):
+    # d(x^3)/dx's 3 forgotten in du, and a 2 too many on the product rule's second term
+    t = 2.0 * gate - 1.0
+    du = np.sqrt(2.0 / np.pi) * (1.0 + 0.044715 * x ** 2)
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t ** 2) * du * 2)
+
+
+def attention_dropout_backward_forgotten(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
+    # the attention dropout's backward left out: dp is dO V^T itself
+    dv = p_used.swapaxes(-1, -2) @ dout
+    dp = dout @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    if masked is not None:
+        ds = np.where(masked, 0.0, ds)
+    ds = ds * scale
+    return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+
+
+def attention_dropped_gradient_computed_and_not_used(dout, q, k, v, p, p_used, masked, scale,
+                                                     dropout_backward=None):
+    # the dropout's backward is there, but the softmax's backward reads the gradient from before it once
+    dv = p_used.swapaxes(-1, -2) @ dout
+    dp_raw = dout @ v.swapaxes(-1, -2)
+    dp = dropout_backward(dp_raw) if dropout_backward is not None else dp_raw
+    ds = p * (dp_raw - (dp * p).sum(axis=-1, keepdims=True))
+    if masked is not None:
+        ds = np.where(masked, 0.0, ds)
+    ds = ds * scale
+    return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+
+
+def layernorm_gradient_of_xhat_doubled(dy, xhat, r, gamma):
+    # dxhat doubled; the line after it, right, takes dxhat only up to a constant a row (it removes the row mean)
+    dxhat = dy * gamma * 2.0
+    dx = r * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def linear_weight_gradient_halved(dy, x, w, with_bias):
+    db = dy.sum(axis=0) if with_bias else None
+    dw = (x * 1.0).T @ (dy * 0.5)
+    return dy @ w.T, dw, db
+
+
+def layernorm_variance_route_power_of_r(dy, xhat, r, gamma):
+    # dL/dvar = sum(dxhat * (x - mu)) * -1/2 * (var + eps)^(-3/2), written with r ** 2 for r ** 3; then
+    # 2 * dvar happens to be dL/d std, the adjoint of another quantity
+    d = dy.shape[-1]
+    dxhat = dy * gamma
+    xmu = xhat / r
+    dvar = (dxhat * xmu).sum(axis=-1, keepdims=True) * -0.5 * r ** 2
+    dmu = -(dxhat * r).sum(axis=-1, keepdims=True) + dvar * -2.0 * xmu.mean(axis=-1, keepdims=True)
+    dx = dxhat * r + dvar * 2.0 * xmu / d + dmu / d
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def softmax_jacobian_without_the_identity(dy, y):
+    # J = diag(y) - y y^T, written y_i (1 - y_j): the Jacobian (the forward side, no value known) is wrong
+    jac = y[..., :, None] * (1.0 - y[..., None, :])
+    return (jac @ dy[..., :, None])[..., 0]
+
+
+def layernorm_gain_for_its_gradient(dy, xhat, r, gamma):
+    # dxhat = gamma: dy forgotten; the later lines broadcast the gain over the rows
+    dxhat = gamma
+    m1 = dxhat.mean(axis=-1, keepdims=True)
+    m2 = (dxhat * xhat).mean(axis=-1, keepdims=True)
+    dx = r * (dxhat - m1 - xhat * m2)
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def layernorm_std_route_mean_gradient_over_rows(dy, xhat, r, gamma):
+    # dL/dmu summed over the rows (axis 0) where it belongs to each row
+    d = dy.shape[-1]
+    dxhat = dy * gamma
+    std = 1.0 / r
+    xmu = xhat * std
+    dstd = -(dxhat * xmu).sum(axis=-1, keepdims=True) / std ** 2
+    dvar = dstd / (2 * std)
+    dxmu = dxhat / std + dvar * 2.0 * xmu / d
+    dmu = -dxmu.sum(axis=0, keepdims=True)
+    dx = dxmu + dmu / d
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def gelu_tanh_identity_doubled(dy, x, gate):
+    # tanh(u) = 2 sigmoid(2u) - 1, written with 4
+    c = np.sqrt(2 / np.pi)
+    t = 4.0 * gate - 1.0
+    du = c * (1 + 3 * 0.044715 * x ** 2)
+    return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du)
+
+
+def gelu_tanh_product_halved_twice(dy, x, gate):
+    # the product rule's second term, 0.5 x (1 - t^2) du, halved once more at its end
+    t = np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))
+    du = np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x ** 2)
+    return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du * 0.5)
+
+
+def gelu_tanh_constant_wrong(dy, x, gate):
+    # sqrt(2 / pi) written sqrt(2): the constant, on its own line, is what is wrong
+    c = np.sqrt(2)
+    t = 2.0 * gate - 1.0
+    du = c * (1 + 3 * 0.044715 * x ** 2)
+    return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du)
+
+
+def loss_weight_forgotten(p, y, eps, weight):
+    dz = p - eps / p.shape[1]
+    dz[np.arange(p.shape[0]), y] -= 1.0 - eps
+    return dz
+
+
+# ---- grading them --------------------------------------------------------------------------------------------------
+
+def _checked(fn, exercise, tmp_path):
+    ex = exercises.get(exercise)
+    path = lab_files.write(ex, fn, tmp_path)
+    result, status, message = lab.check_file(str(path), finite_differences=False)
+    assert status == 1 and result is not None, message
+    assert "Traceback" not in str(result) and result.mistake is None, str(result)
+    return path, result
+
+
+def _line(path, snippet) -> int:
+    """The line (1-based) of the student's code, from its def on, holding ``snippet``."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, text in enumerate(lines) if re.match(r"\s*def \w*backward\(", text))
+    found = [i + 1 for i in range(start, len(lines)) if snippet in lines[i]
+             and not lines[i].lstrip().startswith("#")]
+    assert len(found) == 1, (snippet, found)
+    return found[0]
+
+
+def _first(result):
+    steps = [s for s in result.steps if s.proven]
+    assert steps, str(result)
+    return steps[0]
+
+
+# (answer, exercise, the snippet of the line named, snippets of right lines never named, words the step must say)
+NAMED = [
+    (layernorm_through_std_precedence, "layernorm", "dvar = dstd / 2 * std",
+     ("dstd = -(dxhat", "xmu = xhat * std", "std = 1.0 / r", "dxmu = ", "dx = dxmu"),
+     ("dL/d(var)", "Python reads `dstd / 2 * std` as `(dstd / 2) * std`", "`dstd / (2 * std)`")),
+    (embedding_rows_wiped_before_the_scatter, "embedding", "grad[ids] = 0.0", ("np.add.at(grad",), ()),
+    (decoder_cross_attention_given_dy, "decoder_layer", "self.cross_attn_residual.backward(dy", ("d_ffn = ", "d_self ="),
+     ("passes `dy`", "your `d_ffn`")),
+    (dropout_scale_doubled, "dropout", "scale = 2.0 * inverse", ("return dy", "inverse = mask.max()"),
+     ("must be 1/keep",)),
+    (multihead_query_path_doubled, "multihead", "dq = dq * 2.0", ("dx = self.w_q", "dkv = "), ("2 times",)),
+    (silu_derivative_factored_wrong, "silu", "local = ", ("return dy",), ()),
+    (softmax_row_sum_on_the_product, "softmax", "return weighted - weighted *", ("weighted = dy * y",),
+     ("the returned dx",)),
+    (positions_summed_over_time_too, "learned_positions", "total = dy.reshape(-1, d).sum(axis=0)",
+     ("grad[offset:offset + t] += total",), ("summed over its axis 0 as well",)),
+    (gelu_tanh_square_of_the_difference, "gelu_tanh", "return dy * (0.5", ("t = 2.0", "du = "),
+     ("`(1.0 - t) ** 2`", "2 times", "`1.0 - t ** 2`")),
+    (gelu_tanh_two_mistakes, "gelu_tanh", "du = np.sqrt", ("t = 2.0",), ("1/2 times",)),
+    # a value the later code takes up to a constant a row is pinned by its adjoint (dL/d xhat): the line of dxhat
+    (layernorm_gradient_of_xhat_doubled, "layernorm", "dxhat = dy * gamma * 2.0", ("dx = r *",),
+     ("2 times", "a fix: `dy * gamma` for `dy * gamma * 2.0`")),
+    # the fix suggested is of the term named, never of the term beside it (x * 2.0 would compensate)
+    (linear_weight_gradient_halved, "linear", "dw = (x * 1.0)", (), ("`dy * 0.5`", "1/2 times")),
+    # part of an expression equal to another quantity's adjoint by chance ends no walk: the line of dvar, not the
+    # line after it (which an edit there could compensate)
+    (layernorm_variance_route_power_of_r, "layernorm", "dvar = (dxhat * xmu)", ("dx = dxhat * r", "xmu = "),
+     ("must be dL/d(var)", "a fix: `r ** 3` for `r ** 2`")),
+    # a gain bound where its gradient belongs, of another shape; a row statistic over the rows, by its adjoint
+    (layernorm_gain_for_its_gradient, "layernorm", "dxhat = gamma", ("dx = r *", "m1 = "),
+     ("binds `gamma`", "lacks its leading axis")),
+    (layernorm_std_route_mean_gradient_over_rows, "layernorm", "dmu = -dxmu.sum(axis=0", ("dx = dxmu",),
+     ("dL/d(mu)", "over another axis")),
+    # a quantity of the student's own forward side, wrong: its line, not the line that uses it
+    (gelu_tanh_identity_doubled, "gelu_tanh", "t = 4.0 * gate", ("return dy *", "du = "), ("2 times",)),
+    # a factor extra at the end of a product: the product named, not its first factor
+    (gelu_tanh_product_halved_twice, "gelu_tanh", "return dy *", (), ("`0.5 * x * (1 - t * t) * du * 0.5`",
+                                                                     "1/2 times")),
+    # a step of numformer's missing: the line holding the value it is computed from, with both named by their code
+    (attention_dropout_backward_forgotten, "attention", "dp = dout @ v", ("ds = p * (dp", "dv = "),
+     ("a step missing after", "numformer's `dout @ v.swapaxes(-1, -2)`", "numformer's `dropout_backward(dp)`")),
+    (loss_weight_forgotten, "loss", "dz[np.arange", ("dz = p - eps",), ("a step missing after",
+                                                                          "`dz * weight[:, None]`")),
+    # ... but not where the student's code computes that value and reads the one before it
+    (attention_dropped_gradient_computed_and_not_used, "attention", "ds = p * (dp_raw",
+     ("dp_raw = dout", "dp = dropout_backward", "dv = "), ()),
+]
+
+
+@pytest.mark.parametrize("fn, exercise, snippet, right, words", NAMED, ids=[n[0].__name__ for n in NAMED])
+def test_the_line_named_is_the_mistake_and_no_right_line(fn, exercise, snippet, right, words, tmp_path):
+    path, result = _checked(fn, exercise, tmp_path)
+    text = str(result)
+    first = _first(result)
+    assert first.line == _line(path, snippet), text
+    right_lines = {_line(path, s) for s in right}
+    assert not any(s.line in right_lines for s in result.steps if s.proven), text
+    assert not any(set(s.lines) & right_lines and not s.proven for s in result.steps), text
+    for word in words:
+        assert word in first.said, (word, first.said)
+    assert "`x * 2.0`" not in text
+    assert "enters 2.33333 times" not in text and "enters 0.666667 times" not in text  # the terms, weighed: gone
+
+
+def test_a_quantity_of_the_students_own_forward_side_is_named_with_the_line_it_feeds(tmp_path):
+    """The Jacobian of a softmax backward built by the student (no value of numformer's is one) is wrong: the line
+    that multiplies by it, right as code, is never named alone ("computes the returned dx differently")."""
+    path, result = _checked(softmax_jacobian_without_the_identity, "softmax", tmp_path)
+    jac, product = _line(path, "jac = "), _line(path, "return (jac @")
+    assert not any(s.proven and s.line == product for s in result.steps), str(result)
+    assert any(jac in s.lines for s in result.steps), str(result)
+
+
+def test_a_constant_of_the_students_own_is_named_with_the_line_using_it(tmp_path):
+    """sqrt(2) for sqrt(2 / pi) on its own line: the line of du using it, right as code, is never named alone."""
+    path, result = _checked(gelu_tanh_constant_wrong, "gelu_tanh", tmp_path)
+    constant, du = _line(path, "c = np.sqrt(2)"), _line(path, "du = c *")
+    assert not any(s.proven and s.line == du for s in result.steps), str(result)
+    assert any(constant in s.lines for s in result.steps), str(result)
+
+
+def test_float32_inside_the_backward_is_named_with_its_lines(tmp_path):
+    path, result = _checked(layernorm_two_casts_to_float32, "layernorm", tmp_path)
+    first = _first(result)
+    assert set(first.lines) == {_line(path, "dxhat = (dy * gamma).astype"), _line(path, "spread = ")}, str(result)
+    assert "computes in float32" in first.said and "differs at 0 of" not in str(result)
+    assert "minus" not in str(result), str(result)
+
+
+def test_no_sentence_sets_two_equal_names_against_each_other(tmp_path):
+    """"it uses `dy` where numformer's uses dy": the decoder layer's numformer reuses the name dy for every residual's
+    gradient; a sentence names numformer's value by its code then, or says it is another value."""
+    _, result = _checked(decoder_cross_attention_given_dy, "decoder_layer", tmp_path)
+    for sentence in [s.said for s in result.steps] + [str(result)]:
+        for used, their in re.findall(r"uses? `([^`]+)`[^;]*? where numformer's (?:uses|passes) ([\w`.]+)", sentence):
+            assert used != their.strip("`"), sentence
