@@ -28,7 +28,7 @@ import lab_files
 from grad_checks import exercises, lab
 from grad_checks.cases import D, PAD, V
 
-ENTRIES = re.compile(r"^(?P<tensor>\S+): wrong at (?P<bad>\d+) of (?P<size>\d+) entries"
+ENTRIES = re.compile(r"^(?P<tensor>(?:jvp along |R-op of )?\S+): wrong at (?P<bad>\d+) of (?P<size>\d+) entries"
                      r"(?: \(numformer's times (?P<factor>[^)]+)\))?(?P<rest>.*?)(?: \(case \d+: .*\))?$")
 
 
@@ -223,6 +223,52 @@ def decoder_cross_attention_given_dy(self, dy):
     return dy, dmemory
 
 
+
+
+@held_out("layernorm_jvp")
+def layernorm_jvp_r_dot_halved(x_dot, xhat, r, gamma, gamma_dot, beta_dot):
+    # var_dot written mean((x - mu) x_dot), its 2 lost, then r_dot = -(1/2) r^3 var_dot: half of r's tangent; xhat_dot
+    # by the product rule from that r_dot
+    x_mu = xhat / r
+    var_dot = (x_mu * x_dot).mean(axis=-1, keepdims=True)
+    r_dot = -0.5 * r ** 3 * var_dot
+    xhat_dot = (x_dot - x_dot.mean(axis=-1, keepdims=True)) * r + x_mu * r_dot
+    return xhat_dot * gamma + xhat * gamma_dot + beta_dot, xhat_dot, r_dot
+
+
+@held_out("layernorm_jvp")
+def layernorm_jvp_parameter_tangents_crossed(x_dot, xhat, r, gamma, gamma_dot, beta_dot):
+    # y = gamma * xhat + beta differentiated with the parameters' tangents crossed: beta_dot scaled by xhat
+    r_dot = -r * r * (xhat * x_dot).mean(axis=-1, keepdims=True)
+    xhat_dot = r * (x_dot - x_dot.mean(axis=-1, keepdims=True) - xhat * (xhat * x_dot).mean(axis=-1, keepdims=True))
+    return xhat_dot * gamma + xhat * beta_dot + gamma_dot, xhat_dot, r_dot
+
+
+@held_out("layernorm_rop")
+def layernorm_rop_m_dot_product_of_tangents(dy, dy_dot, xhat, r, gamma, xhat_dot, r_dot, gamma_dot, parameters=True):
+    # m = mean(g * xhat) differentiated as the product of the tangents, not by the product rule
+    g, g_dot = dy * gamma, dy_dot * gamma + dy * gamma_dot
+    m = (g * xhat).mean(axis=-1, keepdims=True)
+    m_dot = (g_dot * xhat_dot).mean(axis=-1, keepdims=True)
+    dx_dot = (r_dot * (g - g.mean(axis=-1, keepdims=True) - xhat * m)
+              + r * (g_dot - g_dot.mean(axis=-1, keepdims=True) - xhat_dot * m - xhat * m_dot))
+    if not parameters:
+        return dx_dot, None, None
+    return dx_dot, (dy_dot * xhat + dy * xhat_dot).sum(axis=0), dy_dot.sum(axis=0)
+
+
+@held_out("layernorm_rop")
+def layernorm_rop_bias_gradient_for_its_tangent(dy, dy_dot, xhat, r, gamma, xhat_dot, r_dot, gamma_dot,
+                                                parameters=True):
+    # dbeta's own line copied for its tangent: sum(dy), the gradient, where sum(dy_dot) belongs
+    g, g_dot = dy * gamma, dy_dot * gamma + dy * gamma_dot
+    m = (g * xhat).mean(axis=-1, keepdims=True)
+    m_dot = (g_dot * xhat + g * xhat_dot).mean(axis=-1, keepdims=True)
+    dx_dot = (r_dot * (g - g.mean(axis=-1, keepdims=True) - xhat * m)
+              + r * (g_dot - g_dot.mean(axis=-1, keepdims=True) - xhat_dot * m - xhat * m_dot))
+    if not parameters:
+        return dx_dot, None, None
+    return dx_dot, (dy_dot * xhat + dy * xhat_dot).sum(axis=0), dy.sum(axis=0)
 
 
 # ---- reading the grade ------------------------------------------------------------------------------------
@@ -431,6 +477,48 @@ def expect_decoder_cross_attention_given_dy(result):
     assert entries(result, "input:y") == (3 * 5 * D, 3 * 5 * D, " " + EVERY)
     bad, size, rest = entries(result, "input:memory")
     assert size == 3 * 6 * D and rest == ALL_BUT_ZERO  # padded memory rows get 0 either way
+
+
+# forward mode's tensors: "jvp along T" (the outputs' tangent when T alone moves; "all": every tensor at once) and
+# "R-op of T" (the tangent of T's gradient, which reads the jvp's xhat_dot and r_dot)
+ROP = {"R-op of weight", "R-op of bias", "R-op of input:x"}
+
+
+def expect_layernorm_jvp_r_dot_halved(result):
+    # r_dot is half numformer's wherever x moves; the gain's and bias' tangents alone leave r still, so their rows
+    # are right; every R-op but the bias' reads r_dot or xhat_dot
+    first = result.steps[0]
+    assert first.proven and first.variable == "r_dot" and first.factor == "1/2", first
+    wrong, right = right_and_wrong(result)
+    assert wrong == {"jvp along input:x", "jvp along all", "R-op of weight", "R-op of input:x"}
+    assert right == {"jvp along weight", "jvp along bias", "R-op of bias"}
+    assert entries(result, "jvp along input:x") == (3 * 6 * 8, 3 * 6 * 8, " " + EVERY)
+
+
+def expect_layernorm_jvp_parameter_tangents_crossed(result):
+    # only y_dot's parameter terms are wrong: x's tangent alone and every R-op (xhat_dot, r_dot right) are right
+    first = result.steps[0]
+    assert first.proven and "(`xhat_dot * gamma + xhat * beta_dot + gamma_dot`)" in first.said, first
+    wrong, right = right_and_wrong(result)
+    assert wrong == {"jvp along weight", "jvp along bias", "jvp along all"}
+    assert right == {"jvp along input:x"} | ROP
+    assert entries(result, "jvp along bias") == (3 * 6 * 8, 3 * 6 * 8, " " + EVERY)
+
+
+def expect_layernorm_rop_m_dot_product_of_tangents(result):
+    # m_dot feeds dx_dot alone: the parameters' gradient tangents are right; the product rule's sum is what it needed
+    first = result.steps[0]
+    assert first.proven and first.code == "g_dot * xhat + g * xhat_dot" and "(`g_dot * xhat_dot`)" in first.said
+    assert right_and_wrong(result) == ({"R-op of input:x"}, {"R-op of weight", "R-op of bias"})
+    assert entries(result, "R-op of input:x") == (3 * 6 * 8, 3 * 6 * 8, " " + EVERY)
+
+
+def expect_layernorm_rop_bias_gradient_for_its_tangent(result):
+    # only dbeta_dot is wrong, at every feature, and the name it reads is the one said
+    first = result.steps[0]
+    assert first.proven and first.code == "dy_dot.sum(axis=0)" and "uses `dy` where numformer's uses dy_dot" in first.said
+    assert right_and_wrong(result) == ({"R-op of bias"}, {"R-op of weight", "R-op of input:x"})
+    assert entries(result, "R-op of bias") == (8, 8, " " + EVERY)
 
 
 def test_every_exercise_has_held_out_mistakes():
