@@ -111,5 +111,6 @@ def test_every_study_states_its_claim_shapes_finding_difference_command_and_time
                         "Command:", "Time:"):
             assert heading in doc, (name, heading)
         assert f"python -m numformer.studies {name}" in doc
-        # table3 trains 20 models one after the other (rows A, D, E and base, two seeds): about an hour
-        assert get(name).MINUTES <= (60 if name == "table3" else 10)
+        # table3 trains 20 models one after the other (rows A, D, E and base, two seeds): about an hour;
+        # hessian-blocks takes every block's spectrum twice, then every layer's and the products' precision: 10.6 min
+        assert get(name).MINUTES <= {"table3": 60, "hessian-blocks": 12}.get(name, 10)
