@@ -150,6 +150,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --threads 1 --no-compile"),
     "python3 bench/per_sentence_cost.py --preset small --steps 10 --warmup 2 --repeat 3":
         ("small", "python3 bench/per_sentence_cost.py --preset tiny --steps 2 --warmup 1"),
+    "python3 bench/hvp_cost.py --preset tiny,small,base --steps 3 --warmup 1 --repeat 3":
+        ("small", "python3 bench/hvp_cost.py --preset tiny --steps 1 --warmup 0  # small, base: the same code"),
     "python3 bench/train_step.py --preset base --steps 4 --warmup 2 --threads 1":
         ("small", "python3 bench/train_step.py --preset tiny --steps 2 --warmup 1 --threads 1 --no-torch"
                   "  # base: the same code at another size"),
