@@ -29,7 +29,6 @@ result line) are marked "?" in the table; --verbose prints their raw reports.
 
     python3 bench/held_out_grading/measure.py [--repo CHECKOUT] [--timeout 60] [--verbose] [--only 07]
 """
-import argparse
 import json
 import os
 import pathlib
@@ -37,6 +36,14 @@ import re
 import subprocess
 import sys
 import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from numformer.cli.arguments import OneLineParser, positive_float  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+PROG = "bench/held_out_grading/measure.py"  # the name its one-line errors start with
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -177,15 +184,16 @@ def run_check(repo, path, timeout):
     return out, rc, time.time() - t0
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repo", default=str(pathlib.Path(__file__).resolve().parents[2]), help="the checkout whose grad_checks is measured")
+@command_line(PROG)
+def main(argv=None) -> int:
+    ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
+    ap.add_argument("--repo", default=str(ROOT), help="the checkout whose grad_checks is measured (default: this one)")
     ap.add_argument("--manifest", default=str(HERE / "manifest.json"))
-    ap.add_argument("--out", default=str(HERE / "result.json"))
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per file")
+    ap.add_argument("--out", default=None, help="also write every entry's class as JSON to this file")
+    ap.add_argument("--timeout", type=positive_float, default=60.0, help="seconds per file")
     ap.add_argument("--only", default=None, help="only files whose name starts with this (e.g. 07)")
     ap.add_argument("--verbose", "-v", action="store_true", help="print raw reports of unsure entries")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     repo = pathlib.Path(args.repo).resolve()
     manifest = json.loads(pathlib.Path(args.manifest).read_text())
     results = []
@@ -226,7 +234,8 @@ def main():
             if wrong else "SUMMARY: no wrong answers selected")
     print(line)
     summary["line"] = line
-    pathlib.Path(args.out).write_text(json.dumps(dict(summary=summary, entries=results), indent=1) + "\n")
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(dict(summary=summary, entries=results), indent=1) + "\n")
     return 0
 
 

@@ -6,7 +6,6 @@ exits 1 when an answer's numeric verdict disagrees with its manifest entry.
 
     python3 bench/held_out_grading/verify.py [--only NN]
 """
-import argparse
 import importlib.util
 import itertools
 import json
@@ -19,6 +18,10 @@ import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # the checkout's numformer and grad_checks
+from numformer.cli.arguments import OneLineParser  # noqa: E402  (one-line usage errors)
+from numformer.cli.front import command_line  # noqa: E402  (a bug says so; see numformer/cli/front.py)
+
+PROG = "bench/held_out_grading/verify.py"  # the name its one-line errors start with
 F64 = np.float64
 _count = itertools.count()
 
@@ -441,11 +444,12 @@ def run_entry(path, exercise):
     return problems
 
 
-def main():
-    ap = argparse.ArgumentParser()
+@command_line(PROG)
+def main(argv=None) -> int:
+    ap = OneLineParser(prog=PROG, description="Checks every held-out answer against its manifest, without the grader.")
     ap.add_argument("--only", default=None, help="the file number prefix (e.g. 07) to check alone")
     ap.add_argument("-v", "--verbose", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     manifest = json.loads((HERE / "manifest.json").read_text())
     bad = 0
     for e in manifest:
@@ -462,8 +466,8 @@ def main():
             for p in problems:
                 print("      ", p)
     print(f"{bad} disagreements")
-    sys.exit(1 if bad else 0)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
