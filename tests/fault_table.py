@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -102,6 +103,14 @@ def row_names() -> list[str]:
     return [r.name for r in rows(*(Path("."),) * 4)]
 
 
+def as_a_terminal_starts_it() -> None:
+    """``preexec_fn`` of a command these tests stop with a signal: the stop signals at their defaults, as a terminal's
+    shell starts a command, whatever the test run itself inherited (under ``nohup`` SIGHUP is ignored, and an
+    ignored disposition survives exec: the child would ignore the hang-up the test sends, as nohup asks)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def run(argv: list, cwd: Path, fault: str | None = None, timeout: float = 300) -> tuple[int, str, Path | None]:
     """Run one command line in a fresh process (with ``fault`` armed); -> (exit status, stderr, the path the
     fault met: the target of the first atomic replace, None when no fault was armed or it never fired)."""
@@ -113,7 +122,8 @@ def run(argv: list, cwd: Path, fault: str | None = None, timeout: float = 300) -
     else:
         marker = cwd / f"fault-{fault}.txt"
         cmd = [sys.executable, "-c", HARNESS.format(root=str(ROOT)), fault, str(marker), *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=as_a_terminal_starts_it)
     met = None
     if fault is not None and (cwd / f"fault-{fault}.txt").exists():
         met = Path((cwd / f"fault-{fault}.txt").read_text().splitlines()[1])

@@ -20,6 +20,7 @@ import train
 from numformer.training import run_folder as run_folder_module
 from numformer.training import trainer as trainer_module
 from numformer.checkpoint import load_checkpoint
+from fault_table import as_a_terminal_starts_it
 from mpi_worker import TinyVocab, pairs
 from numformer.model import Transformer
 from numformer.data.prepared_dataset import PreparedData
@@ -242,7 +243,8 @@ def test_interrupt_saves_the_current_step_and_resume_continues(sig, status, what
     the same weights and the same train_loss at every logged step (assert_same_run)."""
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args(run, 1000)], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_a_terminal_starts_it)
     wait_for(proc, lambda: any(r.get("step", 0) >= 5 for r in metrics(run))
              if (run / "metrics.jsonl").exists() else False)
     proc.send_signal(sig)
