@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from support import ROOT
+from support import ROOT, as_a_terminal_starts_it
 
 FAULTS = ("sigkill", "sigint", "enospc", "sigterm", "sighup")
 PARTIAL_MARK = ".numformer-partial-"
@@ -101,14 +100,6 @@ def rows(run: Path, hf: Path, text: Path, out: Path) -> list[Row]:
 def row_names() -> list[str]:
     """The rows' names (for parametrize: the paths are the test's own)."""
     return [r.name for r in rows(*(Path("."),) * 4)]
-
-
-def as_a_terminal_starts_it() -> None:
-    """``preexec_fn`` of a command these tests stop with a signal: the stop signals at their defaults, as a terminal's
-    shell starts a command, whatever the test run itself inherited (under ``nohup`` SIGHUP is ignored, and an
-    ignored disposition survives exec: the child would ignore the hang-up the test sends, as nohup asks)."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 def run(argv: list, cwd: Path, fault: str | None = None, timeout: float = 300) -> tuple[int, str, Path | None]:

@@ -8,6 +8,7 @@ import of a script by its path.
 """
 import os
 import shutil
+import signal
 import sys
 import zipfile
 from pathlib import Path
@@ -224,3 +225,12 @@ def save_wmt14_dataset(folder, splits: dict, src: str = "en", tgt: str = "de"):
         name: datasets.Dataset.from_dict({"translation": [{tgt: t, src: s} for s, t in pairs]}, features=features)
         for name, pairs in splits.items()}).save_to_disk(str(folder))
     return folder
+
+
+def as_a_terminal_starts_it() -> None:
+    """``preexec_fn`` of a command these tests stop with a signal: the stop signals at their defaults, as a terminal's
+    shell starts a command, whatever the test run itself inherited (under ``nohup`` SIGHUP is ignored; an ignored
+    disposition survives exec, and numformer keeps it ignored, as nohup asks: the child would not stop at the
+    hang-up the test sends)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)

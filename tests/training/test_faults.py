@@ -20,13 +20,12 @@ import train
 from numformer.training import run_folder as run_folder_module
 from numformer.training import trainer as trainer_module
 from numformer.checkpoint import load_checkpoint
-from fault_table import as_a_terminal_starts_it
 from mpi_worker import TinyVocab, pairs
 from numformer.model import Transformer
 from numformer.data.prepared_dataset import PreparedData
 from numformer.presets import get_preset
 from numformer.training.config import TrainConfig
-from support import ROOT, assert_one_line_error, copy_args, resume_args, run_main, write_corpus
+from support import ROOT, as_a_terminal_starts_it, assert_one_line_error, copy_args, resume_args, run_main, write_corpus
 
 
 STEPS = 40
