@@ -449,13 +449,16 @@ def main(argv=None) -> int:
     ap = OneLineParser(prog=PROG, description="Checks every held-out answer against its manifest, without the grader.")
     ap.add_argument("--only", default=None, help="the file number prefix (e.g. 07) to check alone")
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--manifest", default=str(HERE / "manifest.json"),
+                    help="the set's manifest.json (its files are named relative to it)")
     args = ap.parse_args(argv)
-    manifest = json.loads((HERE / "manifest.json").read_text())
+    manifest_path = pathlib.Path(args.manifest).resolve()
+    manifest = json.loads(manifest_path.read_text())
     bad = 0
     for e in manifest:
         if args.only and not pathlib.Path(e["file"]).name.startswith(args.only):
             continue
-        problems = run_entry(HERE / e["file"], e["exercise"])
+        problems = run_entry(manifest_path.parent / e["file"], e["exercise"])
         numeric_right = not problems
         ok = numeric_right == e["right"]
         bad += not ok
