@@ -39,6 +39,7 @@ from .own_route import suggestion
 from .recorded_run import Recorder, recorded
 
 MOST = 3        # first wrong steps said at most
+OURS = "numformer's "  # how a sentence starts naming numformer's value (not said twice: "numformer's passes `x`")
 
 # Seconds of replays (the student's code run again with a value changed) one wrong answer's diagnosis may take before
 # it stops and says what it has: the wrong entries and the lines feeding them, never a guess. On the project's sets
@@ -731,6 +732,8 @@ class _Engine:
         lines = {call.records[i].statement for i in _slice(call, record.index)} - {None}
         out = []
         for name, (line, value) in call.indices.items():
+            if value.ndim == 0:
+                continue  # a count (tokens = np.count_nonzero(w)): right unless another size is needed (_count)
             if line is None or line in lines or not any(name in node.names for node in nodes if node.statement in lines):
                 continue
             if value.dtype == bool and any(v is not None and v.shape == value.shape and (
@@ -861,6 +864,12 @@ def _diagnosis(engine) -> list:
     float32 = _float32(engine)
     if float32 is not None:
         return [float32]
+    count = _count(engine)
+    if count is not None:
+        return [count]
+    dropped = _overwritten(engine)
+    if dropped is not None:
+        return [dropped]
     keys = engine.slice()
     found = []  # (fix, call, the student's record there, its unknown inputs that could absorb the error)
     for key in keys:
@@ -1078,7 +1087,8 @@ def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
                 if record.returned is not None else
                 f"first wrong step: {where} binds `{record.code}` where your code needs {what}: {fix.shape}"
                 if fix.shape else
-                f"first wrong step: {where} passes `{record.code}` where numformer's passes {what}{note}")
+                f"first wrong step: {where} passes `{record.code}` where numformer's passes "
+                f"{what.removeprefix(OURS) if what.startswith(OURS + '`') else what}{note}")
         note = ""
     elif fix.reduced:
         said = f"{head}{where} is {ref} {fix.reduced}: keep that axis"
@@ -1142,7 +1152,7 @@ def _operand_note(engine, n, record, known) -> str:
     if record.kind == "name":  # (said in the sentence itself): the student's value that would do, if any
         instead = next((s for s in call.records if not s.given and s.kind != "name" and s.index != record.index
                         and known.values.get(n) is not None and _equal(s.value, known.values[n])), None)
-        return f" (your `{instead.variable or instead.code}`, line {instead.statement or instead.line})" \
+        return f"; your `{instead.variable or instead.code}` (line {instead.statement or instead.line}) holds it" \
             if instead is not None else ""
     theirs = known.records.get(n)
     source = engine.ref_calls if known.kind == "backward" else engine.forward if known.kind == "forward" else None
@@ -1161,7 +1171,7 @@ def _operand_note(engine, n, record, known) -> str:
     label = _label(engine.ex, o)
     if label in (m.code, m.variable) or _shares(label, m.code, m.variable):
         label = f"`{o.code}`" if o.code not in (m.code, m.variable) else "another value"
-    yours = f" (your `{instead.variable or instead.code}`, line {instead.statement or instead.line})" \
+    yours = f"; your `{instead.variable or instead.code}` (line {instead.statement or instead.line}) holds it" \
         if instead is not None and instead.index != m.index else ""
     used = f"`{m.variable}` (line {m.statement or m.line})" if m.variable and m.variable != m.code else f"`{m.code}`"
     return f"; it uses {used} where numformer's uses {label}{yours}"
@@ -1219,6 +1229,81 @@ def _float32(engine) -> WrongStep | None:
              "are given (no astype, no np.float32)")
     return WrongStep("float32", "", None, lines[0][0], None, None, "first wrong step: " + said,
                      lines=tuple(k for k, *_ in lines), own=True)
+
+
+def _overwritten(engine) -> WrongStep | None:
+    """A name bound again over a gradient the code never read (``dx = dy`` then ``dx = self.norm.backward(d)``; a
+    second projection's gradient assigned over the first's): the later value is numformer's, and what the code after
+    it needs is the sum of the two (every gradient right with it there, in every call). The value that line must
+    hold is then known, its inputs are right: the first wrong step is the assignment, which drops the earlier value."""
+    for n in engine.wrong_calls:
+        records = engine.my_calls[n].records
+        read = {i for r in records for i in r.operands}
+        for r in records:
+            if not r.variable or r.given or r.key not in engine.right or not engine.gradient_side(n, r):
+                continue
+            earlier = [p for p in records[:r.index] if p.variable == r.variable and p.index not in read
+                       and not p.given and p.value.shape == r.value.shape and engine.gradient_side(n, p)]
+            if not earlier:
+                continue
+            p = earlier[-1]
+            overrides, sums = {}, {}
+            for m, mine in engine.records[r.key].items():
+                before = next((q for q in engine.my_calls[m].records if q.key == p.key), None)
+                if before is None or before.value.shape != mine.value.shape:
+                    break
+                overrides[(m, r.key)] = sums[m] = mine.value + before.value
+            else:
+                if not engine.proof.right(engine.proof.students(overrides)):
+                    continue
+                known = next((k for k in engine.knowns if all(m in k.values and _equal(v, k.values[m])
+                                                              for m, v in sums.items())), None)
+                equal = next((k for k in engine.knowns if k.values.get(n) is not None
+                              and _equal(r.value, k.values[n])), None)
+                line = r.statement or r.line
+                yours = f" ({_named(equal, r.code, r.variable)})" if equal is not None else ""
+                needs = f" ({_named(known, r.code, r.variable)})" if known is not None else ""
+                said = (f"first wrong step: your line {line} (`{r.variable} = {r.code}`) binds `{r.variable}` to its "
+                        f"value{yours} over one nothing read: your code needs the sum of the two there{needs}; the "
+                        f"value it replaces: your `{r.variable}` of line {p.statement or p.line} (`{p.code}`); add "
+                        f"it (`{r.variable} += ...`, or `{r.variable} = {r.variable} + {r.code}`)")
+                return WrongStep(known.label if known else r.variable, known.code if known else "",
+                                 known.variable if known else None, line, None, None, said)
+    return None
+
+
+def _count(engine) -> WrongStep | None:
+    """A count the student bound to a name (``d = xhat.shape[0]``) that is one size the exercise names where the
+    rest of their code needs another: with that size there (in every call) every gradient is right, and with no
+    other. The value it must hold is then known (a size), its inputs are the arguments: the first wrong step."""
+    names = {}
+    for n, call in enumerate(engine.my_calls):
+        for name, (line, value) in call.indices.items():
+            if value.ndim == 0 and value.dtype.kind in "iu":
+                names.setdefault((name, line), {})[n] = int(value)
+    for (name, line), per_call in sorted(names.items(), key=lambda item: item[0][1] or 0):
+        values = {n: symbol_values(engine.ex, engine.my_calls[n].args) for n in per_call}
+        common = [s for s in next(iter(values.values())) if all(s in v for v in values.values())]
+        fitting = []
+        for size in common:
+            wants = {n: values[n][size] for n in per_call}
+            if all(float(w).is_integer() for w in wants.values()) and any(
+                    wants[n] != per_call[n] for n in per_call if n in engine.wrong_calls):
+                overrides = {(n, ("position", name)): np.array(int(w)) for n, w in wants.items()}
+                if engine.proof.right(engine.proof.students(overrides)):
+                    fitting.append((size, wants))
+        if len({tuple(w.values()) for _, w in fitting}) != 1:
+            continue  # none, or several sizes of other values would do: not pinned
+        size, wants = fitting[0]
+        code = engine.my_calls[next(iter(per_call))].index_code.get(name, name)
+        calls = [n for n in per_call if n in engine.wrong_calls] or list(per_call)
+        is_ = [s for s in common if all(values[n][s] == per_call[n] for n in per_call)]
+        mine = ", ".join(str(per_call[n]) for n in calls) + (f" ({is_[0]})" if is_ else "")
+        said = (f"first wrong step: your line {line} (`{name} = {code}`) holds {mine} where your code needs "
+                f"{size} ({', '.join(str(int(wants[n])) for n in calls)}) there")
+        return WrongStep(size, "", None, line, None, None, said + _fix_words(engine, _Position(code, line)),
+                         own=True)
+    return None
 
 
 def _low(record) -> bool:

@@ -263,11 +263,11 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
             found = None if result.keeps_state else reproduced(ex, mine, reference, seed)
             recordings = Recordings(ex, answer, seed, file, time_limit)  # each run recorded once, for both readers
             result.mistake = found[1] if found is not None and found[0] == "mistake" else None
-            if result.mistake is None:
-                if not result.keeps_state:
-                    _locate(result, ex, mine, reference, seed, found)
-                if any(o.output for o in mine):  # the student's line, where the value it must hold is known
-                    result.steps = first_wrong_steps(ex, answer, seed, file, time_limit, recordings)
+            if result.mistake is None and not result.keeps_state:
+                _locate(result, ex, mine, reference, seed, found)
+            if any(o.output for o in mine):  # the student's line, where the value it must hold is known: a
+                # catalogued mistake names what is wrong, the step where (proven as any other: never by the match)
+                result.steps = first_wrong_steps(ex, answer, seed, file, time_limit, recordings)
             raised = next(((k, c) for k, c in enumerate(result.cases, 1) if (c.error or "").startswith("raised ")),
                           None)
             if raised is not None:  # the raising line in the exercise's terms (grad_checks/raised_line.py)

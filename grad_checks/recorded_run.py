@@ -67,6 +67,7 @@ class Call:
     seen: dict = field(default_factory=dict)        # node id -> records of it so far
     returned: bool = False                          # it reached a return (did not raise)
     indices: dict = field(default_factory=dict)     # name -> (line, value) of an integer or boolean array bound
+    index_code: dict = field(default_factory=dict)  # name -> the code whose value ``indices`` holds
     case: int = 0                                   # the exercise's case it ran in (from 0)
 
 
@@ -200,6 +201,13 @@ class Recorder:
                 override = self.overrides.get((call.number, ("position", bind)))
                 value = value if override is None else np.asarray(override, dtype=value.dtype)
                 call.indices[bind] = (info.statement, value.copy())
+                call.index_code[bind] = info.code
+            elif bind and isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+                # a count bound to a name (d = xhat.shape[-1]): kept aside as a 0-d position, replayable as an int
+                override = self.overrides.get((call.number, ("position", bind)))
+                value = value if override is None else int(np.asarray(override))
+                call.indices[bind] = (info.statement, np.array(value))
+                call.index_code[bind] = info.code
             return value
         occurrence, override = self._next(call, node)
         if override is not None:
