@@ -859,9 +859,17 @@ def first_wrong_steps(ex, answer, seed: int = 0, file=None, time_limit=None, rec
         return [replace(s, said=s.said + stopped) for s in _outputs(engine)][:MOST]
 
 
+def precision_steps(recordings) -> list:
+    """[the float32 step] when the student's recorded lines compute in float32 or float16 in the float64 check (an
+    answer graded APPROXIMATE, which no replay is needed to place: the dtypes its lines produce say where), else []."""
+    calls, _ = recordings.student
+    step = _float32(calls) if calls else None
+    return [] if step is None else [step]
+
+
 def _diagnosis(engine) -> list:
     """The steps, by the rules of the module's docstring, in their order of preference."""
-    float32 = _float32(engine)
+    float32 = _float32(engine.my_calls)
     if float32 is not None:
         return [float32]
     count = _count(engine)
@@ -897,6 +905,9 @@ def _diagnosis(engine) -> list:
         fix, n, record, _ = min((f for f in inside if f[2].statement == statement),  # a value itself first
                                 key=lambda f: (f[0].c is not None, len(f[2].code)))
         return _said(engine, _missing(engine, n, record) or _before(engine, fix, n, record) or [fix])
+    two = _two_known(engine, keys)
+    if two:
+        return _said(engine, two)
     if found:  # compensation: the lines its unknown inputs are on could absorb the error as well
         return [_together(engine, *found[0])]
     return _outputs(engine)[:MOST]
@@ -978,6 +989,60 @@ def _two(engine, keys) -> list:
                     engine.proof.students({**a.values(engine), **b.values(engine)})):
                 return sorted([a, b], key=lambda f: _first(engine, f.key)[1].index)
     return []
+
+
+TWO_FIRST = 8     # the student's earliest values tried as the first of two mistakes (each with its 2 nearest knowns)
+
+
+def _two_known(engine, keys) -> list:
+    """Two mistakes, each a known value with right inputs: an early value of the student's put to a known value of its
+    shape computed by the same operation from the same values (the two nearest to it tried: a search order, never the proof) leaves the answer wrong, and then a later
+    value is a first wrong step of what remains (:meth:`_Engine.fits` with the first made, its inputs known values in
+    that replay, not without it); the first alone leaves the answer wrong, both together put it right, and no right
+    value turns wrong. []
+    when none (``p + eps / V`` for ``p - eps / V`` and a division by the weights' sum, each hiding the other)."""
+    for a_key in [k for k in keys if k not in engine.right][:TWO_FIRST]:
+        n, record = _first(engine, a_key)
+        # the first is numformer's counterpart: the same operation on the same values (``p + eps / V`` for ``p - eps / V``)
+        near = sorted((k for k, how, shape in engine._candidates(a_key) if not how and not shape and k.kind != "size"
+                       and k.kind == "backward" and n in k.records and engine._alike_operands(n, record, k.records[n])
+                       and all(m in k.values and k.values[m].shape == r.value.shape and not _equal(r.value, k.values[m])
+                               for m, r in engine.records[a_key].items() if m in engine.wrong_calls)),
+                      key=lambda k: float(np.abs(k.values[n] - record.value).sum()))
+        for known in near[:2]:
+            a = _Fix(a_key, known)
+            base = a.values(engine)
+            calls, got = engine.proof.students(base, calls=True)
+            if calls is None or len(calls) != len(engine.my_calls) or engine.proof.right(got):
+                continue  # alone it puts everything right: a single mistake (said elsewhere), or it did not run
+            still = {m for m, c in enumerate(engine.my_calls) if c.returned and not engine.proof.right(got, [c.case])}
+            for b_key in keys:
+                if b_key == a_key or _first(engine, b_key)[1].index <= record.index or not still <= set(
+                        engine.records[b_key]):
+                    continue  # the second must be in every call the first leaves wrong
+                b = engine.fits(b_key, base=base)
+                if b is None or _known_inputs(engine, engine.my_calls, b_key):
+                    continue  # none; or a first wrong step by itself, its inputs right as they are
+                if _known_inputs(engine, calls, b_key) and engine.consistent([a, b]):
+                    return [a, b]
+    return []
+
+
+def _known_inputs(engine, calls, key) -> bool:
+    """In the replayed ``calls``, every operand of ``key``'s records from another statement, on the gradient side,
+    is a known value or an argument (the first mistake made: the second's inputs are right; one of its own statement
+    is part of the step named)."""
+    for m, mine in engine.records[key].items():
+        replayed = next((r for r in calls[m].records if r.key == key), None)
+        if replayed is None:
+            return False
+        for i in replayed.operands:
+            o = calls[m].records[i]
+            if not (o.given or o.statement == replayed.statement or i >= len(engine.my_calls[m].records) or not engine.gradient_side(m, engine.my_calls[m].records[i])
+                    or engine._known_value(m, o, engine.knowns) or o.kind == "name"
+                    and all(engine._known_value(m, calls[m].records[j], engine.knowns) for j in o.operands)):
+                return False
+    return True
 
 
 def _before(engine, fix, n, record) -> list:
@@ -1204,20 +1269,20 @@ def _together(engine, fix, n, record, unknown) -> WrongStep:
     line = record.statement or record.line
     lines = sorted({u.statement or u.line for u in unknown} | {line})
     others = [k for k in lines if k != line]
-    where = ", ".join(f"line {k}" for k in lines[:-1]) + f" or line {lines[-1]}"
-    said = (f"the mistake is on {where}: with {_named(fix.known, record.code, record.variable)} in the place of your "
-            f"`{_shown(engine, n, record)}` (line {line}) every gradient is right, and what it is computed from on "
-            f"{'line' if len(others) == 1 else 'lines'} {', '.join(map(str, others))} is no value known here: each "
-            "could hold the mistake, or one compensate the other")
+    where = "lines " + ", ".join(map(str, lines[:-1])) + f" or {lines[-1]}"
+    said = (f"the mistake is on {where}, not proven which: with {_named(fix.known, record.code, record.variable)} in "
+            f"the place of your `{_shown(engine, n, record)}` (line {line}) every gradient is right, and what it is "
+            f"computed from on {'line' if len(others) == 1 else 'lines'} {', '.join(map(str, others))} is no value "
+            "known here, so each could hold the mistake, or one compensate the other")
     return WrongStep(fix.known.label, fix.known.code, fix.known.variable, None, None, None, said, proven=False,
                      lines=tuple(lines))
 
 
-def _float32(engine) -> WrongStep | None:
-    """The student's lines whose arrays are float32 (or float16) in the float64 check, the first of each chain (a
-    cast), or None."""
+def _float32(calls) -> WrongStep | None:
+    """The student's lines whose arrays are float32 (or float16) in the float64 check (in the recorded ``calls``), the
+    first of each chain (a cast), or None."""
     lines = []
-    for call in engine.my_calls:
+    for call in calls:
         for r in call.records:
             if _low(r) and not any(_low(call.records[o]) for o in r.operands):
                 lines.append((r.statement or r.line, r.code, str(r.dtype)))
@@ -1238,12 +1303,18 @@ def _overwritten(engine) -> WrongStep | None:
     hold is then known, its inputs are right: the first wrong step is the assignment, which drops the earlier value."""
     for n in engine.wrong_calls:
         records = engine.my_calls[n].records
-        read = {i for r in records for i in r.operands}
+        # a value read for its shape alone (np.zeros_like(grad)) is not read; an in-place assignment reads the array
+        # it writes into only to write into it
+        read = {i for r in records if r.kind not in _SHAPE_ONLY for i in r.operands
+                if not (r.kind == "in place" and r.variable in (records[i].variable, records[i].given and records[i].code))}
         for r in records:
-            if not r.variable or r.given or r.key not in engine.right or not engine.gradient_side(n, r):
+            whole = r.kind == "in place" and r.code.split("=")[0].strip() in (f"{r.variable}[...]", f"{r.variable}[:]")
+            # (a whole array written in place: the buffer given, filled from the gradient in place where the
+            # recording keeps no operand, np.add.at's)
+            if not r.variable or r.given or not (r.key in engine.right and engine.gradient_side(n, r) or whole):
                 continue
-            earlier = [p for p in records[:r.index] if p.variable == r.variable and p.index not in read
-                       and not p.given and p.value.shape == r.value.shape and engine.gradient_side(n, p)]
+            earlier = [p for p in records[:r.index] if p.index not in read and p.value.shape == r.value.shape and (
+                p.variable == r.variable and engine.gradient_side(n, p) or p.given and p.code == r.variable)]
             if not earlier:
                 continue
             p = earlier[-1]
@@ -1258,18 +1329,24 @@ def _overwritten(engine) -> WrongStep | None:
                     continue
                 known = next((k for k in engine.knowns if all(m in k.values and _equal(v, k.values[m])
                                                               for m, v in sums.items())), None)
-                equal = next((k for k in engine.knowns if k.values.get(n) is not None
-                              and _equal(r.value, k.values[n])), None)
+                equal = next((k for k in engine.knowns if all(m in k.values and _equal(rec.value, k.values[m])
+                                                              for m, rec in engine.records[r.key].items())), None)
                 line = r.statement or r.line
                 yours = f" ({_named(equal, r.code, r.variable)})" if equal is not None else ""
                 needs = f" ({_named(known, r.code, r.variable)})" if known is not None else ""
-                said = (f"first wrong step: your line {line} (`{r.variable} = {r.code}`) binds `{r.variable}` to its "
-                        f"value{yours} over one nothing read: your code needs the sum of the two there{needs}; the "
-                        f"value it replaces: your `{r.variable}` of line {p.statement or p.line} (`{p.code}`); add "
-                        f"it (`{r.variable} += ...`, or `{r.variable} = {r.variable} + {r.code}`)")
+                replaced = f"the argument `{p.code}`" if p.given else \
+                    f"your `{r.variable}` of line {p.statement or p.line} (`{p.code}`)"
+                shown, fix = (r.code, "add into it (`+=`)") if whole else (
+                    f"{r.variable} = {r.code}", f"add it (`{r.variable} += ...`, or `{r.variable} = {r.variable} + {r.code}`)")
+                said = (f"first wrong step: your line {line} (`{shown}`) {'writes' if whole else 'binds'} "
+                        f"`{r.variable}` {'with' if whole else 'to'} a value{yours} over one nothing read: your code "
+                        f"needs the sum of the two there{needs}; the value it replaces: {replaced}; {fix}")
                 return WrongStep(known.label if known else r.variable, known.code if known else "",
                                  known.variable if known else None, line, None, None, said)
     return None
+
+
+_SHAPE_ONLY = ("zeros_like", "empty_like", "ones_like", "full_like")  # calls reading an array's shape, not its values
 
 
 def _count(engine) -> WrongStep | None:

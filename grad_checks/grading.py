@@ -36,7 +36,7 @@ from .candidates import (APPROX, EXACT, Outcome, compare, constant_factor, floor
                          run_function, verdict)
 from numformer.user_code_clock import DEFAULT_TIME_LIMIT, deadline
 from .exercise import Exercise
-from .first_wrong_step import Recordings, first_wrong_steps
+from .first_wrong_step import Recordings, first_wrong_steps, precision_steps
 from .kept_state import kept_state, snapshot
 from .own_code import describe, watch
 from .raised_line import raised_line
@@ -84,6 +84,7 @@ class Grade:
     not_yours: str | None = None  # numformer's own backward called (grad_checks/own_code.py): what and where
     own_uses: list = field(default_factory=list)  # each use of it (grad_checks/own_code.py's OwnCall)
     keeps_state: str | None = None  # a case's outcome changes with the calls before it (grad_checks/kept_state.py)
+    kept_lines: tuple = ()          # the student's lines that read or set what keeps the state
     raised_at: str | None = None    # what the line that raised reads, in the exercise's terms (raised_line.py)
     hints: list = field(default_factory=list)
     check_command: str = ""
@@ -138,7 +139,8 @@ class Grade:
             return f"EXACT: all {len(self.tensors)} tensors equal numformer's to round-off"
         worst = max(t.error for t in self.tensors)
         return (f"APPROXIMATE: agrees to {worst:.1e}, within the tolerance ({APPROX:.0e}) but not to round-off "
-                f"({EXACT:.0e}): a step loses precision")
+                f"({EXACT:.0e}): " + ("a step computes in low precision (see the diagnosis)" if self.steps else
+                                      "a step loses precision"))
 
     def __str__(self) -> str:
         ex = self.exercise
@@ -228,7 +230,7 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
             if not any(o.not_implemented for o in mine):  # the cases again, backwards: state between calls
                 state = kept_state(ex, cls, answer, seed, file, time_limit, mine, reference, before)
         result = Grade(ex, who or ex.student_name, check_command=check_command)
-        result.keeps_state = state
+        result.keeps_state, result.kept_lines = (state.said, state.lines) if state is not None else (None, ())
         stopped = next((o for o in mine if o.not_implemented), None)
         if stopped is not None:
             result.not_implemented = stopped.error
@@ -265,14 +267,19 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
             result.mistake = found[1] if found is not None and found[0] == "mistake" else None
             if result.mistake is None and not result.keeps_state:
                 _locate(result, ex, mine, reference, seed, found)
-            if any(o.output for o in mine):  # the student's line, where the value it must hold is known: a
-                # catalogued mistake names what is wrong, the step where (proven as any other: never by the match)
+            # the student's line, where the value it must hold is known: a catalogued mistake names what is wrong, the
+            # step where (proven as any other: never by the match); state kept between calls is located by the lines
+            # that read or set it (a step found by replaying one pass would be of another function at every call)
+            if any(o.output for o in mine) and not result.kept_lines:
                 result.steps = first_wrong_steps(ex, answer, seed, file, time_limit, recordings)
             raised = next(((k, c) for k, c in enumerate(result.cases, 1) if (c.error or "").startswith("raised ")),
                           None)
             if raised is not None:  # the raising line in the exercise's terms (grad_checks/raised_line.py)
                 result.raised_at = raised_line(ex, answer, seed, file, time_limit, raised[0], raised[1].name,
                                                raised[1].error, recordings)
+        elif diagnose and result.passed and not result.exact and not result.not_yours:
+            # within the tolerance, not to round-off: the lines computing in float32, if any
+            result.steps = precision_steps(Recordings(ex, answer, seed, file, time_limit))
     return result
 
 

@@ -16,6 +16,7 @@ import ast
 import copy
 import hashlib
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -122,10 +123,11 @@ def _line_of(file, kind: str, name: str) -> int | None:
     return None
 
 
-def _changed(before: dict, answer, file) -> list[str]:
-    """``_scratch`` (my_layernorm.py:12), a module-level name, for each place whose fingerprint changed."""
+def _changed(before: dict, answer, file) -> tuple[list[str], list[int]]:
+    """(``_scratch`` (my_layernorm.py:12), a module-level name, for each place whose fingerprint changed; the lines of
+    the student's function or class that read or set one of those places)."""
     after = {key: value for key, (value, _) in snapshot(answer).items()}
-    said = []
+    said, lines = [], set()
     for key in sorted(set(before) | set(after), key=str):
         if before.get(key, (None,))[0] == after.get(key):
             continue
@@ -134,7 +136,43 @@ def _changed(before: dict, answer, file) -> list[str]:
         at = f" ({Path(file).name}:{line})" if line is not None else ""
         what = {"name": "a module-level name", "default": "a default argument of", "attribute": "an attribute"}
         said.append(f"{what[kind]} {name}{at}" if kind == "default" else f"{name}{at}, {what[kind]}")
-    return said
+        lines |= _uses(file, answer, kind, name)
+    return said, sorted(lines)
+
+
+def _uses(file, answer, kind: str, name: str) -> set:
+    """The lines of the student's ``answer`` (its function, or its class's methods) in ``file`` where the kept place
+    feeds what the code computes: the name or attribute read, not set nor tested (``if _SCALE is None:`` and the
+    assignment under it are harmless once no value is read from it: the edit is at the reads); or the ``def`` whose
+    default it is. Where it is only set or tested, those lines."""
+    if file is None:
+        return set()
+    try:
+        tree = ast.parse(Path(file).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    own = getattr(answer, "__name__", None)
+    body = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                 and n.name == own), None)
+    if body is None:
+        return set()
+    if kind == "default":
+        return {body.lineno}
+    target = name.split(".")[-1]
+    tests = {id(t) for node in ast.walk(body) if isinstance(node, (ast.If, ast.While, ast.IfExp))
+             for t in ast.walk(node.test)}
+    tests |= {id(t) for node in ast.walk(body) if isinstance(node, (ast.Subscript, ast.Attribute))
+              and isinstance(node.ctx, ast.Store) for t in ast.walk(node.value)}  # _CACHE["k"] = ...: a set
+    tests |= {id(t) for node in ast.walk(body) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+              and isinstance(node.value.func, ast.Attribute) for t in ast.walk(node.value.func.value)}  # .append(x)
+    out, every = set(), set()
+    for node in ast.walk(body):
+        if kind == "name" and isinstance(node, ast.Name) and node.id == target or \
+                kind == "attribute" and isinstance(node, ast.Attribute) and node.attr == target:
+            every.add(node.lineno)
+            if isinstance(node.ctx, ast.Load) and id(node) not in tests:
+                out.add(node.lineno)
+    return out or every
 
 
 def _same(a, b) -> bool:
@@ -153,8 +191,8 @@ def _right(outcome, reference) -> bool:
     return all(k in outcome.grads and compare(outcome.grads[k], g, tiny)[0] <= 1e-6 for k, g in reference.grads.items())
 
 
-def kept_state(ex, cls, answer, seed, file, time_limit, first: list, reference: list, before: dict) -> str | None:
-    """None when every case gives the same outcome run again, backwards, on new layers; else the sentence that
+def kept_state(ex, cls, answer, seed, file, time_limit, first: list, reference: list, before: dict) -> KeptState | None:
+    """None when every case gives the same outcome run again, backwards, on new layers; else (a KeptState) the sentence that
     says the backward keeps state between calls: which case, how its outcome changed, and what holds the state.
     ``first``: the outcomes of the first pass, in order; ``before``: :func:`snapshot` taken before it."""
     n = len(first)
@@ -186,9 +224,21 @@ def kept_state(ex, cls, answer, seed, file, time_limit, first: list, reference: 
                f"{'right' if right_late else 'wrong'} {calls(late)}")
     else:
         how = f"case {k + 1} gives other gradients {calls(early)} of your backward than {calls(late)}"
-    holders = _changed(before, answer, file)
-    where = ("; what changes from one call to the next: " + ", ".join(holders)) if holders else \
+    holders, lines = _changed(before, answer, file)
+    read = (f"; the mistake is on your line{'s' if len(lines) > 1 else ''} " + (
+        ", ".join(map(str, lines[:-1])) + f" and {lines[-1]}" if len(lines) > 1 else str(lines[0]))
+        + f", which take{'s' if len(lines) == 1 else ''} its value") if lines else ""
+    where = ("; what changes from one call to the next: " + ", ".join(holders) + read) if holders else \
         "; no module-level name, default argument or class attribute of your file changed: look for an array " \
         "your backward writes into and reads back (or random numbers)"
-    return (f"your backward keeps state between calls: {how}{where}. A backward must compute each call from its "
-            "arguments alone")
+    return KeptState(f"your backward keeps state between calls: {how}{where}. A backward must compute each call "
+                     "from its arguments alone", tuple(lines))
+
+
+@dataclass(frozen=True)
+class KeptState:
+    """What :func:`kept_state` found: the sentence, and the student's lines that read or set the kept places (the
+    mistake's location: a backward computed from its arguments alone needs none of them)."""
+
+    said: str
+    lines: tuple = ()

@@ -98,6 +98,56 @@ def multihead_query_path_doubled(self, dy):
     return dx + dkv
 
 
+def layernorm_features_read_off_the_rows(dy, xhat, r, gamma):
+    # d, the features, read off the rows axis
+    d = xhat.shape[0]
+    g = dy * gamma
+    dx = r / d * (d * g - g.sum(axis=-1, keepdims=True) - xhat * (g * xhat).sum(axis=-1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def multihead_value_gradient_assigned_over_the_keys(self, dy):
+    heads = self._split(self.w_o.backward(dy))
+    dq, dk, dv = self.attention.backward(heads)
+    dx = self.w_q.backward(self._merge(dq))
+    dmem = self.w_k.backward(self._merge(dk))
+    dmem = self.w_v.backward(self._merge(dv))
+    if self._cross:
+        return dx, dmem
+    return dx + dmem
+
+
+def residual_branch_assigned_over_the_skip(self, dy, sublayer):
+    if self.pre_norm:
+        got = sublayer.backward(self.dropout.backward(dy))
+        d_sub = got[0] if isinstance(got, tuple) else got
+        dx = dy
+        dx = self.norm.backward(d_sub)
+    else:
+        dz = self.norm.backward(dy)
+        got = sublayer.backward(self.dropout.backward(dz))
+        d_sub = got[0] if isinstance(got, tuple) else got
+        dx = dz + d_sub
+    return (dx,) + tuple(got[1:]) if isinstance(got, tuple) else dx
+
+
+def embedding_table_written_whole(grad, ids, dy, scale):
+    # the rows gathered in a buffer of their own, then written into the table
+    rows = np.zeros_like(grad)
+    np.add.at(rows, ids, dy * scale)
+    grad[...] = rows
+    return grad
+
+
+def loss_smoothing_added_and_divided_by_the_weights(p, y, eps, weight):
+    # two mistakes, each hiding the other from a single fix: + eps / V, and the weights' sum divided out again
+    n, v = p.shape
+    dz = p + eps / v
+    dz[np.arange(n), y] -= 1.0 - eps
+    dz = dz * weight[:, None]
+    return dz / weight.sum()
+
+
 def silu_derivative_factored_wrong(dy, x, s):
     # s + x s (1 - s) = s (1 + x (1 - s)), written s (1 + x) (1 - s)
     local = s * (1 + x) * (1 - s)
@@ -308,6 +358,19 @@ NAMED = [
      ("a step missing after", "numformer's `dout @ v.swapaxes(-1, -2)`", "numformer's `dropout_backward(dp)`")),
     (loss_weight_forgotten, "loss", "dz[np.arange", ("dz = p - eps",), ("a step missing after",
                                                                           "`dz * weight[:, None]`")),
+    # a count bound to a name that is one size where the code needs another: its line, not the formula using it
+    (layernorm_features_read_off_the_rows, "layernorm", "d = xhat.shape[0]", ("dx = r / d",),
+     ("(n) where your code needs d",)),
+    # a gradient bound over one nothing read, where their sum belongs: the assignment, not the lines passing it on
+    (multihead_value_gradient_assigned_over_the_keys, "multihead", "dmem = self.w_v", ("return dx + dmem", "dx = self.w_q",
+                                                                                        "return (dx, dmem)"),
+     ("over one nothing read", "dkv", "your `dmem` of line")),
+    (residual_branch_assigned_over_the_skip, "residual", "dx = self.norm.backward(d_sub)", ("return (dx,)", "dx = dy"),
+     ("over one nothing read", "the sum of the two")),
+    # two mistakes, the first numformer's counterpart (the same operation on the same values), the second a first
+    # wrong step once the first is made: both named, the first first
+    (loss_smoothing_added_and_divided_by_the_weights, "loss", "dz = p + eps / v", ("dz[np.arange", "dz = dz * weight"),
+     ("computes it differently",)),
     # ... but not where the student's code computes that value and reads the one before it
     (attention_dropped_gradient_computed_and_not_used, "attention", "ds = p * (dp_raw",
      ("dp_raw = dout", "dp = dropout_backward", "dv = "), ()),
@@ -361,3 +424,50 @@ def test_no_sentence_sets_two_equal_names_against_each_other(tmp_path):
     for sentence in [s.said for s in result.steps] + [str(result)]:
         for used, their in re.findall(r"uses? `([^`]+)`[^;]*? where numformer's (?:uses|passes) ([\w`.]+)", sentence):
             assert used != their.strip("`"), sentence
+
+
+def test_a_catalogued_mistake_is_located_too(tmp_path):
+    """The catalogue names what the mistake is (``assigned_not_added``), the first wrong step where: the line writing
+    the table over what other uses added, not the buffer's line before it (an argument in its place would do too,
+    the rest of the code as written; the value the table must hold is numformer's). Before issue 67's second part a
+    catalogued mistake had no line at all."""
+    ex = exercises.get("embedding")
+    path = lab_files.write(ex, embedding_table_written_whole, tmp_path)
+    result, status, _ = lab.check_file(str(path), finite_differences=False)
+    assert status == 1 and result.mistake == "assigned_not_added", str(result)
+    first = _first(result)
+    assert first.line == _line(path, "grad[...] = rows"), str(result)
+    assert not any(s.line == _line(path, "rows = np.zeros_like") for s in result.steps), str(result)
+    assert "the argument `grad`" in first.said and "add into it" in first.said, first.said
+
+
+def test_two_lines_that_could_each_hold_the_mistake_are_said_unproven(tmp_path):
+    """A softmax on its own Jacobian, the Jacobian wrong: both lines, as one hedge ("lines 64 or 65, not proven
+    which"), never "line 64 or line 65" (read as a blame of the first)."""
+    path, result = _checked(softmax_jacobian_without_the_identity, "softmax", tmp_path)
+    hedged = [s for s in result.steps if not s.proven and len(s.lines) > 1]
+    assert hedged and "not proven which" in hedged[0].said, str(result)
+    assert re.search(r"the mistake is on lines \d+(, \d+)* or \d+", hedged[0].said), hedged[0].said
+
+
+def relu_rounded_to_float32(dy, x):
+    on = x > 0
+    return np.where(on, dy.astype(np.float32), 0.0)
+
+
+def test_float32_is_named_where_the_grade_is_approximate(tmp_path):
+    """A cast to float32 in ReLU's backward loses only float32's rounding, within the tolerance: graded APPROXIMATE,
+    and the line casting named (it said "a step loses precision", no line, before)."""
+    ex = exercises.get("relu")
+    path = lab_files.write(ex, relu_rounded_to_float32, tmp_path)
+    result, status, _ = lab.check_file(str(path), finite_differences=False)
+    assert status == 0 and result.passed and not result.exact, str(result)
+    first = _first(result)
+    assert first.line == _line(path, "return np.where(on, dy.astype"), str(result)
+    assert "computes in float32" in first.said and "(see the diagnosis)" in result.summary()
+
+
+def test_two_mistakes_hiding_each_other_are_both_named(tmp_path):
+    path, result = _checked(loss_smoothing_added_and_divided_by_the_weights, "loss", tmp_path)
+    lines = [s.line for s in result.steps if s.proven]
+    assert lines == [_line(path, "dz = p + eps / v"), _line(path, "return dz / weight.sum()")], str(result)

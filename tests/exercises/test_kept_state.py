@@ -97,3 +97,17 @@ def test_a_value_kept_on_the_function_is_named(tmp_path):
     result = _graded(ex, path)
     assert result.keeps_state is not None, str(result)
     assert f"{name}.scale, an attribute" in result.keeps_state
+
+
+def test_the_lines_taking_the_kept_value_are_the_location(tmp_path):
+    """The smoothing eps cached at module level: the mistake is where the kept value is taken (``eps = _SMOOTHING[0]``),
+    not the test or the assignment that fill the cache (harmless once nothing reads it); no first wrong step is
+    searched by replaying one pass of a function that changes at every call."""
+    ex = exercises.get("loss")
+    path = _with_first_lines(ex, tmp_path, "    if not _SMOOTHING:\n        _SMOOTHING.append(eps)\n"
+                             "    eps = _SMOOTHING[0]\n", above="_SMOOTHING = []")
+    result = _graded(ex, path)
+    taken = _line(path, "eps = _SMOOTHING[0]")
+    assert result.kept_lines == (taken,), result.kept_lines
+    assert f"the mistake is on your line {taken}, which takes its value" in result.keeps_state
+    assert result.steps == []
