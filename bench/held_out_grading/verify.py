@@ -1,6 +1,7 @@
-"""Checks every answer of manifest.json numerically, without the grader: each answer's backward against
-numformer's own on random float64 inputs (padding, masks, fully masked rows, dropout, pre/post-LN,
-self/cross attention, prefilled gradients, several hyper-parameters), its module loaded fresh and its
+"""Checks every answer of manifest.json numerically, without the grader: each answer's backward (or
+LayerNorm's JVP, or the tangent of its backward) against numformer's own on random float64 inputs
+(padding, masks, fully masked rows, dropout, pre/post-LN, self/cross attention, prefilled gradients,
+several hyper-parameters, tangents of gamma and beta present or None), its module loaded fresh and its
 cases run in two orders (so that state kept from the first call shows). Prints one line per answer and
 exits 1 when an answer's numeric verdict disagrees with its manifest entry.
 
@@ -151,6 +152,52 @@ def layernorm_cases():
             mine = fn(dy.copy(), xhat.copy(), r.copy(), gamma.copy())
             ref = layernorm_backward(dy, xhat, r, gamma)
             return [(nm, a, b) for nm, a, b in zip(("dx", "dgamma", "dbeta"), mine, ref)]
+        out.append(case)
+    return out
+
+
+def layernorm_jvp_cases():
+    from numformer.layers.layernorm import layernorm_forward, layernorm_jvp
+    out = []
+    for seed, n, d, sd, with_gd, with_bd in ((80, 18, 8, 1.0, True, True), (81, 2, 16, 0.01, False, True),
+                                             (82, 5, 3, 3.0, True, False), (83, 8, 8, 1.0, False, False)):
+        g = rng_of(seed)
+        x = g.normal(scale=sd, size=(n, d)) + g.normal()
+        gamma, beta = g.normal(size=d), g.normal(size=d)
+        _, xhat, r = layernorm_forward(x, gamma, beta, 1e-5)
+        x_dot = g.normal(size=(n, d))
+        gd = g.normal(size=d) if with_gd else None
+        bd = g.normal(size=d) if with_bd else None
+
+        def case(fn, x_dot=x_dot, xhat=xhat, r=r, gamma=gamma, gd=gd, bd=bd):
+            cp = lambda a: None if a is None else a.copy()
+            mine = fn(x_dot.copy(), xhat.copy(), r.copy(), gamma.copy(), cp(gd), cp(bd))
+            ref = layernorm_jvp(x_dot, xhat, r, gamma, gd, bd)
+            return [(nm, a, b) for nm, a, b in zip(("y_dot", "xhat_dot", "r_dot"), mine, ref)]
+        out.append(case)
+    return out
+
+
+def layernorm_rop_cases():
+    from numformer.layers.layernorm import layernorm_backward_jvp, layernorm_forward, layernorm_jvp
+    out = []
+    for seed, n, d, sd, with_gd, params in ((84, 18, 8, 1.0, True, True), (85, 2, 16, 0.01, False, True),
+                                            (86, 5, 3, 3.0, True, False), (87, 8, 8, 1.0, False, True)):
+        g = rng_of(seed)
+        x = g.normal(scale=sd, size=(n, d)) + g.normal()
+        gamma, beta = g.normal(size=d), g.normal(size=d)
+        _, xhat, r = layernorm_forward(x, gamma, beta, 1e-5)
+        x_dot = g.normal(size=(n, d))
+        gd = g.normal(size=d) if with_gd else None
+        _, xhat_dot, r_dot = layernorm_jvp(x_dot, xhat, r, gamma, gd, None)
+        dy, dy_dot = g.normal(size=(n, d)), g.normal(size=(n, d))
+
+        def case(fn, dy=dy, dy_dot=dy_dot, xhat=xhat, r=r, gamma=gamma, xd=xhat_dot, rd=r_dot, gd=gd, params=params):
+            cp = lambda a: None if a is None else a.copy()
+            mine = fn(dy.copy(), dy_dot.copy(), xhat.copy(), r.copy(), gamma.copy(), xd.copy(), rd.copy(), cp(gd),
+                      params)
+            ref = layernorm_backward_jvp(dy, dy_dot, xhat, r, gamma, xd, rd, gd, params)
+            return [(nm, a, b) for nm, a, b in zip(("dx_dot", "dgamma_dot", "dbeta_dot"), mine, ref)]
         out.append(case)
     return out
 
@@ -413,7 +460,9 @@ FUNCTIONS = {"relu": ("relu_backward", relu_cases), "silu": ("silu_backward", si
              "layernorm": ("layernorm_backward", layernorm_cases), "dropout": ("dropout_backward", dropout_cases),
              "embedding": ("embedding_backward", embedding_cases),
              "learned_positions": ("learned_positions_backward", learned_positions_cases),
-             "attention": ("attention_backward", attention_cases)}
+             "attention": ("attention_backward", attention_cases),
+             "layernorm_jvp": ("layernorm_jvp", layernorm_jvp_cases),
+             "layernorm_rop": ("layernorm_backward_jvp", layernorm_rop_cases)}
 COMPOSITES = {"multihead": multihead_cases, "residual": residual_cases, "encoder_layer": encoder_layer_cases,
               "decoder_layer": decoder_layer_cases}
 
