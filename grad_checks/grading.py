@@ -25,11 +25,14 @@ so is a case that does not return within the time limit (numformer/user_code_clo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from numformer.finite_differences import run_case
+from numformer.finite_differences.central_differences import GradientShapeError
 from numformer.finite_differences.tangent_checks import run_tangent_case
+from numformer.user_code_clock import StudentCodeTimeout
 from numformer.kernels import kernel_mode
 
 from .candidates import (APPROX, EXACT, Outcome, compare, constant_factor, floor, relative_errors, run_class,
@@ -252,8 +255,19 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
                 with deadline(time_limit, f"the finite differences of case {i + 1} of {len(fresh)} ({case.case})",
                               file):
                     rng = np.random.default_rng([seed, i, 1])
-                    checked = (run_case(case, rng, full_size=FD_FULL_SIZE) if ex.mode == "backward" else
-                               run_tangent_case(case, rng, explicit_zeros=True))  # forward mode's differences
+                    try:
+                        checked = (run_case(case, rng, full_size=FD_FULL_SIZE) if ex.mode == "backward" else
+                                   run_tangent_case(case, rng, explicit_zeros=True))  # forward mode's differences
+                    except Exception as exc:  # noqa: BLE001  (the student's code raising there, and only that)
+                        if not (_raised_in(exc, file) or isinstance(exc, GradientShapeError)):
+                            raise
+                        # it ran on the graded cases and raises on these (new layers, after more calls): said, and
+                        # the case's differences left out, never an internal error
+                        said = f"returned {exc}" if isinstance(exc, GradientShapeError) else \
+                            f"raised {type(exc).__name__}: {exc} (line {_raised_line(exc, file)})"
+                        result.hints.append(f"case {i + 1}'s finite differences: your code {said}, where it ran on the "
+                                            "graded case: does it keep something from an earlier call?")
+                        continue
                 by_name = {r.tensor: r for r in checked}
                 for t in cg.tensors:
                     t.fd = by_name.get(t.tensor)
@@ -281,6 +295,34 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
             # within the tolerance, not to round-off: the lines computing in float32, if any
             result.steps = precision_steps(Recordings(ex, answer, seed, file, time_limit))
     return result
+
+
+def _raised_line(exc, file) -> int | None:
+    """The line of the student's ``file`` the exception was last raised through, or None."""
+    if file is None:
+        return None
+    target = str(Path(file).resolve())
+    line, tb = None, exc.__traceback__
+    while tb is not None:
+        if str(Path(tb.tb_frame.f_code.co_filename).resolve()) == target:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _raised_in(exc, file) -> bool:
+    """Whether the exception's innermost frame is the student's file (a numpy error inside their call counts: its
+    caller is theirs), not numformer's or the grader's."""
+    if file is None or isinstance(exc, (StudentCodeTimeout, KeyboardInterrupt)):
+        return False
+    frames, tb = [], exc.__traceback__
+    while tb is not None:
+        frames.append(str(Path(tb.tb_frame.f_code.co_filename).resolve()))
+        tb = tb.tb_next
+    target = str(Path(file).resolve())
+    theirs = [k for k, f in enumerate(frames) if f == target]
+    ours = [k for k, f in enumerate(frames) if "/numformer/" in f or "/grad_checks/" in f]
+    return bool(theirs) and (not ours or max(theirs) > max(ours))
 
 
 def _locate(result: Grade, ex: Exercise, mine: list, reference: list, seed: int, found) -> None:

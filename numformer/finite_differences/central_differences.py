@@ -72,6 +72,10 @@ from .kinks import active_set_signature, kinked
 TINY = 1e-8  # below this |a| + |n|, both gradients are zero to round-off: the error is measured against TINY
 
 
+class GradientShapeError(AssertionError):
+    """A backward returned a gradient of another shape than its tensor's (the check cannot compare them)."""
+
+
 @dataclass
 class TensorResult:
     """The outcome for one tensor of one check."""
@@ -203,7 +207,8 @@ def run_case(case: GradCase, rng: np.random.Generator, h: float = 1e-5, full_siz
     results = []
     for name, x, grad in tensors:
         if grad.shape != x.shape:
-            raise AssertionError(f"{case.layer}/{case.case}: gradient of {name} has shape {grad.shape}, expected {x.shape}")
+            raise GradientShapeError(f"{case.layer}/{case.case}: gradient of {name} has shape {grad.shape}, expected "
+                                     f"{x.shape}")
         probes = []
         if not x.flags.c_contiguous:
             raise AssertionError(f"{case.layer}/{case.case}: {name} must be C-contiguous to be perturbed in place")

@@ -111,3 +111,17 @@ def test_the_lines_taking_the_kept_value_are_the_location(tmp_path):
     assert result.kept_lines == (taken,), result.kept_lines
     assert f"the mistake is on your line {taken}, which takes its value" in result.keeps_state
     assert result.steps == []
+
+
+def test_code_raising_only_in_the_finite_differences_is_graded_not_a_crash(tmp_path):
+    """A linear backward caching W^T from its first call: the graded cases run (wrong), the finite differences' new
+    layers of another shape make it raise. That was an internal error of the grader; now it is said as a hint and
+    the grade stands (keeps state, its line named)."""
+    ex = exercises.get("linear")
+    path = _with_first_lines(ex, tmp_path, "    if not _CACHE:\n        _CACHE.append(w.T.copy())\n"
+                             "    dx_cached = dy @ _CACHE[0]\n", above="_CACHE = []")
+    from grad_checks import lab
+    result, status, message = lab.check_file(str(path))
+    assert status == 1 and result is not None, message
+    assert result.keeps_state is not None, str(result)
+    assert any("finite differences: your code raised ValueError" in h for h in result.hints), str(result)
