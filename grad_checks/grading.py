@@ -32,6 +32,7 @@ import numpy as np
 from numformer.finite_differences import run_case
 from numformer.finite_differences.central_differences import GradientShapeError
 from numformer.finite_differences.tangent_checks import run_tangent_case
+from numformer.user_code import exception_line
 from numformer.user_code_clock import StudentCodeTimeout
 from numformer.kernels import kernel_mode
 
@@ -264,7 +265,7 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
                         # it ran on the graded cases and raises on these (new layers, after more calls): said, and
                         # the case's differences left out, never an internal error
                         said = f"returned {exc}" if isinstance(exc, GradientShapeError) else \
-                            f"raised {type(exc).__name__}: {exc} (line {_raised_line(exc, file)})"
+                            f"raised {exception_line(exc, file)}"
                         result.hints.append(f"case {i + 1}'s finite differences: your code {said}, where it ran on the "
                                             "graded case: does it keep something from an earlier call?")
                         continue
@@ -295,19 +296,6 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
             # within the tolerance, not to round-off: the lines computing in float32, if any
             result.steps = precision_steps(Recordings(ex, answer, seed, file, time_limit))
     return result
-
-
-def _raised_line(exc, file) -> int | None:
-    """The line of the student's ``file`` the exception was last raised through, or None."""
-    if file is None:
-        return None
-    target = str(Path(file).resolve())
-    line, tb = None, exc.__traceback__
-    while tb is not None:
-        if str(Path(tb.tb_frame.f_code.co_filename).resolve()) == target:
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    return line
 
 
 def _raised_in(exc, file) -> bool:
