@@ -224,9 +224,10 @@ class _Proof:
         return out
 
     def right(self, outcomes, cases=None) -> bool:
-        """Every gradient of ``outcomes`` right on ``cases`` (None: every case the student's code ran: one that raised
-        is the error line's to tell, grad_checks/raised_line.py)."""
-        ran = [k for k, m in enumerate(self.mine) if m.grads is not None] if cases is None else cases
+        """Every gradient of ``outcomes`` right on ``cases`` (None: every case the student's code ran, a wrong shape
+        returned included: one that raised is the error line's to tell, grad_checks/raised_line.py)."""
+        ran = [k for k, m in enumerate(self.mine) if m.grads is not None or not (m.error or "").startswith("raised ")
+               ] if cases is None else cases  # (a case returning a gradient of the wrong shape ran: it counts)
         return outcomes is not None and all(v is not None and all(a.all() for a in v.values())
                                             for k, v in enumerate(self.agreeing(outcomes)) if k in ran)
 
@@ -386,6 +387,7 @@ class _Engine:
         self.partial = []   # fixes that put right every tensor they change, another still wrong (see fits)
         self._not_adjoint, self._absorbing = set(), {}  # keys no adjoint is; key -> whether it can absorb the error
         self._down = {}     # call -> {record index: the indices computed from it}
+        self._returned = None  # the student's outcomes as returned, shapes unguarded (_as_returned)
 
     # -- what the student's values are ------------------------------------------------------------------------
     @cached_property
@@ -428,9 +430,13 @@ class _Engine:
         return [k for k in self.knowns if k.kind != "backward" or n not in k.records or named(k.records[n])
                 or self._alike_operands(n, record, k.records[n])]
 
-    def _alike_operands(self, n, record, theirs) -> bool:
+    def _alike_operands(self, n, record, theirs, arrays=False) -> bool:
+        """The same operation on the same values; ``arrays``: on the same arrays, the numbers aside (numformer's
+        ``xp.asarray(0, dtype=ds.dtype)`` is a value of its own where the student's ``0.0`` is none)."""
         ours = [self.my_calls[n].records[i].value for i in record.operands]
         other = [self.ref_calls[n].records[i].value for i in theirs.operands]
+        if arrays:
+            ours, other = [v for v in ours if v.ndim], [v for v in other if v.ndim]
         return _alike(theirs.kind, record.kind) and len(ours) == len(other) and all(
             any(_equal(a, b) for b in other) for a in ours) and all(any(_equal(a, b) for a in ours) for b in other)
 
@@ -477,7 +483,24 @@ class _Engine:
         quantity of the forward side, the student's own definition (std = 1 / r), right unless known otherwise."""
         return any(r.given and r.code in self.upstream for r in _upstream(self.my_calls[n], [record.index]))
 
-    def unknown_inputs(self, n, record, fixed=(), own=False) -> list:
+    def beside(self, n, record) -> list:
+        """The values of the gradient side multiplying ``record`` in its statement (its co-factors, up the products
+        and quotients it is in) that are neither right nor given, and the unknown values they are computed from: a
+        value fitted at a factor holds only with its co-factors right (``2.0 * xc`` fitted as 2 xhat where the
+        ``dvar`` beside it is wrong by a factor std: either could hold the mistake)."""
+        call, out, current = self.my_calls[n], [], record
+        for parent in call.records[record.index + 1:]:
+            if current.index not in parent.operands or parent.statement != record.statement:
+                continue
+            if parent.kind not in ("Mult", "Div"):
+                break
+            others = [call.records[i] for i in parent.operands if i != current.index]
+            out += [r for r in others + self.unknown_inputs(n, parent, operands=[o.index for o in others])
+                    if not r.given and r.kind != "name" and r.key not in self.right and self.gradient_side(n, r)]
+            current = parent
+        return out
+
+    def unknown_inputs(self, n, record, fixed=(), own=False, operands=None) -> list:
         """The student's records ``record`` is computed from, at any depth, that are neither right nor given nor
         of the forward side (``fixed``: keys taken as right, a fix already made): those could hold the mistake.
         ``own``: with the arrays of the forward side of the student's own on other lines that no known value is, nor
@@ -493,7 +516,7 @@ class _Engine:
 
         def through(r):  # the student's own forward side is walked inside the statement, to the lines it reads
             return unknown(r) or (mine(r) and r.statement == record.statement)
-        return [r for r in _upstream(self.my_calls[n], record.operands, through)
+        return [r for r in _upstream(self.my_calls[n], record.operands if operands is None else operands, through)
                 if unknown(r) or (mine(r) and r.statement != record.statement)]
 
     def slice(self) -> list:
@@ -576,6 +599,10 @@ class _Engine:
                 if not how and _broadcasts_alike(r.value.shape, k.values[n].shape):
                     shape = f"it has shape {r.value.shape}, {k.label}'s {k.values[n].shape}" + (
                         "" if r.value.ndim == k.values[n].ndim else f": it lacks {_axes(k.values[n].ndim - r.value.ndim)}")
+                theirs = k.records.get(n) if k.kind == "backward" else None
+                if not how and not shape and theirs is not None and r.kind == theirs.kind and r.kind in _REDUCTIONS \
+                        and self._alike_operands(n, r, theirs, True):  # (dy * xhat).sum(axis=1) for its axis=0
+                    shape = f"it has shape {r.value.shape}, numformer's {k.values[n].shape}"
                 if not how and not shape:
                     break
             else:
@@ -661,12 +688,26 @@ class _Engine:
     def _puts_right(self, got) -> bool:
         """Every graded tensor the replay changed is right now, and some other is still wrong: a fix of one of two
         mistakes on separate tensors (dW and db read from the wrong rows)."""
-        right, same_as_mine = self.proof.agreeing(got), self.proof.agreeing(got, self.proof.mine)
-        if any(v is None for v in right + same_as_mine):
+        right, same_as_mine = self.proof.agreeing(got), self.proof.agreeing(got, self._as_returned())
+        if any(v is None for v in right):
             return False
+        if any(v is None for v in same_as_mine):  # the student's raised in numformer's layer (a dgamma of another
+            # shape added into the weight's): what it changes is unknown, a fix that runs, some tensor right, is one
+            return all(self.proof.mine[k].grads is None for k, v in enumerate(same_as_mine) if v is None) and any(
+                a.all() for v in right for a in v.values()) and not all(a.all() for v in right for a in v.values())
         pairs = [(r[name].all(), m[name].all()) for r, m in zip(right, same_as_mine) for name in r]
         return all(ok for ok, unchanged in pairs if not unchanged) and any(not unchanged for _, unchanged in pairs) \
             and not all(ok for ok, _ in pairs)
+
+    def _as_returned(self) -> list:
+        """The student's outcomes as the code returns them: the grading's where every case returned its shapes, else
+        a replay with nothing changed (the replays do not guard shapes: a dgamma of the wrong shape is compared as it
+        is, the others beside it too)."""
+        if self._returned is None:
+            mine = self.proof.mine
+            self._returned = mine if all(m.grads is not None or (m.error or "").startswith("raised ")
+                                         for m in mine) else self.proof.students({})
+        return self._returned
 
     def _factor(self, zero, one) -> dict | None:
         """{case: c}, the line zero + c (one - zero) through two replays' gradients fitted to numformer's in each
@@ -784,6 +825,9 @@ class _Engine:
         return self._absorbing[key]
 
 
+_REDUCTIONS = ("sum", "mean", "max", "min", "prod")  # the kinds of the records of reductions (``x.sum(axis=0)``)
+
+
 def _multiples(per_call, known, wrong_calls) -> list | None:
     """[c per call] when the student's value is c times the known one in every call holding both (1 where equal,
     some c not 1), the known value in every wrong call; else None."""
@@ -893,6 +937,7 @@ def _diagnosis(engine) -> list:
         # the student computed (starts, order) are inputs no value can be put in the place of: they stay suspects
         unknown = [u for u in engine.unknown_inputs(n, record, own=True) if u.statement == record.statement
                    or engine.absorbs(u.key) or not engine.known_shape(u)] + engine.positions(n, record)
+        unknown += [u for u in engine.beside(n, record) if u not in unknown and engine.absorbs(u.key)]
         found.append((fix, n, record, unknown))
         if not unknown:  # the first wrong step: a value known there, every input right; or two, an input's first
             return _said(engine, _missing(engine, n, record) or _before(engine, fix, n, record) or [fix])
@@ -988,6 +1033,11 @@ def _two(engine, keys) -> list:
             if a.key != b.key and _inputs_right(engine, a, b) and engine.proof.right(
                     engine.proof.students({**a.values(engine), **b.values(engine)})):
                 return sorted([a, b], key=lambda f: _first(engine, f.key)[1].index)
+    for a in engine.partial[:2]:  # the other one found with the first made (alone it raised: dx wrong beside a
+        for key in keys:          # dgamma of another shape, which the layer cannot add into its weight's)
+            b = engine.fits(key, base=a.values(engine)) if key != a.key else None
+            if b is not None and _inputs_right(engine, a, b) and engine.consistent([a, b]):
+                return sorted([a, b], key=lambda f: _first(engine, f.key)[1].index)
     return []
 
 
@@ -1005,7 +1055,7 @@ def _two_known(engine, keys) -> list:
         n, record = _first(engine, a_key)
         # the first is numformer's counterpart: the same operation on the same values (``p + eps / V`` for ``p - eps / V``)
         near = sorted((k for k, how, shape in engine._candidates(a_key) if not how and not shape and k.kind != "size"
-                       and k.kind == "backward" and n in k.records and engine._alike_operands(n, record, k.records[n])
+                       and k.kind == "backward" and n in k.records and engine._alike_operands(n, record, k.records[n], True)
                        and all(m in k.values and k.values[m].shape == r.value.shape and not _equal(r.value, k.values[m])
                                for m, r in engine.records[a_key].items() if m in engine.wrong_calls)),
                       key=lambda k: float(np.abs(k.values[n] - record.value).sum()))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import copy
 import hashlib
+import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +52,11 @@ def _places(answer) -> dict:
     for name, value in namespace.items():
         if not (name.startswith("__") or callable(value) or type(value).__name__ == "module"):
             places[("name", name)] = value, namespace
-    if getattr(fn, "__defaults__", None):
-        places[("default", fn.__name__)] = fn.__defaults__, fn
+    # the defaults of the answer and of every function its file defines (a helper's ``_memo={}`` keeps state too)
+    helpers = [v for v in namespace.values() if inspect.isfunction(v) and v.__module__ == getattr(fn, "__module__", 0)]
+    for f in [fn] + [h for h in helpers if h is not fn]:
+        if getattr(f, "__defaults__", None):
+            places[("default", f.__name__)] = f.__defaults__, f
     for name, value in (vars(fn) if callable(fn) and not isinstance(fn, type) else {}).items():
         if not name.startswith("__"):
             places[("attribute", f"{fn.__name__}.{name}")] = value, fn
@@ -151,15 +155,35 @@ def _uses(file, answer, kind: str, name: str) -> set:
         tree = ast.parse(Path(file).read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
         return set()
-    own = getattr(answer, "__name__", None)
+    own = name if kind == "default" else getattr(answer, "__name__", None)  # a default: the function it is of
     body = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                  and n.name == own), None)
     if body is None:
         return set()
-    if kind == "default":
-        return {body.lineno}
+    if kind == "default":  # the lines reading a parameter whose default can change (not a constant), else the def
+        args = body.args
+        positional = args.posonlyargs + args.args
+        pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+        pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+        with_default = {a.arg for a, d in pairs if not isinstance(d, ast.Constant)}
+        reads = {node.lineno for node in ast.walk(body) if isinstance(node, ast.Name) and node.id in with_default
+                 and isinstance(node.ctx, ast.Load)}
+        return reads or {body.lineno}
     target = name.split(".")[-1]
-    tests = {id(t) for node in ast.walk(body) if isinstance(node, (ast.If, ast.While, ast.IfExp))
+    def fills(node) -> bool:  # ``if _SCALE is None: _SCALE = x``: the test only guards setting the place itself
+        def sets(t):
+            t = t.value if isinstance(t, ast.Subscript) else t
+            return isinstance(t, ast.Name) and t.id == target or isinstance(t, ast.Attribute) and t.attr == target
+        def fill(st):  # ``_CACHE = ...``, ``_CACHE["k"] = ...`` or ``_CACHE.append(...)``
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Attribute):
+                return sets(st.value.func.value)
+            return isinstance(st, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and any(
+                sets(t) for t in (st.targets if isinstance(st, ast.Assign) else [st.target]))
+        return all(fill(st) for st in node.body + node.orelse)
+
+    # a test choosing what is computed (``dy if _PRE else ...``, ``if _PRE: dz = dy``) reads the place; one that only
+    # guards setting it does not
+    tests = {id(t) for node in ast.walk(body) if isinstance(node, (ast.If, ast.While)) and fills(node)
              for t in ast.walk(node.test)}
     tests |= {id(t) for node in ast.walk(body) if isinstance(node, (ast.Subscript, ast.Attribute))
               and isinstance(node.ctx, ast.Store) for t in ast.walk(node.value)}  # _CACHE["k"] = ...: a set

@@ -118,8 +118,9 @@ def attention_softmax_backward_with_p_used(dout, q, k, v, p, p_used, masked, sca
 expect(attention_mask_polarity_reversed, "attention", step=WHERE, line="np.where(masked, d_scores, 0.0)",
        pattern="mask reversed", note="masked is True where a score was replaced: those get 0, the others keep dS")
 expect(attention_scale_forgotten_in_dk, "attention", step="ds.swapaxes(-1, -2)",
-       line="dk = ds.swapaxes(-1, -2) @ q", factor="2",
-       note="dK = dS^T Q * scale: the scaled dS was made for dQ and forgotten for dK (scale = 1/2 here); the term "
+       line="dk = ds.swapaxes(-1, -2) @ q", factor="sqrt(d_k)",
+       note="dK = dS^T Q * scale: the scaled dS was made for dQ and forgotten for dK (scale = 1/sqrt(d_k): d_k 4 "
+            "and 8 in the cases, so the factor is named by its symbol); the term "
             "named is the transpose, of the unscaled ds (issue 67: the smallest one whose value is known)")
 expect(attention_values_weighted_by_p, "attention", step="p_used.swapaxes(-1, -2)",
        line="dv = np.swapaxes(p, -1, -2) @ dout",
@@ -132,7 +133,7 @@ expect(attention_row_sum_over_queries, "attention", step="(dy * y).sum(axis=-1, 
 expect(attention_dropout_after_the_softmax, "attention", step="dropout_backward(dp)", line="ds = dropout_backward(ds)",
        note="dropout came after the softmax in the forward, so its backward comes before the softmax's, on dP")
 expect(attention_scaled_twice, "attention", step="ds * scale", line="dq = scale * d_scores @ k",
-       second="ds * scale", factor="1/2", note="the scale enters once: dS * scale is already dL/d(Q K^T); the term "
+       second="ds * scale", factor="1/sqrt(d_k)", note="the scale enters once: dS * scale is already dL/d(Q K^T); the term "
        "named is the smallest known wrong, scale * d_scores, in each of the two lines (issue 67)")
 expect(attention_softmax_backward_with_p_used, "attention", step=SOFTMAX, line="ds = p_used * (dp - inner)",
        note="the softmax's backward takes the softmax's output p; p_used is what dropout made of it")

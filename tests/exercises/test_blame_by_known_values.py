@@ -288,6 +288,54 @@ def loss_weight_forgotten(p, y, eps, weight):
     return dz
 
 
+def layernorm_std_route_quotient_short_a_std(dy, xhat, r, gamma):
+    # d/dstd of (x - mu) / std is -(x - mu) / std ** 2: written / std, the std short; the co-factor 2 xc on the line
+    # after could take 2 xhat (xc / std) and put every gradient right, yet that line is right
+    n, d = dy.shape
+    sd = 1.0 / r
+    xc = xhat * sd
+    up = dy * gamma
+    d_sd = -(up * xc).sum(axis=1, keepdims=True) / sd
+    d_var = 0.5 * d_sd / sd
+    d_xc = up / sd + 2.0 * xc * d_var / d
+    dx = d_xc - d_xc.mean(axis=1, keepdims=True)
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def layernorm_bias_gradient_summed_to_a_number(dy, xhat, r, gamma):
+    # dbeta summed over the features as well: a number where (d,) belongs (a shape the grading refuses)
+    up = dy * gamma
+    dx = r * (up - up.mean(axis=-1, keepdims=True) - xhat * (up * xhat).mean(axis=-1, keepdims=True))
+    gain = np.einsum("nd,nd->d", dy, xhat)
+    shift = dy.sum()
+    return dx, gain, shift
+
+
+def layernorm_gain_over_features_and_projection_summed(dy, xhat, r, gamma):
+    # two mistakes: dgamma summed over the features (shape (n,): the layer cannot add it into its gain's), and the
+    # projection a sum where the mean belongs
+    gain = (xhat * dy).sum(axis=-1)
+    up = dy * gamma
+    proj = (up * xhat).sum(axis=-1, keepdims=True)
+    dx = r * (up - up.mean(axis=-1, keepdims=True) - xhat * proj)
+    return dx, gain, dy.sum(axis=0)
+
+
+def attention_mask_kept_and_keys_unscaled(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
+    # two mistakes hiding each other: the mask keeps the masked scores' gradient (zeroing the others), and dK lacks
+    # the scale; neither fixed alone puts dK right
+    dv = np.swapaxes(p_used, -1, -2) @ dout
+    dp = dout @ np.swapaxes(v, -1, -2)
+    if dropout_backward is not None:
+        dp = dropout_backward(dp)
+    g = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    if masked is not None:
+        g = np.where(masked, g, 0.0)
+    dq = scale * (g @ k)
+    dk = np.swapaxes(g, -1, -2) @ q
+    return dq, dk, dv
+
+
 # ---- grading them --------------------------------------------------------------------------------------------------
 
 def _checked(fn, exercise, tmp_path):
@@ -374,6 +422,13 @@ NAMED = [
     # ... but not where the student's code computes that value and reads the one before it
     (attention_dropped_gradient_computed_and_not_used, "attention", "ds = p * (dp_raw",
      ("dp_raw = dout", "dp = dropout_backward", "dv = "), ()),
+    # a factor fitted at a co-factor holds only with the others right: the dvar beside `2.0 * xc` is wrong (the line
+    # before it short a std), so the quotient's line is named, with the adjoint it must be
+    (layernorm_std_route_quotient_short_a_std, "layernorm", "d_sd = -(up * xc)", ("d_xc = up / sd", "xc = xhat * sd"),
+     ("dL/d(xp.sqrt(var + eps))",)),
+    # a returned value of another shape (a number for dbeta) is matched through the reduction that made it
+    (layernorm_bias_gradient_summed_to_a_number, "layernorm", "shift = dy.sum()", ("gain = ", "dx = r *"),
+     ("summed over its axis 0 as well", "keep that axis")),
 ]
 
 
@@ -471,3 +526,18 @@ def test_two_mistakes_hiding_each_other_are_both_named(tmp_path):
     path, result = _checked(loss_smoothing_added_and_divided_by_the_weights, "loss", tmp_path)
     lines = [s.line for s in result.steps if s.proven]
     assert lines == [_line(path, "dz = p + eps / v"), _line(path, "return dz / weight.sum()")], str(result)
+
+
+@pytest.mark.parametrize("fn, exercise, first, second", [
+    (attention_mask_kept_and_keys_unscaled, "attention", "g = np.where(masked, g, 0.0)", "dk = np.swapaxes(g"),
+    (layernorm_gain_over_features_and_projection_summed, "layernorm", "gain = (xhat * dy).sum(axis=-1)",
+     "proj = (up * xhat).sum"),
+], ids=["attention_numbers_aside", "layernorm_a_shape_the_layer_refuses"])
+def test_two_mistakes_are_both_named_where_one_alone_fixes_nothing(fn, exercise, first, second, tmp_path):
+    """The first of two found as numformer's counterpart though their operands differ by a number (numformer's
+    ``xp.asarray(0, ...)`` a value of its own, the student's ``0.0`` none); or as a fix putting its own tensor right
+    where the other one's shape makes the layer raise (dgamma (n,), which no weight of (d,) takes): with it made, the
+    second is a first wrong step."""
+    path, result = _checked(fn, exercise, tmp_path)
+    lines = [s.line for s in result.steps if s.proven]
+    assert lines == [_line(path, first), _line(path, second)], str(result)

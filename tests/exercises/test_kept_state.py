@@ -125,3 +125,41 @@ def test_code_raising_only_in_the_finite_differences_is_graded_not_a_crash(tmp_p
     assert status == 1 and result is not None, message
     assert result.keeps_state is not None, str(result)
     assert any("finite differences: your code raised ValueError" in h for h in result.hints), str(result)
+
+
+# -- issue 67, held-out set 2's misses: state in a helper, a scale kept where every case had one d_k, a flag read in
+# a conditional expression
+
+def test_a_default_argument_of_a_helper_in_the_file_is_named_with_the_line_reading_it(tmp_path):
+    """The embedding's scale kept in a helper's mutable default: the answer's own defaults and the module's names held
+    no state, so none was named and the scaled gradients were blamed on the scatter."""
+    ex = exercises.get("embedding")
+    path = _with_first_lines(ex, tmp_path, "    dy = _times(dy, scale) / scale\n",
+                             above="def _times(dy, scale, seen={}):\n    kept = seen.setdefault('s', scale)\n"
+                                   "    return dy * kept")
+    result = _graded(ex, path)
+    assert result.keeps_state is not None, str(result)
+    assert f"a default argument of _times ({path.name}:{_line(path, 'def _times(')})" in result.keeps_state
+    assert result.kept_lines == (_line(path, "kept = seen.setdefault"),), result.kept_lines
+
+
+def test_a_scale_kept_from_the_first_call_shows_in_a_case_of_another_d_k(tmp_path):
+    """1/sqrt(d_k) kept at module level: every attention case had d_k 4, so the kept scale was right in every order
+    and the answer graded EXACT; the last case now has d_k 8."""
+    ex = exercises.get("attention")
+    path = _with_first_lines(ex, tmp_path, "    scale = _KEPT.setdefault('scale', scale)\n", above="_KEPT = {}")
+    result = _graded(ex, path)
+    assert not result.exact and result.keeps_state is not None, str(result)
+    assert result.kept_lines == (_line(path, "scale = _KEPT.setdefault"),), result.kept_lines
+
+
+def test_a_kept_flag_read_in_a_conditional_expression_is_the_location(tmp_path):
+    """A test choosing what is computed (``0.3 if _FIRST[0] else 0.1``) reads the kept place: its line is the
+    mistake's; the ``if`` that only fills the place is not. Before, every test was set aside and, no read left, the
+    fill and the append were named with it."""
+    ex = exercises.get("loss")
+    path = _with_first_lines(ex, tmp_path, "    if not _FIRST:\n        _FIRST.append(eps > 0.2)\n"
+                             "    eps = 0.3 if _FIRST[0] else 0.1\n", above="_FIRST = []")
+    result = _graded(ex, path)
+    assert result.keeps_state is not None, str(result)
+    assert result.kept_lines == (_line(path, "eps = 0.3 if _FIRST[0]"),), result.kept_lines
