@@ -336,6 +336,22 @@ def attention_mask_kept_and_keys_unscaled(dout, q, k, v, p, p_used, masked, scal
     return dq, dk, dv
 
 
+def decoder_returns_swapped(self, dy):
+    # (dL/dmemory, dL/dy) where (dL/dy, dL/dmemory) belongs: shapes (B, S, d) and (B, T, d) the other way round
+    after_ffn = self.ffn_residual.backward(dy, self.ffn)
+    after_cross, to_memory = self.cross_attn_residual.backward(after_ffn, self.cross_attn)
+    to_input = self.self_attn_residual.backward(after_cross, self.self_attn)
+    return to_memory, to_input
+
+
+def decoder_returns_swapped_and_skip_added_again(self, dy):
+    # two mistakes: the residual's backward already holds the skip (dy added twice), and the pair returned swapped
+    after_ffn = dy + self.ffn_residual.backward(dy, self.ffn)
+    after_cross, to_memory = self.cross_attn_residual.backward(after_ffn, self.cross_attn)
+    to_input = self.self_attn_residual.backward(after_cross, self.self_attn)
+    return to_memory, to_input
+
+
 # ---- grading them --------------------------------------------------------------------------------------------------
 
 def _checked(fn, exercise, tmp_path):
@@ -541,3 +557,20 @@ def test_two_mistakes_are_both_named_where_one_alone_fixes_nothing(fn, exercise,
     path, result = _checked(fn, exercise, tmp_path)
     lines = [s.line for s in result.steps if s.proven]
     assert lines == [_line(path, first), _line(path, second)], str(result)
+
+
+@pytest.mark.parametrize("fn, lines", [
+    (decoder_returns_swapped, ("return (to_memory, to_input)",)),
+    (decoder_returns_swapped_and_skip_added_again, ("return (to_memory, to_input)", "after_ffn = dy + self")),
+], ids=["swapped", "swapped_and_another"])
+def test_returned_values_in_each_others_place_are_named_at_the_return(fn, lines, tmp_path):
+    """Two returned values whose shapes are numformer's the other way round: every case is a shape error, which gave
+    no step at all (a catalogued error named, no line); the return is named, and with the swap made (each replay
+    returning the other's value as bound then) a second mistake is a first wrong step of what remains."""
+    ex = exercises.get("decoder_layer")
+    path = lab_files.write(ex, fn, tmp_path)
+    result, status, message = lab.check_file(str(path), finite_differences=False)
+    assert status == 1 and result is not None, message
+    steps = [s for s in result.steps if s.proven]
+    assert [s.line for s in steps] == [_line(path, snippet) for snippet in lines], str(result)
+    assert "in each other's place" in steps[0].said and "swap them" in steps[0].said
