@@ -37,6 +37,7 @@ from .entry_patterns import entry_pattern
 from .factor_names import expressions, name_factor, symbol_values
 from .own_route import suggestion
 from .recorded_run import Recorder, recorded
+from .sublayers_passed import sublayers_passed
 
 MOST = 3        # first wrong steps said at most
 OURS = "numformer's "  # how a sentence starts naming numformer's value (not said twice: "numformer's passes `x`")
@@ -903,6 +904,26 @@ def first_wrong_steps(ex, answer, seed: int = 0, file=None, time_limit=None, rec
         return [replace(s, said=s.said + stopped) for s in _outputs(engine)][:MOST]
 
 
+def _passed_steps(ex, proof) -> list:
+    """The calls handing a child another sub-layer than numformer's (grad_checks/sublayers_passed.py), as steps."""
+    return [WrongStep(f"self.{want}", f"self.{want}", None, line, None, None,
+                      f"first wrong step: your line {line} (`{code}`) passes `self.{have}` where numformer's passes "
+                      f"`self.{want}`, the sub-layer that call runs (with it there every gradient is right)")
+            for line, code, have, want in sublayers_passed(ex, proof)]
+
+
+def raising_steps(ex, answer, seed, file, time_limit, mine, reference) -> list:
+    """The steps of code that raised in every case, where an edit proves them: a child handed another sub-layer
+    (the feed-forward's backward run twice finds nothing saved the second time)."""
+    if not ex.is_method:
+        return []
+    proof = _Proof(ex, answer, seed, file, time_limit, mine, reference, SEARCH_BUDGET)
+    try:
+        return _passed_steps(ex, proof)
+    except _Stopped:
+        return []
+
+
 def precision_steps(recordings) -> list:
     """[the float32 step] when the student's recorded lines compute in float32 or float16 in the float64 check (an
     answer graded APPROXIMATE, which no replay is needed to place: the dtypes its lines produce say where), else []."""
@@ -925,6 +946,9 @@ def _diagnosis(engine) -> list:
     swapped = _swapped(engine)
     if swapped:
         return swapped
+    passed = _passed_steps(engine.ex, engine.proof)
+    if passed:
+        return passed
     keys = engine.slice()
     found = []  # (fix, call, the student's record there, its unknown inputs that could absorb the error)
     for key in keys:

@@ -40,7 +40,7 @@ from .candidates import (APPROX, EXACT, Outcome, compare, constant_factor, floor
                          run_function, verdict)
 from numformer.user_code_clock import DEFAULT_TIME_LIMIT, deadline
 from .exercise import Exercise
-from .first_wrong_step import Recordings, first_wrong_steps, precision_steps
+from .first_wrong_step import Recordings, first_wrong_steps, precision_steps, raising_steps
 from .kept_state import kept_state, snapshot
 from .own_code import describe, watch
 from .raised_line import raised_line
@@ -293,6 +293,8 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
             if raised is not None:  # the raising line in the exercise's terms (grad_checks/raised_line.py)
                 result.raised_at = raised_line(ex, answer, seed, file, time_limit, raised[0], raised[1].name,
                                                raised[1].error, recordings)
+                if not result.steps and not result.kept_lines:  # raised everywhere: a step an edit proves, if any
+                    result.steps = raising_steps(ex, answer, seed, file, time_limit, mine, reference)
         elif diagnose and result.passed and not result.exact and not result.not_yours:
             # within the tolerance, not to round-off: the lines computing in float32, if any
             result.steps = precision_steps(Recordings(ex, answer, seed, file, time_limit))

@@ -16,7 +16,7 @@ import ast
 import re
 from pathlib import Path
 
-from .counterparts import same
+from .counterparts import reduced, same
 from .first_wrong_step import Recordings
 
 
@@ -43,10 +43,12 @@ def _latest(call, name):
 
 def _what(ex, ref_call, record) -> str | None:
     """What ``record``'s value is in numformer's backward for this call, or None when numformer computes no such
-    array: a returned value (by the exercise's output name), a named intermediate, or the expression."""
+    array: a returned value (by the exercise's output name), a named intermediate, or the expression; or numformer's
+    of another shape, with what makes the student's differ (an axis of length 1 not kept, a reduction more), and the
+    student's line that computes it, the mistake's (the line that raised only reads it)."""
     matches = [r for r in ref_call.records if r.value.shape == record.value.shape and same(record.value, r.value)]
     if not matches:
-        return None
+        return _of_another_shape(ref_call, record)
     returned = [r for r in matches if r.returned is not None]
     if returned:
         r = returned[-1]
@@ -59,6 +61,25 @@ def _what(ex, ref_call, record) -> str | None:
         return f"the argument {r.code}"
     term = ex.names.get(r.code) or ex.names.get(r.variable or "")
     return f"numformer's `{r.variable or r.code}`" + (f", {term}" if term else "")
+
+
+def _of_another_shape(ref_call, record) -> str | None:
+    """"numformer's `X` without its axis of length 1 (shape S): keepdims=True belongs on your line N" or "... summed
+    over its axis k as well ...", for the first of numformer's records ``record`` is so; else None."""
+    line = record.statement or record.line
+    arrays = [r for r in ref_call.records if not r.given and r.value.ndim]
+    for r in arrays:  # the same values, an axis of length 1 more or less: first, the nearer of the two
+        if r.value.size == record.value.size and r.value.shape != record.value.shape and \
+                tuple(n for n in r.value.shape if n != 1) == tuple(n for n in record.value.shape if n != 1) and \
+                same(record.value, r.value.reshape(record.value.shape)):
+            kept = "keepdims=True belongs" if record.kind in ("sum", "mean", "max", "min") else "that axis belongs"
+            return (f"numformer's `{r.code}` without its axis of length 1 (shape {tuple(r.value.shape)}): {kept} on "
+                    f"your line {line}")
+    for r in arrays:
+        how = reduced(record.value, r.value)
+        if how:
+            return f"numformer's `{r.code}` {how}: the reduction on your line {line} is wrong, one too many"
+    return None
 
 
 def raised_line(ex, answer, seed: int, file, time_limit, case_number: int, case_name: str, error: str,

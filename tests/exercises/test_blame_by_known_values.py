@@ -352,6 +352,18 @@ def decoder_returns_swapped_and_skip_added_again(self, dy):
     return to_memory, to_input
 
 
+def encoder_sublayers_handed_to_each_others_residual(self, dy):
+    # each residual's backward given the other block: the feed-forward's runs the attention, and the other way round
+    through_ffn = self.ffn_residual.backward(dy, self.self_attn)
+    return self.self_attn_residual.backward(through_ffn, self.ffn)
+
+
+def encoder_attention_given_the_ffn(self, dy):
+    # one residual given the wrong block: the attention's residual runs the feed-forward's backward again
+    through_ffn = self.ffn_residual.backward(dy, self.ffn)
+    return self.self_attn_residual.backward(through_ffn, self.ffn)
+
+
 # ---- grading them --------------------------------------------------------------------------------------------------
 
 def _checked(fn, exercise, tmp_path):
@@ -574,3 +586,19 @@ def test_returned_values_in_each_others_place_are_named_at_the_return(fn, lines,
     steps = [s for s in result.steps if s.proven]
     assert [s.line for s in steps] == [_line(path, snippet) for snippet in lines], str(result)
     assert "in each other's place" in steps[0].said and "swap them" in steps[0].said
+
+
+@pytest.mark.parametrize("fn, lines", [
+    (encoder_sublayers_handed_to_each_others_residual, ("through_ffn = self.ffn_residual", "return self.self_attn")),
+    (encoder_attention_given_the_ffn, ("return self.self_attn_residual",)),
+], ids=["both", "one"])
+def test_a_sublayer_handed_to_the_wrong_residual_is_named_at_its_call(fn, lines, tmp_path):
+    """What a child's backward must be passed is known: the sub-layer numformer's call of that child passes. Before,
+    no step was proven and three lines were hedged (the arrays all unknown)."""
+    ex = exercises.get("encoder_layer")
+    path = lab_files.write(ex, fn, tmp_path)
+    result, status, message = lab.check_file(str(path), finite_differences=False)
+    assert status == 1 and result is not None, message
+    steps = [s for s in result.steps if s.proven]
+    assert [s.line for s in steps] == [_line(path, snippet) for snippet in lines], str(result)
+    assert all("where numformer's passes `self." in s.said for s in steps)

@@ -55,3 +55,19 @@ def test_a_right_answer_and_a_wrong_one_that_runs_have_no_raised_line(tmp_path):
     ex = exercises.get("multihead")
     result, _ = _graded("multihead", ex.target, tmp_path)
     assert result.exact and result.raised_at is None
+
+
+def softmax_row_sum_without_keepdims(dy, y):  # the row sum (n..., T) broadcast against (n..., T, T'): raises
+    inner = (dy * y).sum(axis=-1)
+    return y * (dy - inner)
+
+
+def test_a_name_of_numformers_value_without_its_kept_axis_names_the_line_computing_it(tmp_path):
+    """Issue 67: the raising line only reads the row sum; the mistake is where it is computed, keepdims left out. Its
+    value is numformer's with the axis of length 1 dropped, so it is matched through that axis (before: "no array
+    numformer computes here", no line of the mistake)."""
+    result, path = _graded("softmax", softmax_row_sum_without_keepdims, tmp_path)
+    assert result.raised_at is not None, str(result)
+    assert "is no array numformer computes here" not in result.raised_at
+    assert "without its axis of length 1" in result.raised_at
+    assert f"keepdims=True belongs on your line {_line(path, 'inner = (dy * y).sum(axis=-1)')}" in result.raised_at
