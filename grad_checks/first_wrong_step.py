@@ -1425,48 +1425,57 @@ def _overwritten(engine) -> WrongStep | None:
 
 def _swapped(engine) -> list:
     """Two returned values in each other's place (``return dmem, dy``, whose shapes are then numformer's the other way
-    round): each put where the other is returned, in every call, the shapes are numformer's; then every gradient is
+    round, in some call): each put where the other is returned, the shapes are numformer's; then every gradient is
     right (the one mistake), or a first wrong step of what remains is a second one (its inputs right with the swap
-    made). [] when no two returned values swap so."""
-    if not engine.wrong_calls:
-        return []
-    n = engine.wrong_calls[0]
-    mine = sorted((r for r in engine.my_calls[n].records if r.returned is not None), key=lambda r: r.returned)
-    theirs = {r.returned: r for r in engine.ref_calls[n].records if r.returned is not None}
-    for i, a in enumerate(mine):
-        for b in mine[i + 1:]:
-            ta, tb = theirs.get(a.returned), theirs.get(b.returned)
-            if ta is None or tb is None or a.value.shape == ta.value.shape or not (
-                    a.value.shape == tb.value.shape and b.value.shape == ta.value.shape):
-                continue  # (only where the shapes say so: two of one shape swapped are wrong values, found as such)
-            if a.kind != "name" or b.kind != "name":
-                continue  # (names bound before the return: each replay returns the other's value as it is then)
-            base = {}
-            for m in set(engine.records[a.key]) & set(engine.records[b.key]):
-                base[(m, a.key)], base[(m, b.key)] = _bound_value(b.code), _bound_value(a.code)
-            line = a.statement or a.line
-            names = [f"`{r.code}` where numformer's returns `{t.code}`" for r, t in ((a, ta), (b, tb))]
-            step = WrongStep(f"returned values {a.returned + 1} and {b.returned + 1}", "", None, line, None, None,
-                             f"first wrong step: your line {line} returns {names[0]} and {names[1]}: two values in "
-                             "each other's place (their shapes are numformer's the other way round); swap them")
-            if engine.proof.right(engine.proof.students(base)):
-                return [step]
-            for key in engine.slice():
-                if key in (a.key, b.key):
-                    continue
-                fix = engine.fits(key, base=base)
-                if fix is not None and not engine.unknown_inputs(*_first(engine, key), fixed={a.key, b.key}):
-                    return [step] + _said(engine, [fix])
-            return [step]
+    made). The second of the two must be a name bound before the return (each replay returns the values as its own
+    code computed them: the first's kept aside as it is made). [] when no two returned values swap so."""
+    for n in engine.wrong_calls:
+        mine = sorted((r for r in engine.my_calls[n].records if r.returned is not None), key=lambda r: r.returned)
+        theirs = {r.returned: r for r in engine.ref_calls[n].records if r.returned is not None}
+        for i, a in enumerate(mine):
+            for b in mine[i + 1:]:
+                ta, tb = theirs.get(a.returned), theirs.get(b.returned)
+                if ta is None or tb is None or b.kind != "name" or a.value.shape == ta.value.shape or not (
+                        a.value.shape == tb.value.shape and b.value.shape == ta.value.shape):
+                    continue  # (only where the shapes say so: two of one shape swapped are wrong values, found so)
+                base = {}
+                for m in set(engine.records[a.key]) & set(engine.records[b.key]):
+                    first, second = _swap(b.code)
+                    base[(m, a.key)], base[(m, b.key)] = first, second
+                return _swap_steps(engine, a, b, ta, tb, base)
     return []
 
 
-def _bound_value(name):
-    """An override replaying the value ``name`` was last bound to in that call (its record before the return)."""
-    def value(call):
-        index = call.by_name.get(name)
+def _swap_steps(engine, a, b, ta, tb, base) -> list:
+    line = a.statement or a.line
+    step = WrongStep(f"returned values {a.returned + 1} and {b.returned + 1}", "", None, line, None, None,
+                     f"first wrong step: your line {line} returns `{a.code}` where numformer's returns `{ta.code}` and "
+                     f"`{b.code}` where numformer's returns `{tb.code}`: two values in each other's place (their "
+                     "shapes are numformer's the other way round); swap them")
+    if engine.proof.right(engine.proof.students(base)):
+        return [step]
+    for key in engine.slice():
+        if key in (a.key, b.key):
+            continue
+        fix = engine.fits(key, base=base)
+        if fix is not None and not engine.unknown_inputs(*_first(engine, key), fixed={a.key, b.key}):
+            return [step] + _said(engine, [fix])
+    return [step]
+
+
+def _swap(second):
+    """Overrides for a returned pair in each other's place: the first returns the value the name ``second`` is
+    bound to (keeping its own aside), the second returns the first's."""
+    kept = {}
+
+    def first_value(call, value):
+        kept[call.number] = value
+        index = call.by_name.get(second)
         return None if index is None else call.records[index].value
-    return value
+
+    def second_value(call, value):
+        return kept.pop(call.number, None)
+    return first_value, second_value
 
 
 _SHAPE_ONLY = ("zeros_like", "empty_like", "ones_like", "full_like")  # calls reading an array's shape, not its values

@@ -210,8 +210,8 @@ class Recorder:
                 call.index_code[bind] = info.code
             return value
         occurrence, override = self._next(call, node)
-        if callable(override):  # a value of this replay's own (the name another returned value was bound to)
-            override = override(call)
+        if callable(override):  # a value of this replay's own (another returned value, grad_checks/
+            override = override(call, value)  # first_wrong_step.py's _swap)
         if override is not None:
             replaced = _as_value(override, value)
             if returned is not None and isinstance(value, np.ndarray) and value.flags.writeable \
