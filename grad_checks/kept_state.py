@@ -57,6 +57,14 @@ def _places(answer) -> dict:
     for f in [fn] + [h for h in helpers if h is not fn]:
         if getattr(f, "__defaults__", None):
             places[("default", f.__name__)] = f.__defaults__, f
+    for f in [fn] + [h for h in helpers if h is not fn]:  # a closure's cells (``seen = {}`` in the function making it)
+        for name, cell in zip(getattr(f, "__code__", None) and f.__code__.co_freevars or (), f.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if name != "__class__" and not callable(value) and type(value).__name__ != "module":
+                places[("closure", f"{f.__name__}.{name}")] = value, cell
     for name, value in (vars(fn) if callable(fn) and not isinstance(fn, type) else {}).items():
         if not name.startswith("__"):
             places[("attribute", f"{fn.__name__}.{name}")] = value, fn
@@ -72,7 +80,12 @@ def _places(answer) -> dict:
 
 def _put(key, holder, value) -> None:
     """The place ``key`` (see :func:`_places`) set to ``value`` (:data:`GONE`: removed, a place made since)."""
-    name = key[1].split(".")[-1] if key[0] == "attribute" else "__defaults__" if key[0] == "default" else key[1]
+    name = key[1].split(".")[-1] if key[0] in ("attribute", "closure") else "__defaults__" if key[0] == "default" \
+        else key[1]
+    if key[0] == "closure":
+        if value is not GONE:
+            holder.cell_contents = value
+        return
     if isinstance(holder, dict):
         holder.pop(name, None) if value is GONE else holder.__setitem__(name, value)
     elif value is not GONE:
@@ -120,7 +133,7 @@ def _line_of(file, kind: str, name: str) -> int | None:
     for node in ast.walk(tree):
         if kind == "default" and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             return node.lineno
-        if kind in ("name", "attribute") and isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        if kind in ("name", "attribute", "closure") and isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == target for t in targets):
                 return node.lineno
@@ -138,7 +151,8 @@ def _changed(before: dict, answer, file) -> tuple[list[str], list[int]]:
         kind, name = key
         line = _line_of(file, kind, name)
         at = f" ({Path(file).name}:{line})" if line is not None else ""
-        what = {"name": "a module-level name", "default": "a default argument of", "attribute": "an attribute"}
+        what = {"name": "a module-level name", "default": "a default argument of", "attribute": "an attribute",
+                "closure": "a variable of its closure"}
         said.append(f"{what[kind]} {name}{at}" if kind == "default" else f"{name}{at}, {what[kind]}")
         lines |= _uses(file, answer, kind, name)
     return said, sorted(lines)
@@ -191,7 +205,7 @@ def _uses(file, answer, kind: str, name: str) -> set:
               and isinstance(node.value.func, ast.Attribute) for t in ast.walk(node.value.func.value)}  # .append(x)
     out, every = set(), set()
     for node in ast.walk(body):
-        if kind == "name" and isinstance(node, ast.Name) and node.id == target or \
+        if kind in ("name", "closure") and isinstance(node, ast.Name) and node.id == target or \
                 kind == "attribute" and isinstance(node, ast.Attribute) and node.attr == target:
             every.add(node.lineno)
             if isinstance(node.ctx, ast.Load) and id(node) not in tests:

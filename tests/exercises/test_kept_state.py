@@ -163,3 +163,35 @@ def test_a_kept_flag_read_in_a_conditional_expression_is_the_location(tmp_path):
     result = _graded(ex, path)
     assert result.keeps_state is not None, str(result)
     assert result.kept_lines == (_line(path, "eps = 0.3 if _FIRST[0]"),), result.kept_lines
+
+
+def test_a_value_kept_in_a_closure_is_named_with_the_line_reading_it(tmp_path):
+    """The smoothing eps kept in a dict of the function that made the backward (a closure's cell): no module-level
+    name, default or attribute changed, so the fresh order put nothing back and no state was named."""
+    ex = exercises.get("loss")
+    path = lab_files.write(ex, ex.target, tmp_path)
+    text = path.read_text()
+    name = ex.target.__name__
+    start, end = text.index(f"def {name}("), text.index("# numformer's LabelSmoothedCrossEntropy, its")
+    text = text[:start] + f'''def _make():
+    seen = {{}}
+
+    def backward(p, y, eps, weight):
+        kept = seen.setdefault("eps", eps)
+        dz = p - kept / p.shape[1]
+        dz[np.arange(p.shape[0]), y] -= 1.0 - kept
+        return dz * weight[:, None]
+    return backward
+
+
+{name} = _make()
+
+
+''' + text[end:]
+    if "import numpy as np" not in text:
+        text = "import numpy as np\n" + text
+    path.write_text(text)
+    result = _graded(ex, path)
+    assert result.keeps_state is not None, str(result)
+    assert f"backward.seen ({path.name}:{_line(path, 'seen = {}')}), a variable of its closure" in result.keeps_state
+    assert result.kept_lines == (_line(path, 'kept = seen.setdefault("eps", eps)'),), result.kept_lines
