@@ -58,7 +58,9 @@ def _places(answer) -> dict:
         if getattr(f, "__defaults__", None):
             places[("default", f.__name__)] = f.__defaults__, f
     for f in [fn] + [h for h in helpers if h is not fn]:  # a closure's cells (``seen = {}`` in the function making it)
-        for name, cell in zip(getattr(f, "__code__", None) and f.__code__.co_freevars or (), f.__closure__ or ()):
+        if not inspect.isfunction(f):
+            continue
+        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
             try:
                 value = cell.cell_contents
             except ValueError:  # an empty cell
