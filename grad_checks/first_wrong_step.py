@@ -294,7 +294,7 @@ def _knowns(ex, ref_calls, forward) -> list:
                 ex.names.get(first.code) or f"numformer's forward's `{first.code}`"
             known = Known("argument" if first.given else source, {n: r.value for n, r in records.items()},
                           label, first.code, first.variable, records)
-            sig = (first.value.shape, tuple(sorted(records)))
+            sig = tuple(sorted((n, r.value.shape) for n, r in records.items()))  # (a call's shapes may differ)
             if any(all(same(known.values[n], k.values[n]) for n in records) for k in seen.get(sig, [])):
                 continue
             seen.setdefault(sig, []).append(known)
@@ -1080,9 +1080,14 @@ def _two_known(engine, keys) -> list:
     when none (``p + eps / V`` for ``p - eps / V`` and a division by the weights' sum, each hiding the other)."""
     for a_key in [k for k in keys if k not in engine.right][:TWO_FIRST]:
         n, record = _first(engine, a_key)
+        # the numbers aside, or a step left out, only on the gradient side (``0.5 * x`` is no ``3 * K * x``)
+        loose = engine.gradient_side(n, record)
         # the first is numformer's counterpart: the same operation on the same values (``p + eps / V`` for ``p - eps / V``)
+        # (or numformer's value of the student's name: ``dxhat = dy`` where numformer's dxhat is dy * gamma)
         near = sorted((k for k, how, shape in engine._candidates(a_key) if not how and not shape and k.kind != "size"
-                       and k.kind == "backward" and n in k.records and engine._alike_operands(n, record, k.records[n], True)
+                       and k.kind == "backward" and n in k.records and (engine._alike_operands(
+                           n, record, k.records[n]) or loose and (engine._alike_operands(n, record, k.records[n], True)
+                                                                  or _one_step(engine, n, record, k)))
                        and all(m in k.values and k.values[m].shape == r.value.shape and not _equal(r.value, k.values[m])
                                for m, r in engine.records[a_key].items() if m in engine.wrong_calls)),
                       key=lambda k: float(np.abs(k.values[n] - record.value).sum()))
@@ -1098,11 +1103,28 @@ def _two_known(engine, keys) -> list:
                         engine.records[b_key]):
                     continue  # the second must be in every call the first leaves wrong
                 b = engine.fits(b_key, base=base)
-                if b is None or _known_inputs(engine, engine.my_calls, b_key):
-                    continue  # none; or a first wrong step by itself, its inputs right as they are
+                if b is None or _known_inputs(engine, engine.my_calls, b_key) and (
+                        b.c is not None or not _reads(engine, b_key, a_key)):
+                    continue  # none; or a first wrong step by itself, its inputs right as they are (unless one is
+                    # the first's, a known value in the wrong place: ``dxhat = dy`` where dy * gamma belongs)
                 if _known_inputs(engine, calls, b_key) and engine.consistent([a, b]):
                     return [a, b]
     return []
+
+
+def _one_step(engine, n, record, known) -> bool:
+    """The student's name bound to an argument as it is (``g_hat = dy``) where numformer's value is one operation
+    on that argument (``dxhat = dy * gamma``): the counterpart of a step left out, in call ``n``."""
+    mine = [engine.my_calls[n].records[i] for i in record.operands]
+    theirs = [engine.ref_calls[n].records[i] for i in known.records[n].operands]
+    return record.kind == "name" and len(mine) == 1 and mine[0].given and any(
+        r.given and r.code == mine[0].code for r in theirs)
+
+
+def _reads(engine, key, other) -> bool:
+    """Whether ``key``'s value is computed from ``other``'s in every call holding it."""
+    return all(any(r.key == other for r in _upstream(engine.my_calls[m], mine.operands))
+               for m, mine in engine.records[key].items())
 
 
 def _known_inputs(engine, calls, key) -> bool:

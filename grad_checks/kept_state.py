@@ -49,8 +49,10 @@ def _places(answer) -> dict:
     fn = answer
     module = sys.modules.get(getattr(answer, "__module__", None) or "")
     namespace = getattr(fn, "__globals__", None) or (vars(module) if module is not None else {})
-    for name, value in namespace.items():
-        if not (name.startswith("__") or callable(value) or type(value).__name__ == "module"):
+    for name, value in namespace.items():  # (a function made by a call, ``def _target_of`` under ``if ... is None``,
+        # is a value kept: the file's own functions and classes, and what it imports, are its code)
+        made = inspect.isfunction(value) and bool(value.__code__.co_flags & inspect.CO_NESTED)
+        if not (name.startswith("__") or callable(value) and not made or type(value).__name__ == "module"):
             places[("name", name)] = value, namespace
     # the defaults of the answer and of every function its file defines (a helper's ``_memo={}`` keeps state too)
     helpers = [v for v in namespace.values() if inspect.isfunction(v) and v.__module__ == getattr(fn, "__module__", 0)]
@@ -148,8 +150,8 @@ def _changed(before: dict, answer, file) -> tuple[list[str], list[int]]:
     after = {key: value for key, (value, _) in snapshot(answer).items()}
     said, lines = [], set()
     for key in sorted(set(before) | set(after), key=str):
-        if before.get(key, (None,))[0] == after.get(key):
-            continue
+        if before.get(key, (None,))[0] == after.get(key) or key[0] == "closure" and key not in before:
+            continue  # (the cells of a function made since: that function, a value kept, is the place said)
         kind, name = key
         line = _line_of(file, kind, name)
         at = f" ({Path(file).name}:{line})" if line is not None else ""
@@ -161,58 +163,83 @@ def _changed(before: dict, answer, file) -> tuple[list[str], list[int]]:
 
 
 def _uses(file, answer, kind: str, name: str) -> set:
-    """The lines of the student's ``answer`` (its function, or its class's methods) in ``file`` where the kept place
-    feeds what the code computes: the name or attribute read, not set nor tested (``if _SCALE is None:`` and the
-    assignment under it are harmless once no value is read from it: the edit is at the reads); or the ``def`` whose
-    default it is. Where it is only set or tested, those lines."""
+    """The lines of the student's file where the kept place feeds what the code computes: the name, attribute or
+    parameter read, not set nor tested (``if _SCALE is None:`` and the fill under it are harmless once no value is
+    read from it: the edit is at the reads), in the student's ``answer`` (its function, or its class's methods) or a
+    function of the file it reads it in (a helper's ``_row_mean``); a default's in its function, else its ``def``.
+    Where it is only set or tested, those lines."""
     if file is None:
         return set()
     try:
         tree = ast.parse(Path(file).read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
         return set()
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
     own = name if kind == "default" else getattr(answer, "__name__", None)  # a default: the function it is of
-    body = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                 and n.name == own), None)
+    body = next((n for n in defs if n.name == own), None)
     if body is None:
         return set()
-    if kind == "default":  # the lines reading a parameter whose default can change (not a constant), else the def
+    if kind == "default":  # a parameter whose default can change (not a constant)
         args = body.args
         positional = args.posonlyargs + args.args
         pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
         pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
-        with_default = {a.arg for a, d in pairs if not isinstance(d, ast.Constant)}
-        reads = {node.lineno for node in ast.walk(body) if isinstance(node, ast.Name) and node.id in with_default
-                 and isinstance(node.ctx, ast.Load)}
-        return reads or {body.lineno}
-    target = name.split(".")[-1]
-    def fills(node) -> bool:  # ``if _SCALE is None: _SCALE = x``: the test only guards setting the place itself
-        def sets(t):
-            t = t.value if isinstance(t, ast.Subscript) else t
-            return isinstance(t, ast.Name) and t.id == target or isinstance(t, ast.Attribute) and t.attr == target
-        def fill(st):  # ``_CACHE = ...``, ``_CACHE["k"] = ...`` or ``_CACHE.append(...)``
-            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Attribute):
-                return sets(st.value.func.value)
-            return isinstance(st, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and any(
-                sets(t) for t in (st.targets if isinstance(st, ast.Assign) else [st.target]))
-        return all(fill(st) for st in node.body + node.orelse)
+        targets = {a.arg for a, d in pairs if not isinstance(d, ast.Constant)}
+        lines = _reads([body], targets, names=True)
+        return lines or {body.lineno}
+    targets = {name.split(".")[-1]}
+    names = kind in ("name", "closure")
+    return _reads([body], targets, names) or _reads([d for d in defs if d is not body], targets, names) or \
+        _reads([body], targets, names, every=True)
 
-    # a test choosing what is computed (``dy if _PRE else ...``, ``if _PRE: dz = dy``) reads the place; one that only
-    # guards setting it does not
-    tests = {id(t) for node in ast.walk(body) if isinstance(node, (ast.If, ast.While)) and fills(node)
-             for t in ast.walk(node.test)}
-    tests |= {id(t) for node in ast.walk(body) if isinstance(node, (ast.Subscript, ast.Attribute))
-              and isinstance(node.ctx, ast.Store) for t in ast.walk(node.value)}  # _CACHE["k"] = ...: a set
-    tests |= {id(t) for node in ast.walk(body) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-              and isinstance(node.value.func, ast.Attribute) for t in ast.walk(node.value.func.value)}  # .append(x)
-    out, every = set(), set()
-    for node in ast.walk(body):
-        if kind in ("name", "closure") and isinstance(node, ast.Name) and node.id == target or \
-                kind == "attribute" and isinstance(node, ast.Attribute) and node.attr == target:
-            every.add(node.lineno)
-            if isinstance(node.ctx, ast.Load) and id(node) not in tests:
-                out.add(node.lineno)
-    return out or every
+
+def _reads(bodies, targets: set, names: bool, every: bool = False) -> set:
+    """The lines of ``bodies`` that read one of ``targets`` (names, else attributes) for what they compute: not a
+    test that only guards filling it, nor its fill (``_CACHE["k"] = ...``, ``_CACHE.append(x)``); ``every``: every
+    line naming one."""
+    def sets(t):
+        t = t.value if isinstance(t, ast.Subscript) else t
+        return isinstance(t, ast.Name) and t.id in targets or isinstance(t, ast.Attribute) and t.attr in targets
+
+    def fill(st):  # ``_CACHE = ...``, ``_CACHE["k"] = ...``, ``_CACHE.append(...)`` or ``def _CACHE(...)``
+        if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Attribute):
+            return sets(st.value.func.value)
+        if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return st.name in targets
+        return isinstance(st, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and any(
+            sets(t) for t in (st.targets if isinstance(st, ast.Assign) else [st.target]))
+
+    out = set()
+    for body in bodies:
+        nodes = list(ast.walk(body))
+        # a test choosing what is computed (``dy if _PRE else ...``, ``if _PRE: dz = dy``) reads the place; one
+        # that only guards filling it (``if _SCALE is None: _SCALE = x``) does not
+        # (a guard: a test of the place alone over a body that fills it, what else it binds only for the fill)
+        tests = {id(t) for node in nodes if isinstance(node, (ast.If, ast.While)) and any(
+                 fill(st) for st in node.body + node.orelse) and _of_the_place(node.test, targets)
+                 for t in ast.walk(node.test)}
+        tests |= {id(t) for node in nodes if isinstance(node, (ast.Subscript, ast.Attribute))
+                  and isinstance(node.ctx, ast.Store) for t in ast.walk(node.value)}  # _CACHE["k"] = ...: a fill
+        tests |= {id(t) for node in nodes if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                  and isinstance(node.value.func, ast.Attribute) for t in ast.walk(node.value.func.value)}
+        for node in nodes:
+            if names and isinstance(node, ast.Name) and node.id in targets or \
+                    not names and isinstance(node, ast.Attribute) and node.attr in targets:
+                if every or isinstance(node.ctx, ast.Load) and id(node) not in tests:
+                    out.add(node.lineno)
+    return out
+
+
+def _of_the_place(test, targets: set) -> bool:
+    """Whether ``test`` reads nothing but the place (``_CACHE is None``, ``not _FIRST``, ``getattr(Residual, "_pre",
+    None) is None``): names among ``targets``, the owner of a target attribute, builtins."""
+    owners = {n.value.id for n in ast.walk(test) if isinstance(n, ast.Attribute) and n.attr in targets
+              and isinstance(n.value, ast.Name)}
+    owners |= {n.args[0].id for n in ast.walk(test) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+               and n.func.id in ("getattr", "hasattr") and len(n.args) > 1 and isinstance(n.args[0], ast.Name)
+               and isinstance(n.args[1], ast.Constant) and n.args[1].value in targets}
+    read = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    return read <= targets | owners | {"self", "len", "getattr", "hasattr", "isinstance"}
 
 
 def _same(a, b) -> bool:

@@ -76,6 +76,11 @@ def _of_another_shape(ref_call, record) -> str | None:
             return (f"numformer's `{r.code}` without its axis of length 1 (shape {tuple(r.value.shape)}): {kept} on "
                     f"your line {line}")
     for r in arrays:
+        how = reduced(r.value, record.value)
+        if how and record.kind in ("sum", "mean") and r.kind in ("sum", "mean"):  # numformer's sums further
+            return (f"short of an axis: numformer's `{r.code}` (shape {tuple(r.value.shape)}) is it "
+                    f"{how.split(' (shape')[0]}; the reduction on your line {line} is wrong")
+    for r in arrays:
         how = reduced(record.value, r.value)
         if how:
             return f"numformer's `{r.code}` {how}: the reduction on your line {line} is wrong, one too many"
@@ -113,6 +118,12 @@ def raised_line(ex, answer, seed: int, file, time_limit, case_number: int, case_
         returned_read += what is not None and ("returns" in what or "returned" in what)
         shape = tuple(record.value.shape)
         said.append(f"`{name}` {shape} is {what}" if what else f"`{name}` {shape} is no array numformer computes here")
+    # the line's own reductions (``dy.sum(axis=0)`` (3, 4, 8) where numformer's sums to (4, 8)): not bound to a name
+    for record in my_call.records:
+        if record.statement == line and not record.given and not record.variable and record.kind in ("sum", "mean") \
+                and _what(ex, ref_call, record) is not None and not any(
+                    r.value.shape == record.value.shape and same(record.value, r.value) for r in ref_call.records):
+            said.append(f"`{record.code}` {tuple(record.value.shape)} is {_what(ex, ref_call, record)}")
     if not said:
         return None
     returned = sorted((r for r in ref_call.records if r.returned is not None), key=lambda r: r.returned)

@@ -60,6 +60,7 @@ def cases(cls, seed):
     shared = Holder(src=src, tgt=cls(D, 16, dtype=np.float64, weight=src.weight))
     end = cls(D, 10, dtype=np.float64, rng=rng)
     x, y = rng.standard_normal((3, 6, D)), rng.standard_normal((3, 5, D))
+    two = cls(D, 16, dtype=np.float64, rng=rng)  # (made after the others: their draws as before)
     return [GradCase("LearnedPositionalEmbedding", "offset 3, x (3, 6, 8)", one, {"x": x},
                      lambda m, i: m(i["x"], offset=3), lambda m, g: {"x": m.backward(g[0])}),
             GradCase("LearnedPositionalEmbedding", "one table, two uses: source (3, 6, 8) from row 0, target "
@@ -68,7 +69,11 @@ def cases(cls, seed):
                      lambda m, g: {"y": m.tgt.backward(g[1]), "x": m.src.backward(g[0])}),
             GradCase("LearnedPositionalEmbedding", "the table's last rows: offset 6, x (2, 4, 8), max_len 10", end,
                      {"x": rng.standard_normal((2, 4, D))},
-                     lambda m, i: m(i["x"], offset=6), lambda m, g: {"x": m.backward(g[0])})]
+                     lambda m, i: m(i["x"], offset=6), lambda m, g: {"x": m.backward(g[0])}),
+            # the notes' "any number of leading axes": a sum over the first axis alone is (3, 4, 8) here, not (4, 8)
+            GradCase("LearnedPositionalEmbedding", "two leading axes: x (2, 3, 4, 8) from row 0", two,
+                     {"x": rng.standard_normal((2, 3, 4, D))},
+                     lambda m, i: m(i["x"]), lambda m, g: {"x": m.backward(g[0])})]
 
 
 EXERCISE = Exercise(

@@ -364,6 +364,21 @@ def encoder_attention_given_the_ffn(self, dy):
     return self.self_attn_residual.backward(through_ffn, self.ffn)
 
 
+def layernorm_upstream_for_its_gain_gradient_and_mean_over_rows(dy, xhat, r, gamma):
+    # two mistakes: the gradient of xhat bound to dy itself (gamma forgotten), and the projection's mean over the
+    # rows; the second reads the first, so neither alone puts dx right
+    g_hat = dy
+    centred = g_hat - g_hat.mean(axis=-1, keepdims=True)
+    along = (g_hat * xhat).mean(axis=0, keepdims=True)
+    return r * (centred - xhat * along), (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def positions_summed_over_the_first_axis_only(grad, dy, offset):
+    # the batch axes summed as if there were one: (3, 4, d) left where (4, d) belongs for dy (2, 3, 4, d)
+    grad[offset:offset + dy.shape[-2]] += dy.sum(axis=0)
+    return grad, dy
+
+
 # ---- grading them --------------------------------------------------------------------------------------------------
 
 def _checked(fn, exercise, tmp_path):
@@ -560,7 +575,8 @@ def test_two_mistakes_hiding_each_other_are_both_named(tmp_path):
     (attention_mask_kept_and_keys_unscaled, "attention", "g = np.where(masked, g, 0.0)", "dk = np.swapaxes(g"),
     (layernorm_gain_over_features_and_projection_summed, "layernorm", "gain = (xhat * dy).sum(axis=-1)",
      "proj = (up * xhat).sum"),
-], ids=["attention_numbers_aside", "layernorm_a_shape_the_layer_refuses"])
+    (layernorm_upstream_for_its_gain_gradient_and_mean_over_rows, "layernorm", "g_hat = dy", "along = (g_hat"),
+], ids=["attention_numbers_aside", "layernorm_a_shape_the_layer_refuses", "layernorm_a_name_bound_to_the_argument"])
 def test_two_mistakes_are_both_named_where_one_alone_fixes_nothing(fn, exercise, first, second, tmp_path):
     """The first of two found as numformer's counterpart though their operands differ by a number (numformer's
     ``xp.asarray(0, ...)`` a value of its own, the student's ``0.0`` none); or as a fix putting its own tensor right
@@ -602,3 +618,15 @@ def test_a_sublayer_handed_to_the_wrong_residual_is_named_at_its_call(fn, lines,
     steps = [s for s in result.steps if s.proven]
     assert [s.line for s in steps] == [_line(path, snippet) for snippet in lines], str(result)
     assert all("where numformer's passes `self." in s.said for s in steps)
+
+
+def test_a_sum_over_one_of_two_leading_axes_is_caught_and_its_line_named(tmp_path):
+    """The learned positions' notes allow any number of leading axes, and no case had two: summing the first alone
+    graded EXACT. The case with x (2, 3, 4, 8) raises there; the raising line's reduction is named short of an axis."""
+    ex = exercises.get("learned_positions")
+    path = lab_files.write(ex, positions_summed_over_the_first_axis_only, tmp_path)
+    result, status, message = lab.check_file(str(path), finite_differences=False)
+    assert status == 1 and result is not None and not result.exact, message
+    line = _line(path, "+= dy.sum(axis=0)")
+    assert result.raised_at is not None and f"short of an axis" in result.raised_at, str(result)
+    assert f"the reduction on your line {line} is wrong" in result.raised_at

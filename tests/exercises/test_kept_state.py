@@ -195,3 +195,46 @@ def test_a_value_kept_in_a_closure_is_named_with_the_line_reading_it(tmp_path):
     assert result.keeps_state is not None, str(result)
     assert f"backward.seen ({path.name}:{_line(path, 'seen = {}')}), a variable of its closure" in result.keeps_state
     assert result.kept_lines == (_line(path, 'kept = seen.setdefault("eps", eps)'),), result.kept_lines
+
+
+def test_a_default_filled_under_a_guard_is_located_at_its_read(tmp_path):
+    """``if not seen: seen.append(scale)`` fills a default; the guard and the fill take nothing from it: the line
+    reading ``seen[0]`` is the mistake's (before: all three named)."""
+    ex = exercises.get("embedding")
+    path = _with_first_lines(ex, tmp_path, "    if not seen:\n        seen.append(scale)\n    scale = seen[0]\n",
+                             args=", seen=[]")
+    result = _graded(ex, path)
+    assert result.keeps_state is not None, str(result)
+    assert result.kept_lines == (_line(path, "scale = seen[0]"),), result.kept_lines
+
+
+def test_a_module_value_read_in_a_helper_is_located_in_the_helper(tmp_path):
+    """1/d kept at module level and read by a helper the backward calls: the helper's line (before: none named)."""
+    ex = exercises.get("layernorm")
+    helper = ("_KEEP = []\n\n\ndef _feature_mean(a):\n    if not _KEEP:\n        _KEEP.append(1.0 / a.shape[-1])\n"
+              "    return a.sum(axis=-1, keepdims=True) * _KEEP[0]")
+    path = _with_first_lines(ex, tmp_path, "    _feature_mean(dy)\n", above=helper)
+    text = path.read_text().replace(".mean(axis=-1, keepdims=True)", "__M__")
+    text = text.replace("    _feature_mean(dy)\n", "")
+    body = text[text.index("def layernorm_backward("):]
+    text = text[:text.index("def layernorm_backward(")] + body.replace(
+        "(dxhat * xhat)__M__", "_feature_mean(dxhat * xhat)").replace("dxhat__M__", "_feature_mean(dxhat)")
+    path.write_text(text.replace("__M__", ".mean(axis=-1, keepdims=True)"))
+    assert "_feature_mean(dxhat * xhat)" in path.read_text()
+    result = _graded(ex, path)
+    assert result.keeps_state is not None, str(result)
+    assert result.kept_lines == (_line(path, "return a.sum(axis=-1, keepdims=True) * _KEEP[0]"),), result.kept_lines
+
+
+def test_a_function_made_on_the_first_call_is_kept_state(tmp_path):
+    """A module-level name bound on the first call to a function made there (``def _shift`` under ``if _shift is
+    None``), closing over that call's eps: the file's own functions are its code, but this one is a value kept
+    (before: every callable was left out, so nothing was named and the later calls raised or went wrong unexplained)."""
+    ex = exercises.get("loss")
+    path = _with_first_lines(ex, tmp_path, "    global _shift\n    if _shift is None:\n        first = eps\n\n"
+                             "        def _shift(q):\n            return q - first / q.shape[1]\n"
+                             "    p = _shift(p) + eps / p.shape[1]\n", above="_shift = None")
+    result = _graded(ex, path)
+    assert result.keeps_state is not None, str(result)
+    assert f"_shift ({path.name}:{_line(path, '_shift = None')}), a module-level name" in result.keeps_state
+    assert result.kept_lines == (_line(path, "p = _shift(p) + eps / p.shape[1]"),), result.kept_lines
