@@ -100,12 +100,13 @@ class Recordings:
     """The student's run and numformer's, each recorded once (:func:`recorded_run`) for every part of a diagnosis
     that reads them: :func:`first_wrong_steps` and grad_checks/raised_line.py."""
 
-    def __init__(self, ex, answer, seed: int = 0, file=None, time_limit=None):
+    def __init__(self, ex, answer, seed: int = 0, file=None, time_limit=None, guard: bool = True):
         self.ex, self.answer, self.seed, self.file, self.time_limit = ex, answer, seed, file, time_limit
+        self.guard = guard  # False: a call returning a wrong shape does not stop its case (first_wrong_steps)
 
     @cached_property
     def student(self) -> tuple:
-        return recorded_run(self.ex, self.answer, self.seed, self.file, self.time_limit)
+        return recorded_run(self.ex, self.answer, self.seed, self.file, self.time_limit, guard=self.guard)
 
     @cached_property
     def reference(self) -> tuple:
@@ -579,6 +580,9 @@ class _Engine:
             return False  # an argument with an axis added or a copy (``dy[..., :, None]``): that value itself
         equal = [k.records.get(n) for k in self.knowns if k.values.get(n) is not None
                  and _equal(record.value, k.values[n])]
+        if equal and all(r is not None and r.inside is not None for r in equal):
+            return True  # a value of a helper of numformer's alone (softmax_backward's dy * y): it may be part of
+            # the helper's work stopped short where the helper's result belongs (``p * dp`` for dS)
         return bool(equal) and not any(r is not None and _alike(r.kind, record.kind) for r in equal)
 
     # -- a value tried in the student's place ---------------------------------------------------------------
@@ -680,11 +684,24 @@ class _Engine:
             return True
         for known, how, shape in self._candidates(key):
             if known is fix.known or how or shape or any(
-                    _equal(known.values[n], fix.known.values[n]) for n in calls if n in known.values):
-                continue
+                    _equal(known.values[n], fix.known.values[n]) for n in calls if n in known.values) or \
+                    self._computed_from(known, fix.known, calls):
+                continue  # (numformer's value computed from it: dS masked, where dS is what is found)
             if self.proof.right(self.proof.students({**base, **_Fix(key, known).values(self)})):
                 return False
         return True
+
+    def _computed_from(self, known, base, calls) -> bool:
+        """numformer's record of ``known`` is computed from that of ``base`` in every call (``where(masked, 0, ds)``
+        from ``ds``): two values of one chain of numformer's, the later a function of the earlier."""
+        if known.kind != "backward" or base.kind != "backward":
+            return False  # (the forward's records are of other calls)
+        for n in calls:
+            mine, theirs = known.records.get(n), base.records.get(n)
+            if mine is None or theirs is None or not any(
+                    r is theirs for r in _upstream(self.ref_calls[n], mine.operands)):
+                return False
+        return bool(calls)
 
     def _puts_right(self, got) -> bool:
         """Every graded tensor the replay changed is right now, and some other is still wrong: a fix of one of two
@@ -892,6 +909,10 @@ def first_wrong_steps(ex, answer, seed: int = 0, file=None, time_limit=None, rec
     if not my_calls:
         return []
     ref_calls, reference = recordings.reference
+    if ref_calls and len(ref_calls) != len(my_calls) and recordings.guard:
+        # a wrong shape returned cut a case short (the guard's error): recorded again unguarded, its calls aligned
+        recordings = Recordings(ex, answer, seed, file, time_limit, guard=False)
+        my_calls, mine = recordings.student
     if not ref_calls or len(ref_calls) != len(my_calls):
         return []
     proof = _Proof(ex, answer, seed, file, time_limit, mine, reference, SEARCH_BUDGET if budget is None else budget)
@@ -1223,6 +1244,19 @@ def _named(known, code, variable) -> str:
     return label if not known.code else f"{label} (numformer's `{known.code}`)"
 
 
+def _bound_elsewhere(engine, n, record, known):
+    """(the record binding a returned name on another line, the known value it equals) when that value is one of
+    numformer's other than ``known`` (right, in the wrong place); else None."""
+    if record.returned is None or len(record.operands) != 1:
+        return None
+    bound = engine.my_calls[n].records[record.operands[0]]
+    if bound.given or bound.variable != record.code or bound.statement == record.statement:
+        return None
+    other = next((k for k in engine.knowns if k is not known and k.kind == "backward" and n in k.values
+                  and _equal(bound.value, k.values[n])), None)
+    return None if other is None else (bound, other)
+
+
 def _shares(label, code, variable) -> bool:
     """``label`` has the student's ``code`` or ``variable`` as a word ("the returned dz" beside `dz`): said against
     it ("`dz` where ... the returned dz"), numformer's code names it instead."""
@@ -1245,6 +1279,15 @@ def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
                 for k in (fix.after, known))
         said = (f"first wrong step: a step missing after {where}: yours is {a}, and your code after it needs {b} "
                 "there, which numformer's computes from it")
+    elif record.kind == "name" and _bound_elsewhere(engine, n, record, known) is not None:
+        # a right value returned in another's place: the line binding it is the mistake's (``dx = dy.sum(...)``, the
+        # table's gradient, where dx = dy belongs), not the return passing it on
+        bound, other = _bound_elsewhere(engine, n, record, known)
+        line = bound.statement or bound.line
+        said = (f"first wrong step: your line {line} (`{_shown(engine, n, bound)}`) binds `{record.code}` to "
+                f"{_named(other, bound.code, bound.variable)}, a value numformer's computes for another place, where "
+                f"your code needs {_named(known, record.code, record.variable)}, which it returns")
+        note = ""
     elif record.kind == "name":  # a value passed on, returned or bound: what it passes
         what = f"numformer's `{known.code}`" if known.code and _shares(what, record.code, record.variable) else what
         said = (f"first wrong step: {where} returns `{record.code}` where your code needs {what}{note}"

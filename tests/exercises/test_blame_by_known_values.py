@@ -379,6 +379,28 @@ def positions_summed_over_the_first_axis_only(grad, dy, offset):
     return grad, dy
 
 
+def attention_softmax_backward_as_the_product_alone(dout, q, k, v, p, p_used, masked, scale, dropout_backward=None):
+    # the softmax's backward stopped at P * dP (its row-sum term left out): a value of numformer's softmax_backward
+    # (its dy * y), standing where that function's result belongs
+    dv = np.swapaxes(p_used, -1, -2) @ dout
+    dp = dout @ np.swapaxes(v, -1, -2)
+    if dropout_backward is not None:
+        dp = dropout_backward(dp)
+    d_scores = p * dp
+    if masked is not None:
+        d_scores = np.where(masked, 0.0, d_scores)
+    d_scores = d_scores * scale
+    return d_scores @ k, np.swapaxes(d_scores, -1, -2) @ q, dv
+
+
+def positions_input_gradient_summed_like_the_table(grad, dy, offset):
+    # dx bound to the table's gradient (dy summed over the batch), a right value in the wrong place: dx = dy belongs
+    lead = tuple(range(dy.ndim - 2))
+    grad[offset:offset + dy.shape[-2]] += dy.sum(axis=lead)
+    dx = dy.sum(axis=lead)
+    return grad, dx
+
+
 # ---- grading them --------------------------------------------------------------------------------------------------
 
 def _checked(fn, exercise, tmp_path):
@@ -465,6 +487,9 @@ NAMED = [
     # ... but not where the student's code computes that value and reads the one before it
     (attention_dropped_gradient_computed_and_not_used, "attention", "ds = p * (dp_raw",
      ("dp_raw = dout", "dp = dropout_backward", "dv = "), ()),
+    # a right value returned in another's place: the line binding it, not the return
+    (positions_input_gradient_summed_like_the_table, "learned_positions", "dx = dy.sum(axis=lead)",
+     ("return (grad, dx)", "grad[offset:"), ("a value numformer's computes for another place",)),
     # a factor fitted at a co-factor holds only with the others right: the dvar beside `2.0 * xc` is wrong (the line
     # before it short a std), so the quotient's line is named, with the adjoint it must be
     (layernorm_std_route_quotient_short_a_std, "layernorm", "d_sd = -(up * xc)", ("d_xc = up / sd", "xc = xhat * sd"),
@@ -630,3 +655,15 @@ def test_a_sum_over_one_of_two_leading_axes_is_caught_and_its_line_named(tmp_pat
     line = _line(path, "+= dy.sum(axis=0)")
     assert result.raised_at is not None and f"short of an axis" in result.raised_at, str(result)
     assert f"the reduction on your line {line} is wrong" in result.raised_at
+
+
+def test_a_value_of_numformers_helper_standing_for_its_result_is_named_at_its_line(tmp_path):
+    """``p * dp`` equals softmax_backward's own ``dy * y``: taken as right, it ended the walk and the masking after it
+    (right) was blamed. A value of a helper of numformer's alone ends no walk; the catalogue names the mistake too."""
+    ex = exercises.get("attention")
+    path = lab_files.write(ex, attention_softmax_backward_as_the_product_alone, tmp_path)
+    result, status, message = lab.check_file(str(path), finite_differences=False)
+    assert status == 1 and result is not None, message
+    steps = [s for s in result.steps if s.proven]
+    assert [s.line for s in steps] == [_line(path, "d_scores = p * dp")], str(result)
+    assert "dS (the softmax's backward of dP)" in steps[0].said
