@@ -69,9 +69,10 @@ def _places(answer) -> dict:
                 continue
             if name != "__class__" and not callable(value) and type(value).__name__ != "module":
                 places[("closure", f"{f.__name__}.{name}")] = value, cell
-    for name, value in (vars(fn) if callable(fn) and not isinstance(fn, type) else {}).items():
-        if not name.startswith("__"):
-            places[("attribute", f"{fn.__name__}.{name}")] = value, fn
+    for f in [fn] + [h for h in helpers if h is not fn]:  # attributes of the answer and of its file's helpers
+        for name, value in (vars(f) if callable(f) and not isinstance(f, type) else {}).items():
+            if not name.startswith("__"):
+                places[("attribute", f"{f.__name__}.{name}")] = value, f
     if isinstance(answer, type):
         for klass in answer.__mro__:
             if klass.__module__ == answer.__module__:

@@ -238,3 +238,16 @@ def test_a_function_made_on_the_first_call_is_kept_state(tmp_path):
     assert result.keeps_state is not None, str(result)
     assert f"_shift ({path.name}:{_line(path, '_shift = None')}), a module-level name" in result.keeps_state
     assert result.kept_lines == (_line(path, "p = _shift(p) + eps / p.shape[1]"),), result.kept_lines
+
+
+def test_an_attribute_of_a_helper_is_kept_state(tmp_path):
+    """1/(1-p) kept as an attribute of a helper the backward calls (held-out set 5: the caller's line was blamed,
+    only the answer's own attributes were places)."""
+    ex = exercises.get("dropout")
+    helper = ("def _scale_of(mask):\n    if not hasattr(_scale_of, 'kept'):\n        _scale_of.kept = float(mask.max())\n"
+              "    return _scale_of.kept")
+    path = _with_first_lines(ex, tmp_path, "    mask = (mask != 0) * _scale_of(mask)\n", above=helper)
+    result = _graded(ex, path)
+    assert result.keeps_state is not None, str(result)
+    assert "_scale_of.kept, an attribute" in result.keeps_state
+    assert result.kept_lines == (_line(path, "    return _scale_of.kept"),), result.kept_lines
