@@ -42,6 +42,12 @@ class Outcome:
         return self.grads is not None or self.raw is not None
 
     @property
+    def ran(self) -> bool:
+        """Whether the code returned: gradients, or outputs refused for their shape (what the guard or the layer
+        said of them); not an exception ("raised ...")."""
+        return self.output or not (self.error or "").startswith("raised ")
+
+    @property
     def raised(self) -> bool:
         """An exception and nothing else: the error line is all there is to compare."""
         return self.error is not None and not self.output

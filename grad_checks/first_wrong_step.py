@@ -228,8 +228,7 @@ class _Proof:
     def right(self, outcomes, cases=None) -> bool:
         """Every gradient of ``outcomes`` right on ``cases`` (None: every case the student's code ran, a wrong shape
         returned included: one that raised is the error line's to tell, grad_checks/raised_line.py)."""
-        ran = [k for k, m in enumerate(self.mine) if m.grads is not None or not (m.error or "").startswith("raised ")
-               ] if cases is None else cases  # (a case returning a gradient of the wrong shape ran: it counts)
+        ran = [k for k, m in enumerate(self.mine) if m.ran] if cases is None else cases
         return outcomes is not None and all(v is not None and all(a.all() for a in v.values())
                                             for k, v in enumerate(self.agreeing(outcomes)) if k in ran)
 
@@ -389,7 +388,6 @@ class _Engine:
         self.partial = []   # fixes that put right every tensor they change, another still wrong (see fits)
         self._not_adjoint, self._absorbing = set(), {}  # keys no adjoint is; key -> whether it can absorb the error
         self._down = {}     # call -> {record index: the indices computed from it}
-        self._returned = None  # the student's outcomes as returned, shapes unguarded (_as_returned)
 
     # -- what the student's values are ------------------------------------------------------------------------
     @cached_property
@@ -706,7 +704,7 @@ class _Engine:
     def _puts_right(self, got) -> bool:
         """Every graded tensor the replay changed is right now, and some other is still wrong: a fix of one of two
         mistakes on separate tensors (dW and db read from the wrong rows)."""
-        right, same_as_mine = self.proof.agreeing(got), self.proof.agreeing(got, self._as_returned())
+        right, same_as_mine = self.proof.agreeing(got), self.proof.agreeing(got, self._as_returned)
         if any(v is None for v in right):
             return False
         if any(v is None for v in same_as_mine):  # the student's raised in numformer's layer (a dgamma of another
@@ -717,15 +715,13 @@ class _Engine:
         return all(ok for ok, unchanged in pairs if not unchanged) and any(not unchanged for _, unchanged in pairs) \
             and not all(ok for ok, _ in pairs)
 
+    @cached_property
     def _as_returned(self) -> list:
         """The student's outcomes as the code returns them: the grading's where every case returned its shapes, else
         a replay with nothing changed (the replays do not guard shapes: a dgamma of the wrong shape is compared as it
         is, the others beside it too)."""
-        if self._returned is None:
-            mine = self.proof.mine
-            self._returned = mine if all(m.grads is not None or (m.error or "").startswith("raised ")
-                                         for m in mine) else self.proof.students({})
-        return self._returned
+        mine = self.proof.mine
+        return mine if all(m.grads is not None or not m.ran for m in mine) else self.proof.students({})
 
     def _factor(self, zero, one) -> dict | None:
         """{case: c}, the line zero + c (one - zero) through two replays' gradients fitted to numformer's in each
@@ -1279,10 +1275,10 @@ def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
                 for k in (fix.after, known))
         said = (f"first wrong step: a step missing after {where}: yours is {a}, and your code after it needs {b} "
                 "there, which numformer's computes from it")
-    elif record.kind == "name" and _bound_elsewhere(engine, n, record, known) is not None:
+    elif record.kind == "name" and (elsewhere := _bound_elsewhere(engine, n, record, known)) is not None:
         # a right value returned in another's place: the line binding it is the mistake's (``dx = dy.sum(...)``, the
         # table's gradient, where dx = dy belongs), not the return passing it on
-        bound, other = _bound_elsewhere(engine, n, record, known)
+        bound, other = elsewhere
         line = bound.statement or bound.line
         said = (f"first wrong step: your line {line} (`{_shown(engine, n, bound)}`) binds `{record.code}` to "
                 f"{_named(other, bound.code, bound.variable)}, a value numformer's computes for another place, where "
@@ -1503,9 +1499,9 @@ def _swapped(engine) -> list:
                 if ta is None or tb is None or b.kind != "name" or a.value.shape == ta.value.shape or not (
                         a.value.shape == tb.value.shape and b.value.shape == ta.value.shape):
                     continue  # (only where the shapes say so: two of one shape swapped are wrong values, found so)
+                first, second = _swap(b.code)  # (one pair for every call: what it keeps is by call number)
                 base = {}
                 for m in set(engine.records[a.key]) & set(engine.records[b.key]):
-                    first, second = _swap(b.code)
                     base[(m, a.key)], base[(m, b.key)] = first, second
                 return _swap_steps(engine, a, b, ta, tb, base)
     return []

@@ -286,7 +286,7 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
             # step where (proven as any other: never by the match); state kept between calls is located by the lines
             # that read or set it (a step found by replaying one pass would be of another function at every call)
             # (a case returning a gradient of the wrong shape ran, as one with an output: its steps can be found)
-            if any(o.output or not (o.error or "").startswith("raised ") for o in mine) and not result.kept_lines:
+            if any(o.ran for o in mine) and not result.kept_lines:
                 result.steps = first_wrong_steps(ex, answer, seed, file, time_limit, recordings)
             raised = next(((k, c) for k, c in enumerate(result.cases, 1) if (c.error or "").startswith("raised ")),
                           None)

@@ -54,22 +54,19 @@ def _places(answer) -> dict:
         made = inspect.isfunction(value) and bool(value.__code__.co_flags & inspect.CO_NESTED)
         if not (name.startswith("__") or callable(value) and not made or type(value).__name__ == "module"):
             places[("name", name)] = value, namespace
-    # the defaults of the answer and of every function its file defines (a helper's ``_memo={}`` keeps state too)
+    # the answer and every function its file defines (a helper's ``_memo={}`` or ``.kept`` keeps state too): their
+    # defaults, closures' cells (``seen = {}`` in the function making it) and attributes
     helpers = [v for v in namespace.values() if inspect.isfunction(v) and v.__module__ == getattr(fn, "__module__", 0)]
     for f in [fn] + [h for h in helpers if h is not fn]:
         if getattr(f, "__defaults__", None):
             places[("default", f.__name__)] = f.__defaults__, f
-    for f in [fn] + [h for h in helpers if h is not fn]:  # a closure's cells (``seen = {}`` in the function making it)
-        if not inspect.isfunction(f):
-            continue
-        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()) if inspect.isfunction(f) else ():
             try:
                 value = cell.cell_contents
             except ValueError:  # an empty cell
                 continue
             if name != "__class__" and not callable(value) and type(value).__name__ != "module":
                 places[("closure", f"{f.__name__}.{name}")] = value, cell
-    for f in [fn] + [h for h in helpers if h is not fn]:  # attributes of the answer and of its file's helpers
         for name, value in (vars(f) if callable(f) and not isinstance(f, type) else {}).items():
             if not name.startswith("__"):
                 places[("attribute", f"{f.__name__}.{name}")] = value, f

@@ -121,9 +121,9 @@ def raised_line(ex, answer, seed: int, file, time_limit, case_number: int, case_
     # the line's own reductions (``dy.sum(axis=0)`` (3, 4, 8) where numformer's sums to (4, 8)): not bound to a name
     for record in my_call.records:
         if record.statement == line and not record.given and not record.variable and record.kind in ("sum", "mean") \
-                and _what(ex, ref_call, record) is not None and not any(
-                    r.value.shape == record.value.shape and same(record.value, r.value) for r in ref_call.records):
-            said.append(f"`{record.code}` {tuple(record.value.shape)} is {_what(ex, ref_call, record)}")
+                and not any(r.value.shape == record.value.shape and same(record.value, r.value)
+                            for r in ref_call.records) and (what := _of_another_shape(ref_call, record)) is not None:
+            said.append(f"`{record.code}` {tuple(record.value.shape)} is {what}")
     if not said:
         return None
     returned = sorted((r for r in ref_call.records if r.returned is not None), key=lambda r: r.returned)
