@@ -395,12 +395,12 @@ class _Engine:
         """The keys of the student's records equal (up to a view) to a known value in every call holding them: a
         value of numformer's backward or forward, or an argument (the adjoints are asked in :meth:`slice`). A name
         passed on (``self.norm.backward(dy)``, ``return dx``) is never right by its value alone: it can stand where
-        another value belongs. A quantity of the forward side is right by an argument, numformer's forward or a
+        another value belongs; nor is a conditional's branch passed on (``... if isinstance(got, tuple) else dx``). A quantity of the forward side is right by an argument, numformer's forward or a
         named value of its backward, or by a use of it that is right (``t = 2 * gate - 1``, whose ``0.5 * (1 + t)``
         is the gate): part of an expression of numformer's backward may equal it by chance (``2 * gate``, where the
         t of ``2 * gate - 1`` lost its term). A number equal to a constant numformer's backward reads is right."""
         out = {key for key, per_call in self.records.items()
-               if all(r.kind != "name" and (self._known_value(n, r, self.knowns if self.gradient_side(n, r) else
+               if all(r.kind not in _PASSING and (self._known_value(n, r, self.knowns if self.gradient_side(n, r) else
                                                                self._trusted(n, r)) or self._stacked(n, r))
                       for n, r in per_call.items())}
         target = inspect.unwrap(self.ex.target)
@@ -603,7 +603,7 @@ class _Engine:
                     shape = f"it has shape {r.value.shape}, {k.label}'s {k.values[n].shape}" + (
                         "" if r.value.ndim == k.values[n].ndim else f": it lacks {_axes(k.values[n].ndim - r.value.ndim)}")
                 theirs = k.records.get(n) if k.kind == "backward" else None
-                if not how and not shape and theirs is not None and r.kind == theirs.kind and r.kind in _REDUCTIONS \
+                if not how and not shape and theirs is not None and r.kind == theirs.kind and r.kind in REDUCTIONS \
                         and self._alike_operands(n, r, theirs, True):  # (dy * xhat).sum(axis=1) for its axis=0
                     shape = f"it has shape {r.value.shape}, numformer's {k.values[n].shape}"
                 if not how and not shape:
@@ -839,7 +839,8 @@ class _Engine:
         return self._absorbing[key]
 
 
-_REDUCTIONS = ("sum", "mean", "max", "min", "prod")  # the kinds of the records of reductions (``x.sum(axis=0)``)
+_PASSING = ("name", "IfExp")  # records passing a value on (a name read, a conditional's branch): never right by it
+REDUCTIONS = ("sum", "mean", "max", "min", "prod")  # the kinds of the records of reductions (``x.sum(axis=0)``)
 
 
 def _multiples(per_call, known, wrong_calls) -> list | None:
@@ -983,6 +984,9 @@ def _diagnosis(engine) -> list:
                    or engine.absorbs(u.key) or not engine.known_shape(u)] + engine.positions(n, record)
         unknown += [u for u in engine.beside(n, record) if u not in unknown and engine.absorbs(u.key)]
         found.append((fix, n, record, unknown))
+        passed_on = _passed_on(engine, fix, record, unknown) if unknown else None
+        if passed_on is not None:
+            return [passed_on]
         if not unknown:  # the first wrong step: a value known there, every input right; or two, an input's first
             return _said(engine, _missing(engine, n, record) or _before(engine, fix, n, record) or [fix])
     two = _two(engine, keys)
@@ -1000,6 +1004,34 @@ def _diagnosis(engine) -> list:
     if found:  # compensation: the lines its unknown inputs are on could absorb the error as well
         return [_together(engine, *found[0])]
     return _outputs(engine)[:MOST]
+
+
+def _passed_on(engine, fix, record, unknown) -> WrongStep | None:
+    """The step at the statement a name passes on (``return grad`` after ``for t, i in enumerate(ids): grad[i] +=
+    dy[t]``) when the value is fitted at the name and every input that could absorb the error is on that
+    statement, whose inputs from other lines are right, in every wrong call: a name holds what it is bound to, so
+    the statement is the first wrong step. Only where the statement's value has no one key in every call (a loop's
+    records are one per row: its last is another in each call, so the fit is found at the name). None otherwise."""
+    if record.kind != "name" or len(record.operands) != 1:
+        return None
+    per_call = {}
+    for m, mine in engine.records[fix.key].items():
+        if m not in engine.wrong_calls:
+            continue
+        bound = engine.my_calls[m].records[mine.operands[0]] if len(mine.operands) == 1 else None
+        if bound is None or bound.given or not _equal(bound.value, mine.value) or bound.statement == mine.statement:
+            return None
+        per_call[m] = bound
+    statements = {b.statement for b in per_call.values()}
+    if len(statements) != 1 or any(u.statement not in statements for u in unknown) or \
+            len({b.key for b in per_call.values()}) == 1:
+        return None  # (one key in every call: the statement's value is fitted itself, or found as one of two)
+    for m, bound in per_call.items():  # its inputs from other lines right: the step is the statement's own
+        if any(u.statement != bound.statement for u in engine.unknown_inputs(m, bound, own=True)) or \
+                engine.positions(m, bound):
+            return None
+    n = min(per_call)
+    return _step(engine, fix, n, per_call[n], per_call=per_call)
 
 
 def _widened(engine, fix, n, record) -> tuple:
@@ -1078,11 +1110,23 @@ def _two(engine, keys) -> list:
                     engine.proof.students({**a.values(engine), **b.values(engine)})):
                 return sorted([a, b], key=lambda f: _first(engine, f.key)[1].index)
     for a in engine.partial[:2]:  # the other one found with the first made (alone it raised: dx wrong beside a
-        for key in keys:          # dgamma of another shape, which the layer cannot add into its weight's)
-            b = engine.fits(key, base=a.values(engine)) if key != a.key else None
-            if b is not None and _inputs_right(engine, a, b) and engine.consistent([a, b]):
-                return sorted([a, b], key=lambda f: _first(engine, f.key)[1].index)
+        # dgamma of another shape, which the layer cannot add into its weight's)
+        b = _second(engine, a.values(engine), [k for k in keys if k != a.key],
+                    lambda b, a=a: _inputs_right(engine, a, b) and engine.consistent([a, b]))
+        if b is not None:
+            return sorted([a, b], key=lambda f: _first(engine, f.key)[1].index)
     return []
+
+
+def _second(engine, base, keys, inputs_right):
+    """The first of ``keys`` that is a first wrong step with the fix ``base`` made (:meth:`_Engine.fits` on top of
+    it) and whose inputs ``inputs_right(fix)`` says are right: the second of two mistakes; None when none is. (Each
+    caller judges the inputs its own way: two partial fixes, a swap, a known value put first.)"""
+    for key in keys:
+        fix = engine.fits(key, base=base)
+        if fix is not None and inputs_right(fix):
+            return fix
+    return None
 
 
 TWO_FIRST = 8     # the student's earliest values tried as the first of two mistakes (each with its 2 nearest knowns)
@@ -1115,17 +1159,16 @@ def _two_known(engine, keys) -> list:
             if calls is None or len(calls) != len(engine.my_calls) or engine.proof.right(got):
                 continue  # alone it puts everything right: a single mistake (said elsewhere), or it did not run
             still = {m for m, c in enumerate(engine.my_calls) if c.returned and not engine.proof.right(got, [c.case])}
-            for b_key in keys:
-                if b_key == a_key or _first(engine, b_key)[1].index <= record.index or not still <= set(
-                        engine.records[b_key]):
-                    continue  # the second must be in every call the first leaves wrong
-                b = engine.fits(b_key, base=base)
-                if b is None or _known_inputs(engine, engine.my_calls, b_key) and (
-                        b.c is not None or not _reads(engine, b_key, a_key)):
-                    continue  # none; or a first wrong step by itself, its inputs right as they are (unless one is
-                    # the first's, a known value in the wrong place: ``dxhat = dy`` where dy * gamma belongs)
-                if _known_inputs(engine, calls, b_key) and engine.consistent([a, b]):
-                    return [a, b]
+            # the second is in every call the first leaves wrong, and later; not a first wrong step by itself, its
+            # inputs right as they are (unless one is the first's, a known value in the wrong place: ``dxhat = dy``
+            # where dy * gamma belongs); its inputs known values with the first made
+            b = _second(engine, base, [k for k in keys if k != a_key and _first(engine, k)[1].index > record.index
+                                       and still <= set(engine.records[k])],
+                        lambda b, a=a, calls=calls: not (_known_inputs(engine, engine.my_calls, b.key) and (
+                            b.c is not None or not _reads(engine, b.key, a.key)))
+                        and _known_inputs(engine, calls, b.key) and engine.consistent([a, b]))
+            if b is not None:
+                return [a, b]
     return []
 
 
@@ -1515,13 +1558,9 @@ def _swap_steps(engine, a, b, ta, tb, base) -> list:
                      "shapes are numformer's the other way round); swap them")
     if engine.proof.right(engine.proof.students(base)):
         return [step]
-    for key in engine.slice():
-        if key in (a.key, b.key):
-            continue
-        fix = engine.fits(key, base=base)
-        if fix is not None and not engine.unknown_inputs(*_first(engine, key), fixed={a.key, b.key}):
-            return [step] + _said(engine, [fix])
-    return [step]
+    fix = _second(engine, base, [k for k in engine.slice() if k not in (a.key, b.key)],
+                  lambda f: not engine.unknown_inputs(*_first(engine, f.key), fixed={a.key, b.key}))
+    return [step] + (_said(engine, [fix]) if fix is not None else [])
 
 
 def _swap(second):

@@ -17,7 +17,9 @@ import re
 from pathlib import Path
 
 from .counterparts import reduced, same
-from .first_wrong_step import Recordings
+from .first_wrong_step import REDUCTIONS, Recordings
+
+_SUMS = REDUCTIONS[:2]  # a sum or a mean: reductions whose result one more reduction can continue (max, min: not so)
 
 
 ORDINALS = ("first", "second", "third", "fourth", "fifth", "next")
@@ -72,12 +74,12 @@ def _of_another_shape(ref_call, record) -> str | None:
         if r.value.size == record.value.size and r.value.shape != record.value.shape and \
                 tuple(n for n in r.value.shape if n != 1) == tuple(n for n in record.value.shape if n != 1) and \
                 same(record.value, r.value.reshape(record.value.shape)):
-            kept = "keepdims=True belongs" if record.kind in ("sum", "mean", "max", "min") else "that axis belongs"
+            kept = "keepdims=True belongs" if record.kind in REDUCTIONS else "that axis belongs"
             return (f"numformer's `{r.code}` without its axis of length 1 (shape {tuple(r.value.shape)}): {kept} on "
                     f"your line {line}")
     for r in arrays:
         how = reduced(r.value, record.value)
-        if how and record.kind in ("sum", "mean") and r.kind in ("sum", "mean"):  # numformer's sums further
+        if how and record.kind in _SUMS and r.kind in _SUMS:  # numformer's sums further
             return (f"short of an axis: numformer's `{r.code}` (shape {tuple(r.value.shape)}) is it "
                     f"{how.split(' (shape')[0]}; the reduction on your line {line} is wrong")
     for r in arrays:
@@ -120,7 +122,7 @@ def raised_line(ex, answer, seed: int, file, time_limit, case_number: int, case_
         said.append(f"`{name}` {shape} is {what}" if what else f"`{name}` {shape} is no array numformer computes here")
     # the line's own reductions (``dy.sum(axis=0)`` (3, 4, 8) where numformer's sums to (4, 8)): not bound to a name
     for record in my_call.records:
-        if record.statement == line and not record.given and not record.variable and record.kind in ("sum", "mean") \
+        if record.statement == line and not record.given and not record.variable and record.kind in _SUMS \
                 and not any(r.value.shape == record.value.shape and same(record.value, r.value)
                             for r in ref_call.records) and (what := _of_another_shape(ref_call, record)) is not None:
             said.append(f"`{record.code}` {tuple(record.value.shape)} is {what}")

@@ -667,3 +667,42 @@ def test_a_value_of_numformers_helper_standing_for_its_result_is_named_at_its_li
     steps = [s for s in result.steps if s.proven]
     assert [s.line for s in steps] == [_line(path, "d_scores = p * dp")], str(result)
     assert "dS (the softmax's backward of dP)" in steps[0].said
+
+
+def embedding_scale_left_out_in_a_loop(grad, ids, dy, scale: float):
+    # one row at a time, the scale left out: the loop's records are one per row (no key in every call)
+    for t, i in enumerate(ids):
+        grad[i] += dy[t]
+    return grad
+
+
+def residual_pre_ln_skip_left_out(self, dy, sublayer):
+    # pre-LN: y = x + Dropout(Sublayer(LN(x))); the skip's dy is left out of dx (post-LN right)
+    if not self.pre_norm:
+        dz = self.norm.backward(dy)
+        got = sublayer.backward(self.dropout.backward(dz))
+        if isinstance(got, tuple):
+            return (dz + got[0],) + tuple(got[1:])
+        return dz + got
+    got = sublayer.backward(self.dropout.backward(dy))
+    g_in = got[0] if isinstance(got, tuple) else got
+    dx = self.norm.backward(g_in)
+    return (dx, *got[1:]) if isinstance(got, tuple) else dx
+
+
+@pytest.mark.parametrize("fn, exercise, snippet, right", [
+    # the name returned holds what the loop left in it: the loop's line is the step, not `return grad` (named
+    # together with it, "not proven which")
+    (embedding_scale_left_out_in_a_loop, "embedding", "grad[i] += dy[t]", "return grad"),
+    # a conditional's branch passed on is never right by its value (the returned `... else dx` equals numformer's
+    # branch of the pre-LN sum, not its dx): the line binding dx is named, with the step missing after it
+    (residual_pre_ln_skip_left_out, "residual", "dx = self.norm.backward(g_in)", "return (dx, *got"),
+], ids=["loop_over_rows", "conditional_passed_on"])
+def test_a_value_passed_on_is_named_where_it_is_computed(fn, exercise, snippet, right, tmp_path):
+    ex = exercises.get(exercise)
+    path = lab_files.write(ex, fn, tmp_path)
+    result, status, message = lab.check_file(str(path), finite_differences=False)
+    assert status == 1 and result is not None, message
+    steps = [s for s in result.steps if s.proven]
+    assert [s.line for s in steps] == [_line(path, snippet)], str(result)
+    assert not any(_line(path, right) in s.lines for s in result.steps), str(result)
