@@ -400,7 +400,7 @@ class _Engine:
         is the gate): part of an expression of numformer's backward may equal it by chance (``2 * gate``, where the
         t of ``2 * gate - 1`` lost its term). A number equal to a constant numformer's backward reads is right."""
         out = {key for key, per_call in self.records.items()
-               if all(r.kind not in _PASSING and (self._known_value(n, r, self.knowns if self.gradient_side(n, r) else
+               if all(r.kind not in _PASSING and not self._returned_transposed(n, r) and (self._known_value(n, r, self.knowns if self.gradient_side(n, r) else
                                                                self._trusted(n, r)) or self._stacked(n, r))
                       for n, r in per_call.items())}
         target = inspect.unwrap(self.ex.target)
@@ -419,6 +419,17 @@ class _Engine:
             if not used:
                 return out
             out.update(used)
+
+    def _returned_transposed(self, n, record) -> bool:
+        """The student's value is returned (as it is or by its name) in numformer's transposed layout: right as a
+        view inside the code (a ``k^T`` kept), wrong as what is returned (dW (d_out, d_in) for (d_in, d_out))."""
+        call = self.my_calls[n]
+        places = {r.returned for r in call.records if r.returned is not None and (
+            r is record or r.kind == "name" and r.operands == (record.index,))}
+        theirs = [r for r in self.ref_calls[n].records if r.returned in places]
+        return any(t.value.shape != record.value.shape and t.value.ndim >= 2 and
+                   record.value.shape == _swapped_shape(t.value.shape) and same(record.value.swapaxes(-1, -2), t.value)
+                   for t in theirs)
 
     def _trusted(self, n, record) -> list:
         """The known values a quantity of the forward side may be right by: an argument, numformer's forward, a
@@ -648,6 +659,67 @@ class _Engine:
                 fix = _Fix(key, fix.known, c)
                 if self.proof.right(self.proof.students({**base, **fix.values(self)})):
                     return fix
+        return None
+
+    def solved(self, key) -> _Fix | None:
+        """A named quantity of the student's own forward side that no known value is (``t = np.tanh(...)``, their own
+        tanh), solved from a later value of theirs that is affine in it and must be a known one (``1.0 + t``, 2 gate):
+        the value the rest of their code needs there, (K - R(0)) / (R(1) - R(0)) entry by entry, with which every
+        gradient is right, its other uses (``t ** 2``) then right as well. Not for a value read once (solved from its
+        one use, it is whatever that use absorbs: ``q`` of ``-q / p``, right, where the use is wrong); not where that value is a multiple of theirs (a
+        sign or a factor the later line may hold: ``1.0 - t`` where ``1.0 + t`` belongs solves t to -t), nor where
+        the later value is not affine in it, nor past another named quantity of theirs. None when none is found."""
+        per_call = self.records[key]
+        calls = [n for n in per_call if n in self.wrong_calls]
+        if not calls or key in self.right or any(
+                r.given or r.kind in _PASSING or not r.variable or r.value.ndim == 0 or self.gradient_side(n, r)
+                for n, r in per_call.items()):
+            return None
+        replays = []
+        for v in (0.0, 1.0, 2.0):
+            got, _ = self.proof.students({(n, key): np.full(r.value.shape, v) for n, r in per_call.items()}, calls=True)
+            if got is None or len(got) != len(self.my_calls):
+                return None
+            replays.append(got)
+        n0 = calls[0]
+        first, call = per_call[n0], self.my_calls[n0]
+        def readers(i):  # the records computed from record i directly (through a name read: what reads that)
+            return {j for r in call.records if i in r.operands
+                    for j in (readers(r.index) if r.kind in _PASSING else {r.index})}
+        if len(readers(first.index)) < 2:
+            return None  # read once: a value solved from its one use is whatever that use absorbs (``-q / p``)
+        users = [r for r in call.records[first.index + 1:] if r.value.shape == first.value.shape and not r.given
+                 and r.kind not in _PASSING and any(u.index == first.index for u in _upstream(call, r.operands))]
+        for user in users[:6]:
+            between = [r for r in _upstream(call, user.operands) if r.index > first.index and r.variable
+                       and r.kind not in _PASSING and any(u.index == first.index for u in _upstream(call, r.operands))]
+            if between:
+                break  # another named quantity of theirs on the way (``q`` from the one-hot ``target``): either
+                # could hold the mistake, solved for the nearer one (when it is the key)
+            affine = {}
+            for m, mine in per_call.items():
+                got = [next((r.value for r in c[m].records if r.key == user.key), None) for c in replays]
+                if any(v is None or v.shape != mine.value.shape for v in got):
+                    break
+                r0, r1, r2 = got
+                a = r1 - r0
+                if not (np.all(np.abs(a) > 1e-9 * max(1.0, float(np.abs(r0).max()))) and same(r2, r0 + 2 * a)):
+                    break
+                affine[m] = (r0, a)
+            else:
+                for k in self.knowns:
+                    if k.kind == "size" or any(m not in k.values or k.values[m].shape != per_call[m].value.shape
+                                               for m in per_call):
+                        continue
+                    want = {m: (k.values[m] - r0) / a for m, (r0, a) in affine.items()}
+                    if any(same(per_call[m].value, want[m]) or factor(per_call[m].value, want[m]) is not None
+                           for m in calls):
+                        continue
+                    label = (f"the value with which your `{user.code}` (line {user.statement or user.line}) is "
+                             f"{_named(k, user.code, user.variable)}")
+                    fix = _Fix(key, Known("solved", want, label, ""))
+                    if self.proof.right(self.proof.students(fix.values(self))) and self.consistent([fix]):
+                        return fix
         return None
 
     def consistent(self, fixes) -> bool:
@@ -890,6 +962,11 @@ def _axes(k: int) -> str:
     return "its leading axis" if k == 1 else f"its {k} leading axes"
 
 
+def _swapped_shape(shape) -> tuple:
+    """``shape`` with its last two axes swapped."""
+    return tuple(shape[:-2]) + (shape[-1], shape[-2])
+
+
 def _right_returned(record, ref_call) -> bool:
     """The student's returned value equals numformer's at the same place, as returned (a transposed dW is wrong)."""
     theirs = next((r for r in ref_call.records if r.returned == record.returned), None)
@@ -970,7 +1047,7 @@ def _diagnosis(engine) -> list:
     keys = engine.slice()
     found = []  # (fix, call, the student's record there, its unknown inputs that could absorb the error)
     for key in keys:
-        fix = engine.fits(key)
+        fix = engine.fits(key) or engine.solved(key)
         if fix is None:
             continue
         n, record = _first(engine, key)
@@ -1236,6 +1313,9 @@ def _missing(engine, n, record) -> list:
             continue
         shapes = {m: mine.value.shape for m, mine in engine.records[r.key].items() if m in engine.wrong_calls}
         for a in [k for k in engine.knowns if k.kind == "backward" and n in k.records and _equal(r.value, k.values[n])]:
+            if _final_name(ref, a.records[n], r.variable):
+                continue  # the student's name holds numformer's value of that name (``dx``, w_q's): the step
+                # missing is the reader's (``return dx`` where numformer's returns ``dx + dkv``), said there
             after = [b for b in engine.knowns if b.kind == "backward" and b is not a and n in b.records
                      and (b.records[n].variable or b.records[n].returned is not None)
                      and all(m in b.values and b.values[m].shape == shape for m, shape in shapes.items())
@@ -1245,6 +1325,14 @@ def _missing(engine, n, record) -> list:
                 if engine.proof.right(engine.proof.students(fix.values(engine))) and engine.consistent([fix]):
                     return [fix]
     return []
+
+
+def _final_name(ref_call, theirs, variable) -> bool:
+    """numformer's record ``theirs`` is bound to ``variable`` and the name is not bound again after it (``dx =
+    self.w_q.backward(...)`` then ``return dx + dkv``; not ``dp = dout @ v^T`` then ``dp = dropout_backward(dp)``):
+    the student's ``variable`` holding that value holds what numformer's name does."""
+    return bool(variable) and theirs.variable == variable and not any(
+        r.variable == variable for r in ref_call.records[theirs.index + 1:] if r.kind != "name")
 
 
 def _inputs_right(engine, a, b) -> bool:
@@ -1293,7 +1381,9 @@ def _bound_elsewhere(engine, n, record, known):
         return None
     other = next((k for k in engine.knowns if k is not known and k.kind == "backward" and n in k.values
                   and _equal(bound.value, k.values[n])), None)
-    return None if other is None else (bound, other)
+    if other is None or n in other.records and _final_name(engine.ref_calls[n], other.records[n], bound.variable):
+        return None  # (numformer binds the same name to it, ``dx``: the value is in its place, the return is wrong)
+    return bound, other
 
 
 def _shares(label, code, variable) -> bool:
@@ -1336,6 +1426,11 @@ def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
                 f"first wrong step: {where} passes `{record.code}` where numformer's passes "
                 f"{what.removeprefix(OURS) if what.startswith(OURS + '`') else what}{note}")
         note = ""
+    elif any(per_call[m].value.ndim >= 2 and per_call[m].value.shape != known.values[m].shape and
+             per_call[m].value.shape == _swapped_shape(known.values[m].shape) for m in calls):
+        m = next(m for m in calls if per_call[m].value.shape != known.values[m].shape)
+        said = (f"{head}{where} is {ref} transposed: shape {per_call[m].value.shape} where numformer's is "
+                f"{known.values[m].shape}; swap its last two axes")
     elif fix.reduced:
         said = f"{head}{where} is {ref} {fix.reduced}: keep that axis"
     elif fix.shape:
@@ -1461,12 +1556,19 @@ def _together(engine, fix, n, record, unknown) -> WrongStep:
 
 def _float32(calls) -> WrongStep | None:
     """The student's lines whose arrays are float32 (or float16) in the float64 check (in the recorded ``calls``), the
-    first of each chain (a cast), or None."""
+    first of each chain (a cast) that rounds: a low-precision array of whole numbers (a mask ``positive.astype(
+    np.float32)``, a float32 buffer of zeros) loses nothing, the line that computes with it in float32 does
+    (``np.multiply(dy, gate, dtype=gate.dtype)``); or None."""
+    def rounds(r):
+        return _low(r) and not (np.all(r.value == np.round(r.value)) and np.all(np.abs(r.value) < 2 ** 24))
     lines = []
-    for call in calls:
-        for r in call.records:
-            if _low(r) and not any(_low(call.records[o]) for o in r.operands):
-                lines.append((r.statement or r.line, r.code, str(r.dtype)))
+    for test in (rounds, _low):  # (every low array whole numbers: the first of each chain, as it is)
+        for call in calls:
+            for r in call.records:
+                if test(r) and not any(test(call.records[o]) for o in r.operands):
+                    lines.append((r.statement or r.line, r.code, str(r.dtype)))
+        if lines:
+            break
     if not lines:
         return None
     lines = list(dict.fromkeys(lines))

@@ -187,8 +187,27 @@ def _uses(file, answer, kind: str, name: str) -> set:
         return lines or {body.lineno}
     targets = {name.split(".")[-1]}
     names = kind in ("name", "closure")
-    return _reads([body], targets, names) or _reads([d for d in defs if d is not body], targets, names) or \
+    elsewhere = _reads([d for d in defs if d is not body], targets, names)
+    # a closure's cell is read by the closure itself: the answer's line calling it takes the value (a module name or
+    # attribute read by a helper: the helper's line, where the value is read)
+    called = _callers(body, answer, elsewhere) if kind == "closure" else set()
+    return _reads([body], targets, names) or called or elsewhere or \
         _reads([body], targets, names, every=True)
+
+
+def _callers(body, answer, lines: set) -> set:
+    """The lines of ``body`` (the answer's) calling a function of the file by a module-level name (``_scale_of(mask)``,
+    bound to a closure made by a factory) whose code holds one of ``lines``: where the answer takes the value a helper
+    reads from the kept place (that read is the helper's, not the line a student edits)."""
+    namespace = getattr(inspect.unwrap(answer), "__globals__", None) or {}
+    out = set()
+    for node in ast.walk(body):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            code = getattr(namespace.get(node.func.id), "__code__", None)
+            held = {line for _, _, line in code.co_lines() if line is not None} if code is not None else set()
+            if held & lines:
+                out.add(node.lineno)
+    return out
 
 
 def _reads(bodies, targets: set, names: bool, every: bool = False) -> set:

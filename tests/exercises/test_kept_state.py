@@ -8,6 +8,7 @@ import pytest
 import lab_files
 from grad_checks import exercises
 from grad_checks.grading import grade
+from grad_checks import student_file as lab
 from grad_checks.student_file import student_code
 from numformer.user_code import load_file
 
@@ -251,3 +252,58 @@ def test_an_attribute_of_a_helper_is_kept_state(tmp_path):
     assert result.keeps_state is not None, str(result)
     assert "_scale_of.kept, an attribute" in result.keeps_state
     assert result.kept_lines == (_line(path, "    return _scale_of.kept"),), result.kept_lines
+
+
+def test_a_closure_made_by_a_factory_is_named_at_the_answers_call(tmp_path):
+    """The keep scale read off the first mask into the cell of a closure a factory made (``_scale_of =
+    _make_scale()``): the closure's own read is no line a student edits in the backward; the backward's call of it
+    is named (before: the closure's ``return seen["s"]``)."""
+    ex = exercises.get("dropout")
+    factory = ("def _make_scale():\n    seen = {}\n\n    def scale_of(mask):\n        if 's' not in seen:\n"
+               "            seen['s'] = mask.max()\n        return seen['s']\n    return scale_of\n\n\n"
+               "_scale_of = _make_scale()")
+    path = _with_first_lines(ex, tmp_path, "    return dy * (mask != 0) * _scale_of(mask)\n", above=factory)
+    result = _graded(ex, path)
+    assert result.keeps_state is not None, str(result)
+    assert result.kept_lines == (_line(path, "return dy * (mask != 0) * _scale_of(mask)"),), result.kept_lines
+
+
+def _multihead_keeping_its_head_count(ex, tmp_path):
+    path = lab_files.write(ex, ex.target, tmp_path)
+    text = path.read_text()
+    body = ("        if MultiHeadAttention._kept_heads is None:\n"
+            "            MultiHeadAttention._kept_heads = self.heads\n"
+            "        h = MultiHeadAttention._kept_heads\n"
+            "        g = self.w_o.backward(dy)\n"
+            "        b, t, hd = g.shape\n"
+            "        g = g.reshape(b, t, h, hd // h).transpose(0, 2, 1, 3)\n"
+            "        dq, dk, dv = self.attention.backward(g)\n"
+            "        dx = self.w_q.backward(self._merge(dq))\n"
+            "        dkv = self.w_k.backward(self._merge(dk)) + self.w_v.backward(self._merge(dv))\n"
+            "        return (dx, dkv) if self._cross else dx + dkv\n")
+    start = text.index("    def backward(self, dy):")
+    head = text[start:].split(":\n", 1)[0] + ":\n"
+    text = text[:start] + "    _kept_heads = None\n\n" + head + body
+    path.write_text(text)
+    return path
+
+
+def test_a_head_count_kept_on_the_class_shows_with_another_number_of_heads(tmp_path):
+    """The number of heads kept as a class attribute on the first call: every case had 4 heads, so it graded EXACT;
+    the encoder-decoder case has 2 and the kept count is named at the line reading it."""
+    ex = exercises.get("multihead")
+    path = _multihead_keeping_its_head_count(ex, tmp_path)
+    result = _graded(ex, path)
+    assert not result.exact and result.keeps_state is not None, str(result)
+    assert result.kept_lines == (_line(path, "h = MultiHeadAttention._kept_heads"),), result.kept_lines
+
+
+def test_student_code_raising_inside_a_child_of_numformers_in_the_differences_is_theirs(tmp_path):
+    """The finite differences run the cases again on new layers, after more calls: the kept head count makes the
+    attention child (numformer's) raise on the student's arrays. That error is the student's code's, said as a hint;
+    it was reported as an internal error of numformer's (its innermost frame is numformer's)."""
+    ex = exercises.get("multihead")
+    path = _multihead_keeping_its_head_count(ex, tmp_path)
+    result, status, message = lab.check_file(str(path))
+    assert status == 1 and result is not None, message
+    assert any("finite differences: your code raised ValueError" in h for h in result.hints), str(result)

@@ -36,7 +36,7 @@ def _line(path, text) -> int:
 def test_the_forgotten_encoder_decoder_branch_names_both_gradients(tmp_path):
     result, path = _graded("multihead", one_gradient_for_every_case, tmp_path)
     assert result.raised_at == (
-        f"case 3 (encoder-decoder, d_k 3, d_v 5) raised at {path.name}:{_line(path, 'return dx + dkv')} "
+        f"case 3 (encoder-decoder, 2 heads, d_k 3, d_v 5) raised at {path.name}:{_line(path, 'return dx + dkv')} "
         "(`return dx + dkv`), where `dx` (3, 5, 8) is the first array numformer returns (`dx`); `dkv` (3, 6, 8) is "
         "the second array numformer returns (`dkv`); in this case numformer returns 2 arrays apart, (`dx`, `dkv`)")
     assert f"diagnosis: {result.raised_at}" in str(result)
