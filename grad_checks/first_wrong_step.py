@@ -395,12 +395,13 @@ class _Engine:
         """The keys of the student's records equal (up to a view) to a known value in every call holding them: a
         value of numformer's backward or forward, or an argument (the adjoints are asked in :meth:`slice`). A name
         passed on (``self.norm.backward(dy)``, ``return dx``) is never right by its value alone: it can stand where
-        another value belongs; nor is a conditional's branch passed on (``... if isinstance(got, tuple) else dx``). A quantity of the forward side is right by an argument, numformer's forward or a
+        another value belongs; nor is a conditional's branch returned (``return ... if isinstance(got, tuple) else dx``). A quantity of the forward side is right by an argument, numformer's forward or a
         named value of its backward, or by a use of it that is right (``t = 2 * gate - 1``, whose ``0.5 * (1 + t)``
         is the gate): part of an expression of numformer's backward may equal it by chance (``2 * gate``, where the
         t of ``2 * gate - 1`` lost its term). A number equal to a constant numformer's backward reads is right."""
         out = {key for key, per_call in self.records.items()
-               if all(r.kind not in _PASSING and not self._returned_transposed(n, r) and (self._known_value(n, r, self.knowns if self.gradient_side(n, r) else
+               if all(r.kind != "name" and not (r.kind == "IfExp" and r.returned is not None)
+                      and not self._returned_transposed(n, r) and (self._known_value(n, r, self.knowns if self.gradient_side(n, r) else
                                                                self._trusted(n, r)) or self._stacked(n, r))
                       for n, r in per_call.items())}
         target = inspect.unwrap(self.ex.target)

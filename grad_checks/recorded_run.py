@@ -286,7 +286,9 @@ class _Rewriter(ast.NodeTransformer):
     def visit_Call(self, node):
         # a name passed to a child layer's method or a helper (``self.norm.backward(dy)``, ``dropout_backward(dp)``)
         # is recorded at that use too: the value a call is given, which can be wrong where the name is not
-        use = isinstance(node.func, ast.Name) or (isinstance(node.func, ast.Attribute) and _on_self(node.func))
+        # (a layer's backward called on another name too: ``sublayer.backward(dy)``, ``residual.backward(g, sub)``)
+        use = isinstance(node.func, ast.Name) or (isinstance(node.func, ast.Attribute) and (
+            _on_self(node.func) or node.func.attr in ("backward", "backward_jvp")))
         node.func = self._visit_func(node.func)
         node.args = [self._expr(a, always=use and isinstance(a, ast.Name)) for a in node.args]
         for k in node.keywords:

@@ -728,6 +728,21 @@ def gelu_tanh_own_tanh_argument_unbracketed(dy, x, gate):
     return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t ** 2) * inner)
 
 
+def residual_dropout_skipped_on_the_sublayer(self, dy, sublayer):
+    # the sub-layer handed dy itself: the dropout's backward left out (a method of a parameter, not of self)
+    if not self.pre_norm:
+        dy = self.norm.backward(dy)
+    out = sublayer.backward(dy)
+    if isinstance(out, tuple):
+        d_branch, d_mem = out
+    else:
+        d_branch, d_mem = out, None
+    if self.pre_norm:
+        d_branch = self.norm.backward(d_branch)
+    dx = dy + d_branch
+    return dx if d_mem is None else (dx, d_mem)
+
+
 @pytest.mark.parametrize("fn, exercise, snippet, right, words", [
     # the name returned holds what the loop left in it: the loop's line is the step, not `return grad` (named
     # together with it, "not proven which")
@@ -748,8 +763,13 @@ def gelu_tanh_own_tanh_argument_unbracketed(dy, x, gate):
     # proven which"); the fix suggested is the bracket
     (gelu_tanh_own_tanh_argument_unbracketed, "gelu_tanh", "t = np.tanh(", "return dy *",
      ("numformer's `2 * gate`", "`c * (x + 0.044715 * x ** 3)`")),
+    # a name handed to a parameter's backward (``sublayer.backward(dy)``) is recorded at that use, as one handed to
+    # a child of self's: it is what holds numformer's dz where the dropout's backward of it belongs (was: "no step
+    # of it is proven wrong", five lines listed)
+    (residual_dropout_skipped_on_the_sublayer, "residual", "out = sublayer.backward(dy)", "dx = dy + d_branch",
+     ("`self.dropout.backward(dz)`",)),
 ], ids=["loop_over_rows", "conditional_passed_on", "returned_transposed", "float32_where_it_rounds",
-        "numformers_name_not_bound_again", "own_forward_quantity_solved"])
+        "numformers_name_not_bound_again", "own_forward_quantity_solved", "name_handed_to_a_parameters_backward"])
 def test_the_step_is_named_where_the_value_goes_wrong(fn, exercise, snippet, right, words, tmp_path):
     ex = exercises.get(exercise)
     path = lab_files.write(ex, fn, tmp_path)

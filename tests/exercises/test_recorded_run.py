@@ -87,7 +87,9 @@ def test_a_method_with_super_and_a_closure_is_recorded():
     fn = recorded(Child.backward, recorder)
     out = fn(Child(), np.ones((2, 2)))
     assert np.array_equal(out, np.full((2, 2), 6.0))
-    assert [r.variable for r in recorder.calls[0].records if not r.given] == ["doubled", None]
+    # (the dy handed to a backward is recorded at that use: the value that call is given)
+    assert [(r.variable, r.kind) for r in recorder.calls[0].records if not r.given] == [
+        (None, "name"), ("doubled", "backward"), (None, "Mult")]
 
 
 def test_code_without_source_is_not_recorded():
