@@ -716,8 +716,7 @@ class _Engine:
                     if any(same(per_call[m].value, want[m]) or factor(per_call[m].value, want[m]) is not None
                            for m in calls):
                         continue
-                    label = (f"the value with which your `{user.code}` (line {user.statement or user.line}) is "
-                             f"{_named(k, user.code, user.variable)}")
+                    label = f"the value with which your `{user.code}` is {_named(k, user.code, user.variable)}"
                     fix = _Fix(key, Known("solved", want, label, ""))
                     if self.proof.right(self.proof.students(fix.values(self))) and self.consistent([fix]):
                         return fix
