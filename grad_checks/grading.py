@@ -39,7 +39,7 @@ from numformer.kernels import kernel_mode
 from .candidates import (APPROX, EXACT, Outcome, compare, constant_factor, floor, relative_errors, run_class,
                          run_function, verdict)
 from numformer.user_code_clock import DEFAULT_TIME_LIMIT, deadline
-from .exercise import Exercise
+from .exercise import Exercise, OutputMismatch
 from .first_wrong_step import Recordings, first_wrong_steps, precision_steps, raising_steps
 from .kept_state import kept_state, snapshot
 from .own_code import describe, watch
@@ -260,11 +260,12 @@ def grade(ex: Exercise, answer, who: str | None = None, file=None, seed: int = 0
                         checked = (run_case(case, rng, full_size=FD_FULL_SIZE) if ex.mode == "backward" else
                                    run_tangent_case(case, rng, explicit_zeros=True))  # forward mode's differences
                     except Exception as exc:  # noqa: BLE001  (the student's code raising there, and only that)
-                        if not (_raised_in(exc, file) or isinstance(exc, GradientShapeError)):
+                        if not (_raised_in(exc, file) or isinstance(exc, (GradientShapeError, OutputMismatch))):
                             raise
                         # it ran on the graded cases and raises on these (new layers, after more calls): said, and
                         # the case's differences left out, never an internal error
                         said = f"returned {exc}" if isinstance(exc, GradientShapeError) else \
+                            "returned " + str(exc).split(" returned ", 1)[-1] if isinstance(exc, OutputMismatch) else \
                             f"raised {exception_line(exc, file)}"
                         result.hints.append(f"case {i + 1}'s finite differences: your code {said}, where it ran on the "
                                             "graded case: does it keep something from an earlier call?")

@@ -4,8 +4,9 @@ A backward is a function of its arguments (and the layer's saved tensors): the s
 whenever it runs. A buffer added into and never zeroed, a cache, a mutable default, a class attribute, a
 hyper-parameter kept from the first call (the smoothing eps cached at module level): each makes the first call right
 and a later one wrong. So the cases run again: a second pass on new layers in the reverse order (a buffer that
-grows), and, when that repeats the first exactly, every case but the first alone as the first call, the student's
-module-level names, defaults and attributes put back as they were (deep copies): a value kept from the first call
+grows), then, when that repeats the first exactly, the same with the student's module-level names, defaults and
+attributes put back as they were before the first pass (deep copies: a flag kept from the case that ran last and now
+runs first), and every case but the first alone as the first call, put back likewise: a value kept from the first call
 stops changing after it, and the case with another eps or p run first computes something else. A case whose gradients
 differ (to the bit) is named, with whether it was right as the first call and what in the student's file changed
 (a fingerprint of each place before the first pass and after), with its line.
@@ -284,6 +285,11 @@ def kept_state(ex, cls, answer, seed, file, time_limit, first: list, reference: 
         return None
     _, again = run_class(ex, cls, seed, file, time_limit, order=range(n - 1, -1, -1))
     differ = [i for i in range(n) if not _same(first[i], again[i])]
+    if not differ:  # again from the state before the first pass: a flag kept from the case that ran last in the first
+        # pass, and now runs first, shows (the bias flag of the no-bias case); a buffer per shape, grown, shows above
+        _put_back(answer, before)
+        _, again = run_class(ex, cls, seed, file, time_limit, order=range(n - 1, -1, -1))
+        differ = [i for i in range(n) if not _same(first[i], again[i])]
     if differ:  # case k ran after k cases in the first pass and after n - 1 - k in the second
         k = differ[0]
         runs = [(k, first[k]), (n - 1 - k, again[k])]

@@ -307,3 +307,18 @@ def test_student_code_raising_inside_a_child_of_numformers_in_the_differences_is
     result, status, message = lab.check_file(str(path))
     assert status == 1 and result is not None, message
     assert any("finite differences: your code raised ValueError" in h for h in result.hints), str(result)
+
+
+def test_a_flag_kept_from_the_first_call_shows_when_the_last_case_runs_first(tmp_path):
+    """The bias flag kept as an attribute of the function on the first call: the no-bias case runs last, so the
+    reverse pass (state as the first pass left it) and each case alone repeat the first pass; the reverse pass from
+    the state before the first one shows it (before: EXACT, and the finite differences' None for db, which the
+    output guard refuses, an internal error)."""
+    ex = exercises.get("linear")
+    path = _with_first_lines(ex, tmp_path, "    if getattr(linear_backward, 'has_bias', None) is None:\n"
+                             "        linear_backward.has_bias = with_bias\n"
+                             "    with_bias = linear_backward.has_bias\n")
+    result, status, message = lab.check_file(str(path))
+    assert status == 1 and result is not None, message
+    assert result.keeps_state is not None and "linear_backward.has_bias, an attribute" in result.keeps_state
+    assert result.kept_lines == (_line(path, "with_bias = linear_backward.has_bias"),), result.kept_lines
