@@ -1032,7 +1032,7 @@ def _diagnosis(engine) -> list:
     float32 = _float32(engine.my_calls)
     if float32 is not None:
         return [float32]
-    count = _count(engine)
+    count = _count(engine) or _mask(engine)
     if count is not None:
         return [count]
     dropped = _overwritten(engine)
@@ -1598,6 +1598,11 @@ def _overwritten(engine) -> WrongStep | None:
                 continue
             earlier = [p for p in records[:r.index] if p.index not in read and p.value.shape == r.value.shape and (
                 p.variable == r.variable and engine.gradient_side(n, p) or p.given and p.code == r.variable)]
+            # (or a child's backward whose result is dropped, before or after: ``self.w_v.backward(...)`` alone)
+            earlier = earlier or [p for p in records if p.index not in read and p.value.shape == r.value.shape and
+                                  p.variable is None and p.returned is None and not p.given and
+                                  p.kind.endswith("backward") and p.statement != r.statement and
+                                  engine.gradient_side(n, p)]
             if not earlier:
                 continue
             p = earlier[-1]
@@ -1617,13 +1622,18 @@ def _overwritten(engine) -> WrongStep | None:
                 line = r.statement or r.line
                 yours = f" ({_named(equal, r.code, r.variable)})" if equal is not None else ""
                 needs = f" ({_named(known, r.code, r.variable)})" if known is not None else ""
+                drops = not p.given and p.variable is None  # a child's backward whose result is dropped
                 replaced = f"the argument `{p.code}`" if p.given else \
+                    f"your line {p.statement or p.line} (`{p.code}`), whose result nothing reads" if drops else \
                     f"your `{r.variable}` of line {p.statement or p.line} (`{p.code}`)"
                 shown, fix = (r.code, "add into it (`+=`)") if whole else (
                     f"{r.variable} = {r.code}", f"add it (`{r.variable} += ...`, or `{r.variable} = {r.variable} + {r.code}`)")
+                if drops and not whole:
+                    fix = f"add it (`{r.variable} = {r.code} + {p.code}`)"
                 said = (f"first wrong step: your line {line} (`{shown}`) {'writes' if whole else 'binds'} "
-                        f"`{r.variable}` {'with' if whole else 'to'} a value{yours} over one nothing read: your code "
-                        f"needs the sum of the two there{needs}; the value it replaces: {replaced}; {fix}")
+                        f"`{r.variable}` {'with' if whole else 'to'} a value{yours}"
+                        f"{' and drops another' if drops else ' over one nothing read'}: your code needs the sum of "
+                        f"the two there{needs}; the value {'dropped' if drops else 'it replaces'}: {replaced}; {fix}")
                 return WrongStep(known.label if known else r.variable, known.code if known else "",
                                  known.variable if known else None, line, None, None, said)
     return None
@@ -1714,6 +1724,30 @@ def _count(engine) -> WrongStep | None:
                 f"{size} ({', '.join(str(int(wants[n])) for n in calls)}) there")
         return WrongStep(size, "", None, line, None, None, said + _fix_words(engine, _Position(code, line)),
                          own=True)
+    return None
+
+
+def _mask(engine) -> WrongStep | None:
+    """A boolean mask the student bound to a name (``through = dy > 0``) where the rest of their code needs a mask
+    the exercise gives (``positive``): with the argument there, in every call, every gradient is right. The value it
+    must hold is then known (an argument), its inputs are arguments: the first wrong step."""
+    names = {}
+    for n, call in enumerate(engine.my_calls):
+        for name, (line, value) in call.indices.items():
+            if value.dtype == bool and value.ndim:
+                names.setdefault((name, line), {})[n] = value
+    for (name, line), per_call in sorted(names.items(), key=lambda item: item[0][1] or 0):
+        args = [a for a, v in engine.my_calls[next(iter(per_call))].args.items() if getattr(v, "dtype", None) == bool]
+        for arg in args:
+            given = {n: np.asarray(engine.my_calls[n].args.get(arg)) for n in per_call}
+            if any(g.shape != per_call[n].shape for n, g in given.items()) or not any(
+                    not np.array_equal(given[n], per_call[n]) for n in per_call if n in engine.wrong_calls):
+                continue
+            if engine.proof.right(engine.proof.students({(n, ("position", name)): g for n, g in given.items()})):
+                code = engine.my_calls[next(iter(per_call))].index_code.get(name, name)
+                said = (f"first wrong step: your line {line} (`{name} = {code}`) holds a mask where your code needs "
+                        f"the argument `{arg}` there (with it every gradient is right)")
+                return WrongStep(arg, arg, None, line, None, None, said, own=True)
     return None
 
 

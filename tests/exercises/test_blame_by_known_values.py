@@ -743,6 +743,23 @@ def residual_dropout_skipped_on_the_sublayer(self, dy, sublayer):
     return dx if d_mem is None else (dx, d_mem)
 
 
+def relu_mask_from_the_upstream_gradient(dy, positive):
+    # the active set rebuilt from dy's sign, not the forward's: a mask equal to an argument > 0 is no right mask
+    through = dy > 0
+    return dy * through
+
+
+def multihead_value_path_computed_and_dropped(self, dy):
+    # the value projection's backward runs (its weights get their gradient), its input gradient is dropped
+    g_q, g_k, g_v = self.attention.backward(self._split(self.w_o.backward(dy)))
+    dx = self.w_q.backward(self._merge(g_q))
+    d_kv = self.w_k.backward(self._merge(g_k))
+    self.w_v.backward(self._merge(g_v))
+    if self._cross:
+        return (dx, d_kv)
+    return dx + d_kv
+
+
 @pytest.mark.parametrize("fn, exercise, snippet, right, words", [
     # the name returned holds what the loop left in it: the loop's line is the step, not `return grad` (named
     # together with it, "not proven which")
@@ -768,8 +785,16 @@ def residual_dropout_skipped_on_the_sublayer(self, dy, sublayer):
     # of it is proven wrong", five lines listed)
     (residual_dropout_skipped_on_the_sublayer, "residual", "out = sublayer.backward(dy)", "dx = dy + d_branch",
      ("`self.dropout.backward(dz)`",)),
+    # a mask of the student's where the code needs the one the exercise gives: its line (was: the product after it)
+    (relu_mask_from_the_upstream_gradient, "relu", "through = dy > 0", "return dy * through",
+     ("the argument `positive`",)),
+    # a child's backward whose result nothing reads, where the code needs it added: the binding beside it (was: the
+    # return first, "a value numformer's computes for another place" second)
+    (multihead_value_path_computed_and_dropped, "multihead", "d_kv = self.w_k", "return dx + d_kv",
+     ("drops another", "whose result nothing reads")),
 ], ids=["loop_over_rows", "conditional_passed_on", "returned_transposed", "float32_where_it_rounds",
-        "numformers_name_not_bound_again", "own_forward_quantity_solved", "name_handed_to_a_parameters_backward"])
+        "numformers_name_not_bound_again", "own_forward_quantity_solved", "name_handed_to_a_parameters_backward",
+        "mask_where_an_argument_belongs", "a_childs_result_dropped"])
 def test_the_step_is_named_where_the_value_goes_wrong(fn, exercise, snippet, right, words, tmp_path):
     ex = exercises.get(exercise)
     path = lab_files.write(ex, fn, tmp_path)
