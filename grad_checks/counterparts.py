@@ -28,6 +28,11 @@ def views(a: np.ndarray, shape: tuple):
             yield t.reshape(shape)
 
 
+def swapped_shape(shape) -> tuple:
+    """``shape`` with its last two axes swapped (a transposed layout)."""
+    return tuple(shape[:-2]) + (shape[-1], shape[-2])
+
+
 def same(a, b) -> bool:
     scale = max(float(np.abs(b).max(initial=0.0)), float(np.abs(a).max(initial=0.0)), 1e-300)
     return float(np.abs(a - b).max(initial=0.0)) <= SAME * scale

@@ -32,7 +32,7 @@ from numformer.user_code_clock import StudentCodeTimeout
 
 from .adjoints import CLOSE, adjoints
 from .candidates import APPROX, floor, relative_errors, run_class
-from .counterparts import factor, reduced, same, views
+from .counterparts import factor, reduced, same, swapped_shape, views
 from .entry_patterns import entry_pattern
 from .factor_names import expressions, name_factor, symbol_values
 from .own_route import suggestion
@@ -429,7 +429,7 @@ class _Engine:
             r is record or r.kind == "name" and r.operands == (record.index,))}
         theirs = [r for r in self.ref_calls[n].records if r.returned in places]
         return any(t.value.shape != record.value.shape and t.value.ndim >= 2 and
-                   record.value.shape == _swapped_shape(t.value.shape) and same(record.value.swapaxes(-1, -2), t.value)
+                   record.value.shape == swapped_shape(t.value.shape) and same(record.value.swapaxes(-1, -2), t.value)
                    for t in theirs)
 
     def _trusted(self, n, record) -> list:
@@ -911,7 +911,7 @@ class _Engine:
         return self._absorbing[key]
 
 
-_PASSING = ("name", "IfExp")  # records passing a value on (a name read, a conditional's branch): never right by it
+_PASSING = ("name", "IfExp")  # records passing a value on (a name read, a conditional's branch): no computation
 REDUCTIONS = ("sum", "mean", "max", "min", "prod")  # the kinds of the records of reductions (``x.sum(axis=0)``)
 
 
@@ -960,11 +960,6 @@ def _broadcasts_alike(a: tuple, b: tuple) -> bool:
 
 def _axes(k: int) -> str:
     return "its leading axis" if k == 1 else f"its {k} leading axes"
-
-
-def _swapped_shape(shape) -> tuple:
-    """``shape`` with its last two axes swapped."""
-    return tuple(shape[:-2]) + (shape[-1], shape[-2])
 
 
 def _right_returned(record, ref_call) -> bool:
@@ -1427,7 +1422,7 @@ def _step(engine, fix, n, record, made=(), per_call=None) -> WrongStep:
                 f"{what.removeprefix(OURS) if what.startswith(OURS + '`') else what}{note}")
         note = ""
     elif any(per_call[m].value.ndim >= 2 and per_call[m].value.shape != known.values[m].shape and
-             per_call[m].value.shape == _swapped_shape(known.values[m].shape) for m in calls):
+             per_call[m].value.shape == swapped_shape(known.values[m].shape) for m in calls):
         m = next(m for m in calls if per_call[m].value.shape != known.values[m].shape)
         said = (f"{head}{where} is {ref} transposed: shape {per_call[m].value.shape} where numformer's is "
                 f"{known.values[m].shape}; swap its last two axes")
@@ -1693,16 +1688,23 @@ def _swap(second):
 _SHAPE_ONLY = ("zeros_like", "empty_like", "ones_like", "full_like")  # calls reading an array's shape, not its values
 
 
+def _bound_indices(engine, keep) -> list:
+    """[((name, line), {call: value})] of the integer or boolean arrays the student bound to a name (the recording's
+    ``indices``) that ``keep(value)`` takes, in the order of their lines."""
+    names = {}
+    for n, call in enumerate(engine.my_calls):
+        for name, (line, value) in call.indices.items():
+            if keep(value):
+                names.setdefault((name, line), {})[n] = value
+    return sorted(names.items(), key=lambda item: item[0][1] or 0)
+
+
 def _count(engine) -> WrongStep | None:
     """A count the student bound to a name (``d = xhat.shape[0]``) that is one size the exercise names where the
     rest of their code needs another: with that size there (in every call) every gradient is right, and with no
     other. The value it must hold is then known (a size), its inputs are the arguments: the first wrong step."""
-    names = {}
-    for n, call in enumerate(engine.my_calls):
-        for name, (line, value) in call.indices.items():
-            if value.ndim == 0 and value.dtype.kind in "iu":
-                names.setdefault((name, line), {})[n] = int(value)
-    for (name, line), per_call in sorted(names.items(), key=lambda item: item[0][1] or 0):
+    for (name, line), arrays in _bound_indices(engine, lambda v: v.ndim == 0 and v.dtype.kind in "iu"):
+        per_call = {n: int(v) for n, v in arrays.items()}
         values = {n: symbol_values(engine.ex, engine.my_calls[n].args) for n in per_call}
         common = [s for s in next(iter(values.values())) if all(s in v for v in values.values())]
         fitting = []
@@ -1731,12 +1733,7 @@ def _mask(engine) -> WrongStep | None:
     """A boolean mask the student bound to a name (``through = dy > 0``) where the rest of their code needs a mask
     the exercise gives (``positive``): with the argument there, in every call, every gradient is right. The value it
     must hold is then known (an argument), its inputs are arguments: the first wrong step."""
-    names = {}
-    for n, call in enumerate(engine.my_calls):
-        for name, (line, value) in call.indices.items():
-            if value.dtype == bool and value.ndim:
-                names.setdefault((name, line), {})[n] = value
-    for (name, line), per_call in sorted(names.items(), key=lambda item: item[0][1] or 0):
+    for (name, line), per_call in _bound_indices(engine, lambda v: v.dtype == bool and v.ndim):
         args = [a for a, v in engine.my_calls[next(iter(per_call))].args.items() if getattr(v, "dtype", None) == bool]
         for arg in args:
             given = {n: np.asarray(engine.my_calls[n].args.get(arg)) for n in per_call}

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .counterparts import swapped_shape
+
 _FLOAT64 = np.dtype(np.float64)
 RECORDER = "__nf_recorder__"   # the names the rewritten code uses: unlikely in a student's file
 CALL = "__nf_call__"
@@ -105,7 +107,7 @@ def _as_value(override, value):
         return out
     if out.ndim == len(shape) and all(a == b or a == 1 or b == 1 for a, b in zip(out.shape, shape)):
         return out  # a row statistic kept over the other axis: put back with its own axes, which broadcast
-    if out.ndim == len(shape) >= 2 and out.shape == tuple(shape[:-2]) + (shape[-1], shape[-2]):
+    if out.ndim == len(shape) >= 2 and out.shape == swapped_shape(shape):
         return out  # numformer's layout where the student's is transposed: as numformer's (a dW returned (d_out, d_in))
     return out.reshape(shape)
 
